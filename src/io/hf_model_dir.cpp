@@ -1,0 +1,67 @@
+#include "io/hf_model_dir.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/error.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+static std::vector<fs::path> hub_cache_roots() {
+    std::vector<fs::path> roots;
+    if (const char* c = std::getenv("HF_HUB_CACHE"); c && *c) roots.emplace_back(c);
+    if (const char* h = std::getenv("HF_HOME"); h && *h) roots.emplace_back(fs::path(h) / "hub");
+    if (const char* home = std::getenv("HOME"); home && *home)
+        roots.emplace_back(fs::path(home) / ".cache" / "huggingface" / "hub");
+    return roots;
+}
+
+// models--org--name/snapshots/<rev>: prefer the revision refs/main points at, else the newest.
+static std::optional<fs::path> snapshot_in(const fs::path& repo) {
+    fs::path snapshots = repo / "snapshots";
+    std::error_code ec;
+    if (!fs::is_directory(snapshots, ec)) return std::nullopt;
+    std::ifstream ref(repo / "refs" / "main");
+    std::string rev;
+    if (ref && std::getline(ref, rev) && !rev.empty() && fs::exists(snapshots / rev / "config.json", ec))
+        return snapshots / rev;
+    std::optional<fs::path> best;
+    fs::file_time_type best_time{};
+    for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
+        if (!fs::exists(entry.path() / "config.json", ec)) continue;
+        auto t = fs::last_write_time(entry.path(), ec);
+        if (!best || t > best_time) { best = entry.path(); best_time = t; }
+    }
+    return best;
+}
+
+std::optional<std::string> find_model_dir(const std::string& model) {
+    std::error_code ec;
+    if (fs::is_directory(model, ec)) return model;
+    auto slash = model.find('/');
+    if (slash == std::string::npos || model.find('/', slash + 1) != std::string::npos) return std::nullopt;
+    std::string repo = "models--" + model.substr(0, slash) + "--" + model.substr(slash + 1);
+    for (const auto& root : hub_cache_roots()) {
+        if (auto snap = snapshot_in(root / repo)) return snap->string();
+    }
+    return std::nullopt;
+}
+
+std::string resolve_model_dir(const std::string& model) {
+    if (auto dir = find_model_dir(model)) return *dir;
+    std::string looked = "'" + model + "' (local directory)";
+    auto slash = model.find('/');
+    if (slash != std::string::npos) {
+        std::string repo = "models--" + model.substr(0, slash) + "--" + model.substr(slash + 1);
+        for (const auto& root : hub_cache_roots()) looked += ", " + (root / repo / "snapshots").string();
+    }
+    throw_error(cat("--model: cannot find model '", model, "'; looked in ", looked,
+                    ". qtrain never downloads: pass a local directory with config.json, a model in the "
+                    "local HF cache (e.g. from `huggingface-cli download`), or --from-scratch with a preset name"));
+}
+
+}  // namespace qtrain

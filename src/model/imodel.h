@@ -1,0 +1,65 @@
+// The seam between the training engine and a model backend (docs/design.md, "Layers"). The engine
+// never knows which device, or how many ranks, sit behind it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/memory_plan.h"
+#include "model/model_config.h"
+
+namespace qtrain {
+
+// One micro-batch on the host: B rows of T tokens. targets[i] < 0 means "no loss here" (masked
+// prompt tokens, padding). Pointers stay valid for the duration of the call only.
+struct Batch {
+    const int32_t* inputs = nullptr;
+    const int32_t* targets = nullptr;
+    int batch_size = 0;
+    int seq_len = 0;
+};
+
+struct OptimizerParams {
+    float learning_rate = 0.0f;
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float epsilon = 1e-8f;
+    float weight_decay = 0.0f;  // decoupled (AdamW), on matrices and embeddings only
+    float grad_clip = 0.0f;     // global-norm clipping threshold; <= 0 disables
+    int step = 1;               // 1-based Adam step, for bias correction
+};
+
+struct StepStats {
+    float loss = 0.0f;       // sum over the step's micro-batches of (micro-batch mean loss * grad_scale)
+    float grad_norm = 0.0f;  // global L2 norm of the gradient, before clipping
+};
+
+class IModel {
+public:
+    virtual ~IModel() = default;
+
+    virtual const ModelConfig& config() const = 0;
+    virtual std::string device_name() const = 0;
+
+    // Weights: random init (deterministic in `seed`), or from a HF directory / safetensors files.
+    virtual void init_random(uint64_t seed) = 0;
+    virtual void load_hf(const std::string& model_dir) = 0;
+    // Writes model.safetensors (HF Qwen2 names, `dtype` of the torch_dtype field) into `dir`.
+    virtual void save_hf(const std::string& dir) const = 0;
+
+    // Forward + backward of one micro-batch; gradients are accumulated, scaled by `grad_scale`
+    // (1/grad_accumulation), and the micro-batch mean loss * grad_scale is added to the step loss.
+    virtual void forward_backward(const Batch& batch, float grad_scale) = 0;
+    // Global-norm clip, AdamW update, then zero the gradients and the step loss.
+    virtual StepStats optimizer_step(const OptimizerParams& params) = 0;
+    // Mean cross-entropy over the batch's valid targets; no gradients.
+    virtual float evaluate(const Batch& batch) = 0;
+
+    // Everything needed to resume bit-for-bit: master weights and optimizer state.
+    virtual void save_checkpoint(const std::string& dir) const = 0;
+    virtual void load_checkpoint(const std::string& dir) = 0;
+
+    virtual MemoryPlan memory_plan() const = 0;
+};
+
+}  // namespace qtrain

@@ -1,0 +1,57 @@
+// The shape of a Qwen2 model: read from a HF config.json or taken from a built-in preset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qtrain {
+
+struct ModelConfig {
+    std::string architecture = "Qwen2ForCausalLM";
+    std::string model_type = "qwen2";
+    int vocab_size = 0;
+    int hidden_size = 0;
+    int intermediate_size = 0;
+    int num_hidden_layers = 0;
+    int num_attention_heads = 0;
+    int num_key_value_heads = 0;
+    int head_dim = 0;  // hidden_size / num_attention_heads (Qwen2 has no separate field)
+    int max_position_embeddings = 32768;
+    double rope_theta = 1000000.0;
+    double rms_norm_eps = 1e-6;
+    bool tie_word_embeddings = false;
+    bool attention_bias = true;  // Qwen2: q/k/v projections have biases, o_proj has none
+    int bos_token_id = 151643;
+    int eos_token_id = 151643;
+    bool use_sliding_window = false;
+    int sliding_window = 0;
+    int max_window_layers = 0;
+    std::string hidden_act = "silu";
+    double initializer_range = 0.02;
+    std::string torch_dtype = "bfloat16";
+    double attention_dropout = 0.0;
+
+    int q_dim() const { return num_attention_heads * head_dim; }
+    int kv_dim() const { return num_key_value_heads * head_dim; }
+    // Number of parameters (embeddings counted once when tied).
+    int64_t num_parameters() const;
+
+    // Throws qtrain::Error naming `source` if the shape is inconsistent.
+    void validate(const std::string& source) const;
+};
+
+// Parses a HF config.json (text). `source` names the file in error messages. Rejects architectures
+// other than Qwen2ForCausalLM and features qtrain does not implement (rope scaling, sliding window).
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+ModelConfig load_model_config(const std::string& config_json_path);
+// Writes a HF-compatible config.json (text).
+std::string model_config_to_json(const ModelConfig& cfg);
+
+// Built-in presets with the published shapes: Qwen2.5-0.5B, -1.5B, -3B, -7B, -14B, -32B.
+// Accepts the bare name ("Qwen2.5-0.5B") or with org ("Qwen/Qwen2.5-0.5B").
+bool has_preset(const std::string& name);
+ModelConfig preset_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace qtrain

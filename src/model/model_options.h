@@ -1,0 +1,43 @@
+// Everything a model backend needs to know about how to train: shapes of the micro-batch, the
+// precision of each role, recompute, offload and sharding. Filled from TrainOptions by the engine;
+// the model layer knows nothing of the training loop.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace qtrain {
+
+struct ModelOptions {
+    int batch_size = 4;   // micro-batch rows
+    int seq_len = 1024;
+
+    // precision per role (docs/design.md, "Precision")
+    DType model_dtype = DType::BF16;      // weights and activations
+    DType matmul_dtype = DType::BF16;     // matmul inputs
+    DType gradient_dtype = DType::BF16;   // activation gradients into matmuls
+    DType opt_m_dtype = DType::F32;
+    DType opt_v_dtype = DType::F32;
+    DType master_dtype = DType::F32;
+
+    // recompute
+    bool recompute_swiglu = false, recompute_norm = false, recompute_qkv = false;
+    bool recompute_ffn = false, recompute_att = false, recompute_block = false;
+    // offload to pinned host memory
+    bool offload_residual = false, offload_master = false, offload_opt_m = false, offload_opt_v = false;
+    bool offload_quants = false, offload_gradients = false;
+    bool persistent_quants = false, write_combined = false, memcpy_all_gather = false;
+    // sharding (ZeRO)
+    bool shard_weights = false, shard_gradients = false;
+    int zero_level = 1;
+    int gpus = 1;
+
+    bool use_cuda_graphs = false;
+    int lmhead_chunks = 1;
+    int attn_bwd_chunks = 1;
+    uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
+};
+
+}  // namespace qtrain

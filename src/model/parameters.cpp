@@ -1,0 +1,51 @@
+#include "model/parameters.h"
+
+#include "core/rng.h"
+
+namespace qtrain {
+
+std::vector<ParamSpec> qwen2_parameters(const ModelConfig& c) {
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), i = c.intermediate_size, v = c.vocab_size;
+    std::vector<ParamSpec> p;
+    p.push_back({"model.embed_tokens.weight", {v, h}, ParamKind::Embedding, -1});
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+        std::string pre = "model.layers." + std::to_string(l) + ".";
+        p.push_back({pre + "input_layernorm.weight", {h}, ParamKind::Norm, l});
+        p.push_back({pre + "self_attn.q_proj.weight", {q, h}, ParamKind::Matrix, l});
+        p.push_back({pre + "self_attn.q_proj.bias", {q}, ParamKind::Bias, l});
+        p.push_back({pre + "self_attn.k_proj.weight", {kv, h}, ParamKind::Matrix, l});
+        p.push_back({pre + "self_attn.k_proj.bias", {kv}, ParamKind::Bias, l});
+        p.push_back({pre + "self_attn.v_proj.weight", {kv, h}, ParamKind::Matrix, l});
+        p.push_back({pre + "self_attn.v_proj.bias", {kv}, ParamKind::Bias, l});
+        p.push_back({pre + "self_attn.o_proj.weight", {h, q}, ParamKind::Matrix, l});
+        p.push_back({pre + "post_attention_layernorm.weight", {h}, ParamKind::Norm, l});
+        p.push_back({pre + "mlp.gate_proj.weight", {i, h}, ParamKind::Matrix, l});
+        p.push_back({pre + "mlp.up_proj.weight", {i, h}, ParamKind::Matrix, l});
+        p.push_back({pre + "mlp.down_proj.weight", {h, i}, ParamKind::Matrix, l});
+    }
+    p.push_back({"model.norm.weight", {h}, ParamKind::Norm, -1});
+    if (!c.tie_word_embeddings) p.push_back({"lm_head.weight", {v, h}, ParamKind::Matrix, -1});
+    return p;
+}
+
+void init_parameter(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed, float* out) {
+    const int64_t n = spec.numel();
+    switch (spec.kind) {
+        case ParamKind::Norm:
+            for (int64_t k = 0; k < n; ++k) out[k] = 1.0f;
+            return;
+        case ParamKind::Bias:
+            for (int64_t k = 0; k < n; ++k) out[k] = 0.0f;
+            return;
+        case ParamKind::Embedding:
+        case ParamKind::Matrix: {
+            uint64_t s = seed ^ hash_string(spec.name);
+            Rng rng(splitmix64(s));
+            const float std = static_cast<float>(cfg.initializer_range);
+            for (int64_t k = 0; k < n; ++k) out[k] = std * rng.normal();
+            return;
+        }
+    }
+}
+
+}  // namespace qtrain
