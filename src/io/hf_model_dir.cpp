@@ -1,5 +1,6 @@
 #include "io/hf_model_dir.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,8 +28,10 @@ static std::optional<fs::path> snapshot_in(const fs::path& repo) {
     if (!fs::is_directory(snapshots, ec)) return std::nullopt;
     std::ifstream ref(repo / "refs" / "main");
     std::string rev;
-    if (ref && std::getline(ref, rev) && !rev.empty() && fs::exists(snapshots / rev / "config.json", ec))
-        return snapshots / rev;
+    if (ref) std::getline(ref, rev);
+    // The hub writes the bare hash, but a hand-edited ref may end in whitespace or CRLF.
+    while (!rev.empty() && std::isspace(static_cast<unsigned char>(rev.back()))) rev.pop_back();
+    if (!rev.empty() && fs::exists(snapshots / rev / "config.json", ec)) return snapshots / rev;
     std::optional<fs::path> best;
     fs::file_time_type best_time{};
     for (const auto& entry : fs::directory_iterator(snapshots, ec)) {
@@ -39,12 +42,22 @@ static std::optional<fs::path> snapshot_in(const fs::path& repo) {
     return best;
 }
 
+// "org/name" -> "models--org--name" (the hub cache's folder name); empty when `model` has another shape.
+static std::string hub_repo_folder(const std::string& model) {
+    auto slash = model.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == model.size() ||
+        model.find('/', slash + 1) != std::string::npos)
+        return "";
+    return "models--" + model.substr(0, slash) + "--" + model.substr(slash + 1);
+}
+
 std::optional<std::string> find_model_dir(const std::string& model) {
     std::error_code ec;
-    if (fs::is_directory(model, ec)) return model;
-    auto slash = model.find('/');
-    if (slash == std::string::npos || model.find('/', slash + 1) != std::string::npos) return std::nullopt;
-    std::string repo = "models--" + model.substr(0, slash) + "--" + model.substr(slash + 1);
+    // A local directory counts only with a config.json in it: a stray folder named like "Qwen/x"
+    // must not hide the cached model of that name.
+    if (fs::is_directory(model, ec) && fs::exists(fs::path(model) / "config.json", ec)) return model;
+    std::string repo = hub_repo_folder(model);
+    if (repo.empty()) return std::nullopt;
     for (const auto& root : hub_cache_roots()) {
         if (auto snap = snapshot_in(root / repo)) return snap->string();
     }
@@ -53,10 +66,10 @@ std::optional<std::string> find_model_dir(const std::string& model) {
 
 std::string resolve_model_dir(const std::string& model) {
     if (auto dir = find_model_dir(model)) return *dir;
-    std::string looked = "'" + model + "' (local directory)";
-    auto slash = model.find('/');
-    if (slash != std::string::npos) {
-        std::string repo = "models--" + model.substr(0, slash) + "--" + model.substr(slash + 1);
+    std::error_code ec;
+    std::string looked = "'" + model + "' (local directory" +
+                         (fs::is_directory(model, ec) ? ": exists but has no config.json)" : ")");
+    if (std::string repo = hub_repo_folder(model); !repo.empty()) {
         for (const auto& root : hub_cache_roots()) looked += ", " + (root / repo / "snapshots").string();
     }
     throw_error(cat("--model: cannot find model '", model, "'; looked in ", looked,

@@ -1,5 +1,9 @@
 #include "model/model_config.h"
 
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -38,15 +42,40 @@ void ModelConfig::validate(const std::string& source) const {
     QT_CHECK(hidden_act == "silu", source, ": hidden_act '", hidden_act, "' is not supported (expected silu)");
 }
 
+// nlohmann's get<int>() quietly accepts booleans and truncates 896.5 or 1e12; a config.json with
+// such a value is wrong, so each type is checked strictly and the message says what was found.
+template <class T>
+static T convert_field(const json& v, const std::string& key, const std::string& source) {
+    auto wrong = [&](const char* expected) {
+        throw_error(cat(source, ": field '", key, "' has the wrong type (expected ", expected, ", got ",
+                        v.type_name(), " ", v.dump(), ")"));
+    };
+    if constexpr (std::is_same_v<T, bool>) {
+        if (!v.is_boolean()) wrong("true or false");
+        return v.get<bool>();
+    } else if constexpr (std::is_same_v<T, int>) {
+        if (!v.is_number_integer()) wrong("an integer");
+        const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                              ? INT64_MAX
+                              : v.get<int64_t>();
+        QT_CHECK(x >= INT32_MIN && x <= INT32_MAX, source, ": field '", key, "' = ", v.dump(),
+                 " does not fit in a 32-bit integer");
+        return static_cast<int>(x);
+    } else if constexpr (std::is_same_v<T, double>) {
+        if (!v.is_number()) wrong("a number");
+        return v.get<double>();
+    } else {
+        static_assert(std::is_same_v<T, std::string>);
+        if (!v.is_string()) wrong("a string");
+        return v.get<std::string>();
+    }
+}
+
 template <class T>
 static T get_or(const json& j, const char* key, T fallback, const std::string& source) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return fallback;
-    try {
-        return it->get<T>();
-    } catch (const json::exception&) {
-        throw_error(cat(source, ": field '", key, "' has the wrong type (", it->type_name(), ")"));
-    }
+    return convert_field<T>(*it, key, source);
 }
 
 template <class T>
@@ -94,7 +123,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.bos_token_id = get_or<int>(j, "bos_token_id", 151643, source);
     if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
         QT_CHECK(!j["eos_token_id"].empty(), source, ": 'eos_token_id' is an empty list");
-        c.eos_token_id = j["eos_token_id"][0].get<int>();
+        c.eos_token_id = convert_field<int>(j["eos_token_id"][0], "eos_token_id[0]", source);
     } else {
         c.eos_token_id = get_or<int>(j, "eos_token_id", 151643, source);
     }
@@ -109,7 +138,9 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     QT_CHECK(!c.use_sliding_window, source, ": use_sliding_window=true is not supported (Qwen2.5 models have it off)");
     if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
         const json& rs = j["rope_scaling"];
-        std::string type = rs.is_object() ? rs.value("rope_type", rs.value("type", std::string("?"))) : "?";
+        std::string type = "?";
+        for (const char* key : {"type", "rope_type"})  // rope_type (newer) wins over type
+            if (rs.is_object() && rs.contains(key) && rs[key].is_string()) type = rs[key].get<std::string>();
         QT_CHECK(type == "default", source, ": rope_scaling of type '", type, "' is not supported (only plain RoPE)");
     }
     QT_CHECK(c.attention_dropout == 0.0, source, ": attention_dropout must be 0 (dropout is not implemented), got ",

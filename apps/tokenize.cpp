@@ -1,0 +1,325 @@
+// tokenize: text -> BIN.TOK token files for `train`.
+//
+//   tokenize --tokenizer=PATH|MODEL --input=FILES/GLOBS --out-dir=DIR [options]
+//   tokenize --dataset=tiny-shakespeare [--model=qwen]      -> data/tiny-shakespeare-qwen/
+//
+// Documents come from text files (one per file, or cut by --doc-separator) or JSON Lines
+// (--text-field, or --prompt-field/--response-field for masked fine-tuning data); each gets
+// <|endoftext|> appended. Whole documents go to eval.bin (--eval-fraction of the input bytes,
+// counted from the start, or the first --eval-tokens tokens) and the rest to train.bin, or to
+// train-000.bin, train-001.bin, ... of about --shard-tokens tokens each. The header's vocab size
+// is every id the tokenizer can emit, regular plus added tokens (151,665 for Qwen2.5, HF's
+// len(tokenizer)), so it bounds the tokens, <|endoftext|> = 151,643 included. llm.q writes HF's
+// tokenizer.vocab_size instead (151,643, regular tokens only), which its own EOS token exceeds;
+// the trainer checks tokens against the model's vocab_size (151,936) in either case.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "io/hf_model_dir.h"
+#include "io/token_file.h"
+#include "tokenizer/batch_encoder.h"
+#include "tokenizer/document_reader.h"
+#include "tokenizer/named_datasets.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+using qtrain::cat;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Model names that --model accepts, and the HF repo whose tokenizer they mean.
+std::string model_repo(const std::string& model) {
+    if (model == "qwen") return "Qwen/Qwen2.5-0.5B";
+    return model;
+}
+
+qtrain::Tokenizer load_tokenizer(const std::string& spec) {
+    std::error_code ec;
+    if (fs::exists(spec, ec)) return qtrain::Tokenizer::load(spec);
+    const auto dir = qtrain::find_model_dir(spec);
+    QT_CHECK(dir, "--tokenizer: '", spec,
+             "' is neither a file/directory nor a model in the local HF cache; pass the path of a "
+             "tokenizer.json, a qwen.tiktoken or a model directory");
+    return qtrain::Tokenizer::load(*dir);
+}
+
+// Writes train shards and eval.bin; the file being written is a temporary until finish().
+class SplitWriter {
+public:
+    SplitWriter(std::string dir, int vocab_size, bool masks, int64_t shard_tokens)
+        : dir_(std::move(dir)), vocab_size_(vocab_size), masks_(masks), shard_tokens_(shard_tokens) {}
+
+    void add(const qtrain::EncodedDocument& doc, bool eval) {
+        const auto n = static_cast<int64_t>(doc.tokens.size());
+        if (eval) {
+            if (!eval_) eval_ = std::make_unique<qtrain::TokenFileWriter>(path("eval"), vocab_size_, masks_);
+            QT_CHECK(eval_->num_tokens() + n <= kMaxFileTokens, "eval.bin would exceed ",
+                     kMaxFileTokens, " tokens (the format's limit); use a smaller eval split");
+            append(*eval_, doc);
+            return;
+        }
+        if (train_ && (train_->num_tokens() >= shard_tokens_ || train_->num_tokens() + n > kMaxFileTokens)) {
+            close_train();
+        }
+        if (!train_) {
+            train_ = std::make_unique<qtrain::TokenFileWriter>(path(fmt::format("train-{:03d}", shards_.size())),
+                                                               vocab_size_, masks_);
+        }
+        QT_CHECK(n <= kMaxFileTokens, "a document of ", n, " tokens exceeds the format's limit");
+        append(*train_, doc);
+    }
+
+    // Closes everything; returns (file, tokens) in order. A single train shard becomes train.bin.
+    std::vector<std::pair<std::string, int64_t>> finish() {
+        close_train();
+        std::vector<std::pair<std::string, int64_t>> files;
+        if (shards_.size() == 1) {
+            fs::rename(shards_[0].first, path("train"));
+            shards_[0].first = path("train");
+        }
+        files = shards_;
+        if (eval_) {
+            files.emplace_back(path("eval"), eval_->num_tokens());
+            eval_->finish();
+            eval_.reset();
+        }
+        remove_stale(files);
+        return files;
+    }
+
+private:
+    static constexpr int64_t kMaxFileTokens = 2147483647;  // the header's int32 token count
+
+    std::string path(const std::string& stem) const { return (fs::path(dir_) / (stem + ".bin")).string(); }
+
+    void append(qtrain::TokenFileWriter& w, const qtrain::EncodedDocument& doc) {
+        w.append(doc.tokens.data(), doc.tokens.size(), masks_ ? doc.mask.data() : nullptr);
+    }
+
+    void close_train() {
+        if (!train_) return;
+        shards_.emplace_back(path(fmt::format("train-{:03d}", shards_.size())), train_->num_tokens());
+        train_->finish();
+        train_.reset();
+    }
+
+    // Token files of an earlier run in the same directory would silently join a --train-file glob.
+    void remove_stale(const std::vector<std::pair<std::string, int64_t>>& written) {
+        std::set<std::string> keep;
+        for (const auto& f : written) keep.insert(fs::path(f.first).filename().string());
+        static const std::regex ours(R"((train(-\d{3,})?|eval)\.bin)");
+        for (const auto& entry : fs::directory_iterator(dir_)) {
+            const std::string name = entry.path().filename().string();
+            if (std::regex_match(name, ours) && !keep.count(name)) {
+                fs::remove(entry.path());
+                std::cerr << "removed " << entry.path().string() << " (left by an earlier run)\n";
+            }
+        }
+    }
+
+    std::string dir_;
+    int vocab_size_;
+    bool masks_;
+    int64_t shard_tokens_;
+    std::unique_ptr<qtrain::TokenFileWriter> train_, eval_;
+    std::vector<std::pair<std::string, int64_t>> shards_;
+};
+
+class ProgressBar {
+public:
+    explicit ProgressBar(bool enabled) : enabled_(enabled), start_(Clock::now()) {}
+    void update(uint64_t done, uint64_t total, int64_t tokens) {
+        if (!enabled_) return;
+        const double secs = std::max(1e-9, seconds_since(start_));
+        const double frac = total ? std::min(1.0, static_cast<double>(done) / total) : 1.0;
+        const int width = 30, filled = static_cast<int>(frac * width);
+        std::cerr << fmt::format("\r[{}{}] {:5.1f}% {:.1f}/{:.1f} MB {:6.2f} MB/s {:>12L} tokens ",
+                                 std::string(filled, '#'), std::string(width - filled, '.'), 100 * frac,
+                                 done / 1e6, total / 1e6, done / 1e6 / secs, tokens)
+                  << std::flush;
+    }
+    void done() {
+        if (enabled_) std::cerr << "\n";
+    }
+
+private:
+    bool enabled_;
+    Clock::time_point start_;
+};
+
+struct Inputs {
+    std::vector<std::string> train, eval;  // eval: files whose documents all go to eval.bin
+};
+
+std::vector<std::string> expand_all(const std::vector<std::string>& patterns, const std::string& flag) {
+    std::vector<std::string> files;
+    for (const std::string& p : patterns) {
+        for (std::string& f : qtrain::expand_glob(p, flag)) files.push_back(std::move(f));
+    }
+    return files;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"tokenize: text or JSON Lines -> BIN.TOK token files (train.bin / eval.bin)"};
+    std::string tokenizer_spec, out_dir, dataset, model = "qwen", download_dir = "data/downloads";
+    std::vector<std::string> input_patterns, eval_patterns;
+    qtrain::DocumentReaderOptions reader_options;
+    double eval_fraction = -1;
+    int64_t eval_tokens = -1, shard_tokens = 100'000'000;
+    int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::string special = "text", eos = "<|endoftext|>";
+    bool no_progress = false, list_datasets = false;
+
+    app.add_option("--tokenizer", tokenizer_spec,
+                   "tokenizer.json, qwen.tiktoken, a model directory, or a model name in the local "
+                   "HF cache (default with --dataset: the --model's)");
+    app.add_option("--input", input_patterns, "input files or globs: text, or JSON Lines (*.jsonl)");
+    app.add_option("--eval-input", eval_patterns, "files or globs whose documents all go to eval.bin");
+    app.add_option("--out-dir", out_dir, "output directory (default with --dataset: data/NAME-MODEL)");
+    app.add_option("--dataset", dataset, "a named dataset to fetch and tokenize (--list-datasets)");
+    app.add_option("--model", model, "model family for --dataset: qwen (= Qwen/Qwen2.5-0.5B) or a HF name")
+        ->capture_default_str();
+    app.add_option("--download-dir", download_dir, "where --dataset keeps downloaded files")->capture_default_str();
+    app.add_flag("--list-datasets", list_datasets, "list the named datasets and exit");
+    app.add_option("--doc-separator", reader_options.separator,
+                   "text files: none (a file is a document), line, blank-line, or a literal string "
+                   "such as '<|endoftext|>' (\\n \\t escapes allowed)")
+        ->capture_default_str();
+    app.add_option("--text-field", reader_options.text_field, "JSON Lines: the document's field (a.b for nested)")
+        ->capture_default_str();
+    app.add_option("--prompt-field", reader_options.prompt_field, "JSON Lines: prompt field (mask 0)");
+    app.add_option("--response-field", reader_options.response_field, "JSON Lines: response field (mask 1, like EOS)");
+    auto* frac_opt = app.add_option("--eval-fraction", eval_fraction,
+                                    "documents starting in this first fraction of the input bytes go to eval.bin")
+                         ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--eval-tokens", eval_tokens, "the first documents, until eval.bin has this many tokens")
+        ->excludes(frac_opt);
+    app.add_option("--shard-tokens", shard_tokens, "start a new train shard after this many tokens")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{1}, int64_t{2'000'000'000}));
+    app.add_option("--threads", threads, "encoding threads (default: all cores)")->check(CLI::PositiveNumber);
+    app.add_option("--special-tokens", special,
+                   "special tokens such as <|im_start|> in the text: text (encode their characters; "
+                   "non-special added tokens like <tool_call> still count, as HF split_special_tokens), "
+                   "recognize (all added tokens), none (no added tokens)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"text", "recognize", "none"}));
+    app.add_option("--eos", eos, "token appended after each document, or 'none'")->capture_default_str();
+    app.add_flag("--no-progress", no_progress, "no progress bar on stderr");
+    CLI11_PARSE(app, argc, argv);
+
+    try {
+        if (list_datasets) {
+            for (const qtrain::NamedDataset& d : qtrain::named_datasets()) {
+                fmt::print("{:<18} {}\n", d.name, d.description);
+            }
+            return 0;
+        }
+        Inputs inputs;
+        if (!dataset.empty()) {
+            QT_CHECK(input_patterns.empty() && eval_patterns.empty(), "--dataset and --input exclude each other");
+            const qtrain::NamedDataset& d = qtrain::find_named_dataset(dataset);
+            for (const auto& f : d.files) {
+                (f.eval ? inputs.eval : inputs.train).push_back(qtrain::fetch_dataset_file(d, f, download_dir));
+            }
+            if (app.count("--doc-separator") == 0) reader_options.separator = d.doc_separator;
+            if (eval_fraction < 0 && eval_tokens < 0 && inputs.eval.empty()) eval_fraction = d.eval_fraction;
+            if (out_dir.empty()) out_dir = fmt::format("data/{}-{}", dataset, model);
+            if (tokenizer_spec.empty()) tokenizer_spec = model_repo(model);
+        } else {
+            QT_CHECK(!input_patterns.empty(), "no input: pass --input=FILES (or --dataset=NAME)");
+            inputs.train = expand_all(input_patterns, "--input");
+            inputs.eval = expand_all(eval_patterns, "--eval-input");
+        }
+        QT_CHECK(!tokenizer_spec.empty(), "pass --tokenizer=PATH (tokenizer.json, qwen.tiktoken or a model directory)");
+        QT_CHECK(!out_dir.empty(), "pass --out-dir=DIR");
+        QT_CHECK(inputs.eval.empty() || (eval_fraction < 0 && eval_tokens < 0),
+                 "--eval-input excludes --eval-fraction/--eval-tokens");
+
+        const auto load_start = Clock::now();
+        const qtrain::Tokenizer tokenizer = load_tokenizer(tokenizer_spec);
+        qtrain::BatchEncodeOptions encode_options;
+        encode_options.threads = threads;
+        encode_options.special = special == "recognize" ? qtrain::SpecialTokens::kRecognize
+                                 : special == "none"    ? qtrain::SpecialTokens::kNone
+                                                        : qtrain::SpecialTokens::kAsText;
+        if (eos != "none") {
+            const auto id = tokenizer.token_id(eos);
+            QT_CHECK(id, "--eos: '", eos, "' is not a token of ", tokenizer.source());
+            encode_options.eos_id = *id;
+        }
+        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); EOS {}\n",
+                                 tokenizer.source(), tokenizer.regular_vocab_size(),
+                                 tokenizer.added_tokens().size(), seconds_since(load_start),
+                                 encode_options.eos_id >= 0 ? fmt::format("{} = {}", eos, encode_options.eos_id)
+                                                            : std::string("none"));
+
+        fs::create_directories(out_dir);
+        const bool masks = !reader_options.prompt_field.empty();
+        SplitWriter writer(out_dir, tokenizer.vocab_size(), masks, shard_tokens);
+        ProgressBar progress(!no_progress && isatty(STDERR_FILENO));
+        qtrain::EncodeStats stats;
+        const auto start = Clock::now();
+        uint64_t docs = 0, bytes = 0;
+        int64_t tokens = 0, eval_so_far = 0;
+        const std::size_t batch_bytes = std::max<std::size_t>(4u << 20, static_cast<std::size_t>(threads) * (2u << 20));
+
+        auto run = [&](const std::vector<std::string>& files, bool all_eval) {
+            qtrain::DocumentReader reader(files, reader_options);
+            const uint64_t eval_bytes = eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
+            std::vector<qtrain::Document> batch;
+            while (reader.read_batch(batch, batch_bytes)) {
+                const auto encoded = qtrain::encode_batch(tokenizer, batch, masks, encode_options, &stats);
+                for (std::size_t i = 0; i < batch.size(); ++i) {
+                    const bool eval = all_eval || (eval_fraction > 0 && batch[i].offset < eval_bytes) ||
+                                      (eval_tokens > 0 && eval_so_far < eval_tokens);
+                    writer.add(encoded[i], eval);
+                    const auto n = static_cast<int64_t>(encoded[i].tokens.size());
+                    tokens += n;
+                    if (eval) eval_so_far += n;
+                }
+                docs += batch.size();
+                batch.clear();
+                progress.update(bytes + reader.bytes_read(), bytes + reader.total_bytes(), tokens);
+            }
+            bytes += reader.total_bytes();
+        };
+        if (!inputs.eval.empty()) run(inputs.eval, true);
+        run(inputs.train, false);
+        progress.done();
+        const auto files = writer.finish();
+        const double secs = std::max(1e-9, seconds_since(start));
+
+        if (stats.invalid_utf8) {
+            std::cerr << fmt::format("warning: {} invalid UTF-8 sequences were replaced by U+FFFD\n",
+                                     stats.invalid_utf8);
+        }
+        fmt::print("tokenize: {} documents, {:.2f} MB -> {} tokens in {:.2f} s: {:.2f} MB/s, {:.2f} M tokens/s ({} threads)\n",
+                   docs, bytes / 1e6, tokens, secs, bytes / 1e6 / secs, tokens / 1e6 / secs, threads);
+        for (const auto& [path, n] : files) fmt::print("  {}: {} tokens\n", path, n);
+        if (files.empty()) fmt::print("  (no documents: nothing written)\n");
+        return 0;
+    } catch (const std::exception& e) {
+        std::cerr << "tokenize: error: " << e.what() << "\n";
+        return 1;
+    }
+}

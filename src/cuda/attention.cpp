@@ -1,0 +1,71 @@
+// Argument checks and dtype dispatch for the attention kernels (attention_flash_*.cu, attention_fp32.cu).
+// Everything a kernel silently relies on (head dim, GQA divisibility, 16-byte alignment for vector
+// and cp.async loads, grid limits) is checked here once, so a bad call fails with a message instead
+// of reading out of bounds.
+#include "cuda/attention.h"
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace qtrain {
+namespace {
+
+bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+void check_shape(DType dtype, const AttentionShape& s, const char* what) {
+    QT_CHECK(dtype == DType::F32 || dtype == DType::BF16, what, ": dtype must be fp32 or bf16, got ",
+             dtype_name(dtype));
+    QT_CHECK(s.D == 64 || s.D == 128, what, ": head dim ", s.D, " is not supported (64 or 128)");
+    QT_CHECK(s.B >= 1 && s.T >= 1 && s.Hq >= 1 && s.Hkv >= 1, what, ": bad shape B=", s.B, " T=", s.T, " Hq=", s.Hq,
+             " Hkv=", s.Hkv);
+    QT_CHECK(s.Hq % s.Hkv == 0, what, ": query heads ", s.Hq, " not a multiple of kv heads ", s.Hkv);
+    QT_CHECK(s.Hq <= 65535 && s.B <= 65535, what, ": Hq ", s.Hq, " and B ", s.B, " must be <= 65535 (grid limits)");
+    // lse/delta are indexed with 32-bit ints inside the kernels.
+    QT_CHECK(static_cast<int64_t>(s.B) * s.Hq * s.T < (int64_t{1} << 31), what, ": B*Hq*T too large");
+}
+
+void check_ptr(const void* p, std::uintptr_t align, const char* what, const char* name) {
+    QT_CHECK(p != nullptr, what, ": ", name, " is null");
+    QT_CHECK(aligned(p, align), what, ": ", name, " must be ", align, "-byte aligned");
+}
+
+}  // namespace
+
+void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& s,
+                       cudaStream_t stream) {
+    check_shape(dtype, s, "attention_forward");
+    check_ptr(out, 16, "attention_forward", "out");
+    check_ptr(lse, 4, "attention_forward", "lse");
+    check_ptr(qkv, 16, "attention_forward", "qkv");
+    if (dtype == DType::BF16)
+        detail::flash_attention_forward(out, lse, qkv, s, stream);
+    else
+        detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream);
+}
+
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& s) {
+    check_shape(dtype, s, "attention_backward_workspace_bytes");
+    const std::size_t bytes = static_cast<std::size_t>(s.B) * s.Hq * s.T * sizeof(float);
+    return (bytes + 255) / 256 * 256;
+}
+
+void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
+                        const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream) {
+    check_shape(dtype, s, "attention_backward");
+    check_ptr(dqkv, 16, "attention_backward", "dqkv");
+    check_ptr(dout, 16, "attention_backward", "dout");
+    check_ptr(qkv, 16, "attention_backward", "qkv");
+    check_ptr(out, 16, "attention_backward", "out");
+    check_ptr(lse, 4, "attention_backward", "lse");
+    check_ptr(workspace, 16, "attention_backward", "workspace");
+    float* delta = static_cast<float*>(workspace);
+    if (dtype == DType::BF16)
+        detail::flash_attention_backward(dqkv, dout, qkv, out, lse, delta, s, stream);
+    else
+        detail::fp32_attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
+                                        static_cast<const float*>(qkv), static_cast<const float*>(out), lse, delta,
+                                        s, stream);
+}
+
+}  // namespace qtrain

@@ -1,0 +1,56 @@
+// Causal grouped-query attention on the GPU, forward and backward, reading the fused QKV projection.
+//
+// Layouts (fixed by the model):
+//   qkv   [B*T, (Hq + 2*Hkv) * D]: row n = b*T + t holds [q (Hq*D) | k (Hkv*D) | v (Hkv*D)]
+//   out   [B*T, Hq*D]             (dout likewise)
+//   lse   [B, Hq, T] fp32: natural-log log-sum-exp of each row of scaled scores, saved for backward
+//   dqkv  same layout as qkv; the backward WRITES every element (no accumulation)
+// Query head h reads kv head h / (Hq / Hkv); scale 1/sqrt(D); causal (key s <= query t).
+//
+// Two implementations behind one API:
+//   BF16: flash attention (tensor cores, mma.sync), bf16 in/out, fp32 softmax and accumulation.
+//   F32:  plain CUDA-core kernels, fp32 in/out, the debugging path that matches the CPU reference.
+// Both backwards are deterministic (bit-identical run to run): one kernel owns dK/dV per key block
+// (looping over the group's query heads and the query blocks in a fixed order), another owns dQ per
+// query block; no floating-point atomics anywhere.
+//
+// Plain C++: no CUDA types beyond cudaStream_t, so .cpp callers need no cuda_bf16.h. Pointers must be
+// 16-byte aligned (qkv, out, dout, dqkv) and 4-byte aligned (lse, workspace); D must be 64 or 128.
+// Unsupported shapes or dtypes throw qtrain::Error.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+
+namespace qtrain {
+
+struct AttentionShape {
+    int B, T, Hq, Hkv, D;
+};
+
+// out [B*T, Hq*D] and lse [B, Hq, T] from qkv. dtype: F32 or BF16 (qkv and out; lse is always fp32).
+void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
+                       cudaStream_t stream);
+
+// Bytes of scratch the backward needs (rowsum(dout * out) per query row, fp32); 0 if none.
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape);
+
+// dqkv (same layout and dtype as qkv) from dout, qkv and the forward's out and lse.
+void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
+                        const float* lse, void* workspace, const AttentionShape& shape, cudaStream_t stream);
+
+// Implementation entry points (already validated arguments); the functions above dispatch to them.
+namespace detail {
+void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream);
+void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                              float* delta, const AttentionShape& s, cudaStream_t stream);
+void fp32_attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                            cudaStream_t stream);
+void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             float* delta, const AttentionShape& s, cudaStream_t stream);
+}  // namespace detail
+
+}  // namespace qtrain

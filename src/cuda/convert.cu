@@ -1,0 +1,37 @@
+// dtype conversion passes (master fp32 <-> model-dtype weights, uploads, exports).
+#include "cuda/check.h"
+#include "cuda/dispatch.cuh"
+#include "cuda/kernel_utils.cuh"
+#include "cuda/kernels.h"
+
+namespace qtrain::cuda {
+
+namespace {
+template <class T>
+__global__ void from_f32_kernel(T* dst, const float* src, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dst[i] = from_float<T>(src[i]);
+}
+template <class T>
+__global__ void to_f32_kernel(float* dst, const T* src, int64_t n) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dst[i] = to_float(src[i]);
+}
+unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65535)); }
+}  // namespace
+
+void convert_from_f32(void* dst, DType dst_type, const float* src, int64_t n, cudaStream_t s) {
+    if (n == 0) return;
+    QTRAIN_DISPATCH_ACT(dst_type, T, from_f32_kernel<T><<<grid_for(n), 256, 0, s>>>(static_cast<T*>(dst), src, n));
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void convert_to_f32(float* dst, const void* src, DType src_type, int64_t n, cudaStream_t s) {
+    if (n == 0) return;
+    QTRAIN_DISPATCH_ACT(src_type, T, to_f32_kernel<T><<<grid_for(n), 256, 0, s>>>(dst, static_cast<const T*>(src), n));
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qtrain::cuda

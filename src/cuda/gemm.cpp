@@ -1,0 +1,181 @@
+#include "cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "cuda/check.h"
+
+namespace qtrain {
+
+#define CUBLAS_CHECK(call)                                                                              \
+    do {                                                                                                \
+        cublasStatus_t st_ = (call);                                                                    \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                               \
+            ::qtrain::throw_error(::qtrain::cat("cuBLAS error ", cublasGetStatusName(st_), " (",         \
+                                                cublasGetStatusString(st_), ") in ", #call, " at ",     \
+                                                __FILE__, ":", __LINE__));                              \
+    } while (0)
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+    switch (t) {
+        case DType::F32: return CUDA_R_32F;
+        case DType::BF16: return CUDA_R_16BF;
+        case DType::F16: return CUDA_R_16F;
+        case DType::E4M3: return CUDA_R_8F_E4M3;
+        case DType::E5M2: return CUDA_R_8F_E5M2;
+        default: throw_error(cat("GEMM: unsupported dtype ", dtype_name(t)));
+    }
+}
+
+bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, bool,
+                       bool, int>;
+
+struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+};
+
+}  // namespace
+
+struct GemmRunner::Impl {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    std::size_t workspace_bytes = 0;
+    std::map<Key, Plan> plans;
+
+    ~Impl() {
+        for (auto& [k, p] : plans) {
+            cublasLtMatrixLayoutDestroy(p.a);
+            cublasLtMatrixLayoutDestroy(p.b);
+            cublasLtMatrixLayoutDestroy(p.c);
+            cublasLtMatmulDescDestroy(p.desc);
+        }
+        if (workspace) cudaFree(workspace);
+        if (handle) cublasLtDestroy(handle);
+    }
+
+    Plan& plan_for(const GemmOp& op) {
+        const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
+        Key key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
+                static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
+                op.bias != nullptr, op.beta != 0.0f, fp8};
+        auto it = plans.find(key);
+        if (it != plans.end()) return it->second;
+
+        Plan p;
+        // fp32 products stay exact fp32 (no TF32): fp32 mode is the tight reference for the GPU path.
+        cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+        cublasOperation_t ta = op.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = op.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        if (op.bias) {
+            p.epilogue = CUBLASLT_EPILOGUE_BIAS;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof p.epilogue));
+            cudaDataType_t bt = cuda_type(op.bias_type);
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        }
+        if (fp8) {
+            // scale pointers are set per call (their addresses are stable, but set them anyway)
+            int8_t fast_accum = 0;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+        }
+        const int64_t a_rows = op.trans_a ? op.k : op.m, a_cols = op.trans_a ? op.m : op.k;
+        const int64_t b_rows = op.trans_b ? op.n : op.k, b_cols = op.trans_b ? op.k : op.n;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(op.a_type), a_rows, a_cols, op.lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(op.b_type), b_rows, b_cols, op.ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(op.c_type), op.m, op.n, op.ldc));
+
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &workspace_bytes, sizeof workspace_bytes));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+            throw_error(cat("cuBLASLt has no algorithm for ", op.trans_a ? "T" : "N", op.trans_b ? "T" : "N", " GEMM m=",
+                            op.m, " n=", op.n, " k=", op.k, " A ", dtype_name(op.a_type), " B ", dtype_name(op.b_type),
+                            " C ", dtype_name(op.c_type), op.bias ? " with bias" : "", " (status ",
+                            cublasGetStatusName(st), ")"));
+        }
+        p.algo = result.algo;
+        return plans.emplace(key, p).first->second;
+    }
+};
+
+GemmRunner::GemmRunner(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+    CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+    impl_->workspace_bytes = workspace_bytes;
+    CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+}
+
+GemmRunner::~GemmRunner() = default;
+
+std::size_t GemmRunner::cached_shapes() const { return impl_->plans.size(); }
+
+void GemmRunner::run(const GemmOp& op, cudaStream_t stream) {
+    Plan& p = impl_->plan_for(op);
+    if (op.bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
+    if (op.a_scale)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.a_scale, sizeof op.a_scale));
+    if (op.b_scale)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.b_scale, sizeof op.b_scale));
+    CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &op.alpha, op.a, p.a, op.b, p.b, &op.beta, op.c, p.c, op.c, p.c,
+                                &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
+}
+
+void GemmRunner::linear_forward(void* y, DType y_type, const void* x, const void* w, DType in_type, const void* bias,
+                                int64_t n_tokens, int64_t in_f, int64_t out_f, cudaStream_t stream, float beta) {
+    GemmOp op;
+    op.trans_a = true;
+    op.trans_b = false;
+    op.m = out_f; op.n = n_tokens; op.k = in_f;
+    op.a = w; op.a_type = in_type; op.lda = in_f;
+    op.b = x; op.b_type = in_type; op.ldb = in_f;
+    op.c = y; op.c_type = y_type; op.ldc = out_f;
+    op.beta = beta;
+    op.bias = bias;
+    op.bias_type = in_type == DType::F32 ? DType::F32 : DType::BF16;
+    run(op, stream);
+}
+
+void GemmRunner::linear_backward_input(void* dx, DType dx_type, const void* dy, const void* w, DType in_type,
+                                       int64_t n_tokens, int64_t in_f, int64_t out_f, cudaStream_t stream, float beta) {
+    GemmOp op;
+    op.trans_a = false;
+    op.trans_b = false;
+    op.m = in_f; op.n = n_tokens; op.k = out_f;
+    op.a = w; op.a_type = in_type; op.lda = in_f;
+    op.b = dy; op.b_type = in_type; op.ldb = out_f;
+    op.c = dx; op.c_type = dx_type; op.ldc = in_f;
+    op.beta = beta;
+    run(op, stream);
+}
+
+void GemmRunner::linear_backward_weight(void* dw, DType dw_type, const void* dy, const void* x, DType in_type,
+                                        int64_t n_tokens, int64_t in_f, int64_t out_f, bool accumulate,
+                                        cudaStream_t stream) {
+    GemmOp op;
+    op.trans_a = false;
+    op.trans_b = true;
+    op.m = in_f; op.n = out_f; op.k = n_tokens;
+    op.a = x; op.a_type = in_type; op.lda = in_f;
+    op.b = dy; op.b_type = in_type; op.ldb = out_f;
+    op.c = dw; op.c_type = dw_type; op.ldc = in_f;
+    op.beta = accumulate ? 1.0f : 0.0f;
+    run(op, stream);
+}
+
+}  // namespace qtrain

@@ -1,0 +1,93 @@
+// Host-side launchers of the elementwise and reduction kernels of the GPU model, one .cu file per
+// op family. Plain C++: callers need no CUDA headers beyond cudaStream_t. `act` selects the
+// activation type (DType::F32 or DType::BF16) of every void* activation/weight argument; gradients
+// of parameters are always fp32 (float*), accumulated (+=) so micro-batches sum in place.
+// Every kernel is deterministic (no floating-point atomics; fixed reduction orders).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+
+namespace qtrain::cuda {
+
+// ---- embedding.cu ----
+// out[n, :] = table[tokens[n], :]
+void embedding_forward(DType act, void* out, const int32_t* tokens, const void* table, int N, int C, cudaStream_t s);
+// dtable[tok, :] += sum over positions with that token of dout[pos, :], in increasing position
+// order. The host groups positions by token (embedding_backward_plan): unique_tokens[u] has its
+// positions at positions[offsets[u] .. offsets[u+1]).
+void embedding_backward(float* dtable, DType act, const void* dout, const int32_t* unique_tokens,
+                        const int32_t* offsets, const int32_t* positions, int num_unique, int C, cudaStream_t s);
+
+// ---- rmsnorm.cu ----
+// res_out = res_in (+ delta when delta != null; res_out may alias res_in), then
+// norm_out = weight * (res_out * rstd), rstd = 1/sqrt(mean(res_out^2) + eps) saved per row.
+void residual_rmsnorm_forward(DType act, void* res_out, void* norm_out, float* rstd, const void* res_in,
+                              const void* delta, const void* weight, int N, int C, float eps, cudaStream_t s);
+// dres[n,:] += d(norm)/d(inp) applied to dnorm; dweight[C] += sum_n dnorm * inp * rstd.
+// `scratch` needs rmsnorm_backward_scratch_floats(N, C) floats (per-block partial weight sums).
+std::size_t rmsnorm_backward_scratch_floats(int N, int C);
+void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, const void* dnorm, const void* inp,
+                      const void* weight, const float* rstd, int N, int C, cudaStream_t s);
+
+// ---- rope.cu ----
+// Rotate-half RoPE on the q and k heads of the fused qkv buffer [B*T, (Hq + 2 Hkv) * D], in place.
+// cos_sin: [T, D/2] cos table followed by [T, D/2] sin table (fp32; built on the host exactly as HF).
+void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s);
+// The inverse rotation applied to the q and k gradients of dqkv, in place.
+void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s);
+
+// ---- swiglu.cu ----
+// gate_up rows are [gate (I) | up (I)]; out[n, i] = silu(gate) * up.
+void swiglu_forward(DType act, void* out, const void* gate_up, int N, int I, cudaStream_t s);
+// dgate_up[n, :] = [dout * up * silu'(gate) | dout * silu(gate)] (written, not accumulated).
+void swiglu_backward(DType act, void* dgate_up, const void* dout, const void* gate_up, int N, int I, cudaStream_t s);
+
+// ---- bias_grad.cu ----
+// dbias[C] += column sums of d[N, C]; scratch: bias_grad_scratch_floats(N, C) floats.
+std::size_t bias_grad_scratch_floats(int N, int C);
+void bias_grad(float* dbias, float* scratch, DType act, const void* d, int N, int C, cudaStream_t s);
+
+// ---- cross_entropy.cu ----
+// Per row of logits [n, V] (act type): loss[i] = logsumexp(row) - row[target[i]]; when write_grad,
+// the row becomes (softmax - onehot(target)) * dscale (in act type). target < 0: loss 0, grad 0.
+void softmax_cross_entropy(DType act, void* logits, float* losses, const int32_t* targets, int n, int V,
+                           float dscale, bool write_grad, cudaStream_t s);
+// *acc += scale * sum(losses[0..n)) in a fixed order (one block).
+void accumulate_loss(float* acc, const float* losses, int n, float scale, cudaStream_t s);
+
+// ---- optimizer.cu ----
+// A contiguous run of the flat parameter buffer with its weight-decay flag.
+struct ParamSegment {
+    int64_t offset;
+    int64_t size;
+    int decay;
+};
+// sum of squares of grad[0..n) -> partials (norm_partials_count() floats), then finalize writes
+// out[0] = ||grad||_2 and out[1] = clip scale (max_norm / norm when norm > max_norm > 0, else 1).
+int norm_partials_count();
+void global_norm(float* out, float* partials, const float* grad, int64_t n, float max_norm, cudaStream_t s);
+// AdamW over the segments (torch.optim.AdamW semantics, grads scaled by clip[1] first). m and v are
+// fp32 or bf16 (bf16 stored with stochastic rounding seeded by (seed, step, index)); master is fp32;
+// the model-dtype copy `weights` (act type; may be null in fp32 mode when weights == master) is
+// written from the updated master. Elements outside the segments are not touched.
+struct AdamWArgs {
+    float lr, beta1, beta2, eps, weight_decay;
+    int step;
+    uint64_t seed;
+};
+void adamw_update(const ParamSegment* segments_device, int num_segments, int64_t total_elements, float* master,
+                  const float* grad, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
+                  const float* clip, const AdamWArgs& args, cudaStream_t s);
+
+// ---- convert.cu ----
+// dst[i] = (dst_type) src[i] for fp32 -> {fp32, bf16}.
+void convert_from_f32(void* dst, DType dst_type, const float* src, int64_t n, cudaStream_t s);
+// dst[i] = float(src[i]) for {fp32, bf16} -> fp32.
+void convert_to_f32(float* dst, const void* src, DType src_type, int64_t n, cudaStream_t s);
+
+}  // namespace qtrain::cuda

@@ -1,0 +1,196 @@
+// BIN.TOK token files: read by mmap (datasets can be many GB; the loader touches only what it uses),
+// written through a temporary file whose header is filled in last, then renamed, so a crash or a
+// full disk never leaves a file that looks complete.
+#include "io/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "core/error.h"
+
+namespace qtrain {
+
+static_assert(std::endian::native == std::endian::little, "BIN.TOK files are little-endian; so is the host code");
+
+namespace {
+constexpr std::size_t kHeaderInts = 256;
+constexpr std::size_t kHeaderBytes = kHeaderInts * 4;
+constexpr char kMagic[8] = {'B', 'I', 'N', '.', 'T', 'O', 'K', '\n'};
+
+uint64_t mask_bytes(int64_t n) { return static_cast<uint64_t>(n + 7) / 8; }
+}  // namespace
+
+TokenFile::TokenFile(const std::string& path) : path_(path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    QT_CHECK(fd >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) {
+        int err = errno;
+        ::close(fd);
+        throw_error(cat("cannot stat '", path, "': ", std::strerror(err)));
+    }
+    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+    if (file_size < kHeaderBytes) {
+        ::close(fd);
+        throw_error(cat(path, ": not a BIN.TOK token file: ", file_size, " bytes, shorter than the ", kHeaderBytes,
+                        "-byte header"));
+    }
+    void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    ::close(fd);
+    QT_CHECK(m != MAP_FAILED, "cannot mmap '", path, "': ", std::strerror(err));
+    map_ = m;
+    map_size_ = file_size;
+
+    try {
+        const auto* bytes = static_cast<const unsigned char*>(map_);
+        int32_t h[kHeaderInts];
+        std::memcpy(h, bytes, kHeaderBytes);
+        QT_CHECK(std::memcmp(bytes, kMagic, 8) == 0, path,
+                 ": not a BIN.TOK token file (the first 8 bytes are not \"BIN.TOK\\n\")");
+        QT_CHECK(h[2] == 1 || h[2] == 2, path, ": unsupported BIN.TOK version ", h[2], " (expected 1 or 2)");
+        QT_CHECK(h[3] == 4, path, ": ", h[3], " bytes per token; qtrain reads 4-byte (int32) tokens only");
+        QT_CHECK(h[4] >= 0, path, ": negative token count ", h[4], " in the header");
+        header_.version = h[2];
+        header_.bytes_per_token = h[3];
+        header_.num_tokens = h[4];
+        if (header_.version >= 2) {  // v1 has neither field: vocab unknown, no masks
+            QT_CHECK(h[5] >= 0, path, ": negative vocab size ", h[5], " in the header");
+            QT_CHECK(h[6] == 0 || h[6] == 1, path, ": has-masks field is ", h[6], " (expected 0 or 1)");
+            header_.vocab_size = h[5];
+            header_.has_masks = h[6] == 1;
+        } else {
+            header_.vocab_size = 0;
+            header_.has_masks = false;
+        }
+        const uint64_t n = static_cast<uint64_t>(header_.num_tokens);
+        const uint64_t expected = kHeaderBytes + 4 * n + (header_.has_masks ? mask_bytes(header_.num_tokens) : 0);
+        QT_CHECK(file_size == expected, path, ": file is ", file_size, " bytes but its header (", n, " tokens",
+                 header_.has_masks ? " with masks" : "", ") implies ", expected, " bytes (",
+                 file_size < expected ? "truncated?" : "trailing data?", ")");
+        tokens_ = reinterpret_cast<const int32_t*>(bytes + kHeaderBytes);  // page-aligned + 1024: aligned
+        if (header_.has_masks) masks_ = bytes + kHeaderBytes + 4 * n;
+    } catch (...) {
+        ::munmap(map_, map_size_);
+        map_ = nullptr;
+        throw;
+    }
+}
+
+TokenFile::~TokenFile() {
+    if (map_) ::munmap(map_, map_size_);
+}
+
+TokenFile::TokenFile(TokenFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      header_(other.header_),
+      map_(other.map_),
+      map_size_(other.map_size_),
+      tokens_(other.tokens_),
+      masks_(other.masks_) {
+    other.map_ = nullptr;
+    other.map_size_ = 0;
+    other.tokens_ = nullptr;
+    other.masks_ = nullptr;
+}
+
+void TokenFile::validate_tokens(int vocab_size, const std::string& what) const {
+    for (int64_t i = 0; i < header_.num_tokens; ++i) {
+        const int32_t t = tokens_[i];
+        QT_CHECK(t >= 0 && t < vocab_size, path_, ": token ", t, " at index ", i, " is outside [0, ", vocab_size,
+                 ") (the limit is ", what, ")");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TokenFileWriter::TokenFileWriter(const std::string& path, int vocab_size, bool with_masks)
+    : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())), vocab_size_(vocab_size),
+      with_masks_(with_masks) {
+    QT_CHECK(vocab_size >= 0, path, ": vocab size must be >= 0 (0 = unknown), got ", vocab_size);
+    std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    FILE* f = std::fopen(tmp_path_.c_str(), "wb");
+    QT_CHECK(f, "cannot open '", tmp_path_, "' for writing: ", std::strerror(errno));
+    file_ = f;
+    // Zeros now (no magic: an unfinished file is never mistaken for a valid one); finish() fills it.
+    static const char zeros[kHeaderBytes] = {};
+    if (std::fwrite(zeros, 1, kHeaderBytes, f) != kHeaderBytes) {
+        std::fclose(f);
+        file_ = nullptr;
+        std::remove(tmp_path_.c_str());
+        throw_error(cat("error writing '", path, "' (disk full?)"));
+    }
+}
+
+TokenFileWriter::~TokenFileWriter() {
+    if (file_) std::fclose(static_cast<FILE*>(file_));
+    if (!finished_) std::remove(tmp_path_.c_str());
+}
+
+void TokenFileWriter::append(const int32_t* tokens, std::size_t n, const uint8_t* mask) {
+    QT_CHECK(!finished_ && file_, path_, ": append after finish()");
+    QT_CHECK(!with_masks_ || mask || n == 0, path_, ": this file has masks; append() needs one mask byte per token");
+    QT_CHECK(with_masks_ || !mask, path_, ": a mask was given but the file was opened without masks");
+    QT_CHECK(static_cast<uint64_t>(num_tokens_) + n <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max()),
+             path_, ": more than ", std::numeric_limits<int32_t>::max(),
+             " tokens; the BIN.TOK header stores the count as int32 (split the data over several files)");
+    if (vocab_size_ > 0) {
+        for (std::size_t i = 0; i < n; ++i)
+            QT_CHECK(tokens[i] >= 0 && tokens[i] < vocab_size_, path_, ": token ", tokens[i], " at index ",
+                     num_tokens_ + static_cast<int64_t>(i), " is outside [0, ", vocab_size_, ") (the file's vocab size)");
+    }
+    QT_CHECK(n == 0 || std::fwrite(tokens, 4, n, static_cast<FILE*>(file_)) == n, "error writing '", path_,
+             "' (disk full?)");
+    if (with_masks_) {
+        mask_bits_.resize(mask_bytes(num_tokens_ + static_cast<int64_t>(n)), 0);
+        for (std::size_t i = 0; i < n; ++i) {
+            const int64_t k = num_tokens_ + static_cast<int64_t>(i);
+            if (mask[i]) mask_bits_[k >> 3] |= static_cast<uint8_t>(1u << (k & 7));  // LSB first
+        }
+    }
+    num_tokens_ += static_cast<int64_t>(n);
+}
+
+void TokenFileWriter::finish() {
+    QT_CHECK(!finished_ && file_, path_, ": finish() called twice");
+    FILE* f = static_cast<FILE*>(file_);
+    bool ok = mask_bits_.empty() || std::fwrite(mask_bits_.data(), 1, mask_bits_.size(), f) == mask_bits_.size();
+    int32_t h[kHeaderInts] = {};
+    std::memcpy(h, kMagic, 8);
+    h[2] = 2;
+    h[3] = 4;
+    h[4] = static_cast<int32_t>(num_tokens_);
+    h[5] = vocab_size_;
+    h[6] = with_masks_ ? 1 : 0;
+    ok = ok && std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(h, 1, kHeaderBytes, f) == kHeaderBytes;
+    ok = std::fflush(f) == 0 && ok;
+    ok = ::fsync(::fileno(f)) == 0 && ok;
+    ok = std::fclose(f) == 0 && ok;
+    file_ = nullptr;
+    QT_CHECK(ok, "error writing '", path_, "' (disk full?)");
+    std::error_code ec;
+    std::filesystem::rename(tmp_path_, path_, ec);
+    QT_CHECK(!ec, "cannot rename '", tmp_path_, "' to '", path_, "': ", ec.message());
+    finished_ = true;
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size,
+                      const std::vector<uint8_t>* mask) {
+    QT_CHECK(!mask || mask->size() == tokens.size(), path, ": ", tokens.size(), " tokens but ", mask->size(),
+             " mask entries");
+    TokenFileWriter w(path, vocab_size, mask != nullptr);
+    w.append(tokens.data(), tokens.size(), mask ? mask->data() : nullptr);
+    w.finish();
+}
+
+}  // namespace qtrain

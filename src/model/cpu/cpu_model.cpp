@@ -1,0 +1,357 @@
+// CpuModel: options, storage, the training step and the memory plan. The pass itself reads top to
+// bottom like the HF Qwen2 forward; the backward walks the same steps in reverse, with one residual
+// gradient buffer that every block adds into (the residual connections are identities).
+#include "model/cpu/cpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "core/error.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+
+namespace {
+
+// Per-layer tensors in the order qwen2_parameters() lists them after the layer's first entry.
+constexpr const char* kLayerSuffixes[] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+    "self_attn.k_proj.weight", "self_attn.k_proj.bias",   "self_attn.v_proj.weight",
+    "self_attn.v_proj.bias",   "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+constexpr int kTensorsPerLayer = 12;
+
+void ensure(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+void zero(std::vector<float>& v, int64_t n) { std::fill(v.begin(), v.begin() + n, 0.0f); }
+
+}  // namespace
+
+void CpuModel::check_options(const ModelOptions& o) {
+    const std::pair<const char*, DType> dtypes[] = {
+        {"--model-dtype", o.model_dtype},   {"--matmul-dtype", o.matmul_dtype}, {"--gradient-dtype", o.gradient_dtype},
+        {"--opt-m-dtype", o.opt_m_dtype},   {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype}};
+    for (const auto& [flag, dt] : dtypes)
+        QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
+                 "reference model runs every role in fp32: use ", flag, "=fp32)");
+    const std::pair<const char*, bool> flags[] = {
+        {"--recompute-swiglu", o.recompute_swiglu},   {"--recompute-norm", o.recompute_norm},
+        {"--recompute-qkv", o.recompute_qkv},         {"--recompute-ffn", o.recompute_ffn},
+        {"--recompute-att", o.recompute_att},         {"--recompute-block", o.recompute_block},
+        {"--offload-residual", o.offload_residual},   {"--offload-master", o.offload_master},
+        {"--offload-opt-m", o.offload_opt_m},         {"--offload-opt-v", o.offload_opt_v},
+        {"--offload-quants", o.offload_quants},       {"--offload-gradients", o.offload_gradients},
+        {"--persistent-quants", o.persistent_quants}, {"--write-combined", o.write_combined},
+        {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights},
+        {"--shard-gradients", o.shard_gradients},     {"--use-cuda-graphs", o.use_cuda_graphs}};
+    for (const auto& [flag, on] : flags) QT_CHECK(!on, flag, " is not supported on --device=cpu");
+    QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported on --device=cpu (it runs on one device)");
+    QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
+    QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+    QT_CHECK(o.seq_len >= 1, "--seq-len must be at least 1, got ", o.seq_len);
+}
+
+ModelOptions CpuModel::fp32_options(int batch_size, int seq_len) {
+    ModelOptions o;
+    o.batch_size = batch_size;
+    o.seq_len = seq_len;
+    o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::F32;
+    o.opt_m_dtype = o.opt_v_dtype = o.master_dtype = DType::F32;
+    return o;
+}
+
+CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : config_(config), options_(options) {
+    check_options(options);
+    config_.validate("model config");
+    specs_ = qwen2_parameters(config_);
+    int64_t total = 0;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        offsets_.push_back(total);
+        index_[specs_[i].name] = i;
+        total += specs_[i].numel();
+    }
+    // layer() indexes specs_ by position: make sure the canonical order is what it assumes.
+    for (int l = 0; l < config_.num_hidden_layers; ++l)
+        for (int j = 0; j < kTensorsPerLayer; ++j) {
+            const std::string want = "model.layers." + std::to_string(l) + "." + kLayerSuffixes[j];
+            QT_CHECK(specs_[1 + l * kTensorsPerLayer + j].name == want, "CpuModel: unexpected parameter order at '",
+                     want, "'");
+        }
+    params_.assign(static_cast<size_t>(total), 0.0f);
+    grads_.assign(static_cast<size_t>(total), 0.0f);
+    adam_m_.assign(static_cast<size_t>(total), 0.0f);
+    adam_v_.assign(static_cast<size_t>(total), 0.0f);
+}
+
+int64_t CpuModel::offset(const std::string& name) const {
+    auto it = index_.find(name);
+    QT_CHECK(it != index_.end(), "CpuModel: no parameter named '", name, "'");
+    return offsets_[it->second];
+}
+
+CpuModel::Layer CpuModel::layer(float* base, int l) const {
+    const int64_t* o = offsets_.data() + 1 + static_cast<int64_t>(l) * kTensorsPerLayer;
+    return {base + o[0], base + o[1], base + o[2], base + o[3],  base + o[4],  base + o[5],
+            base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11]};
+}
+
+const float* CpuModel::lm_head() const {
+    return params_.data() + (config_.tie_word_embeddings ? offsets_.front() : offsets_.back());
+}
+
+float* CpuModel::lm_head_grad() {
+    return grads_.data() + (config_.tie_word_embeddings ? offsets_.front() : offsets_.back());
+}
+
+void CpuModel::init_random(uint64_t seed) {
+    for (size_t i = 0; i < specs_.size(); ++i) init_parameter(specs_[i], config_, seed, params_.data() + offsets_[i]);
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
+    std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
+    step_loss_ = 0.0;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Activations
+// ---------------------------------------------------------------------------------------------------
+
+int64_t CpuModel::activation_floats(const ModelConfig& c, int B, int T, int lmhead_chunks, bool backward) {
+    const int64_t N = static_cast<int64_t>(B) * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
+                  I = c.intermediate_size, L = c.num_hidden_layers;
+    int64_t n = (L + 1) * N * C                               // resid
+                + L * N * (3 * C + 2 * Q + 2 * KV + 3 * I + 2)  // per-layer saved activations
+                + L * N * c.num_attention_heads                 // lse
+                + N * (2 * C + 2)                               // final norm, tmp, final rstd, losses
+                + static_cast<int64_t>(cpu::lmhead_chunk_rows(static_cast<int>(N), lmhead_chunks)) * c.vocab_size +
+                static_cast<int64_t>(T) * c.head_dim;  // rope tables
+    if (backward) n += N * (2 * C + 2 * Q + 2 * KV + 3 * I);
+    return n;
+}
+
+void CpuModel::ensure_activations(int B, int T, bool backward) {
+    const ModelConfig& c = config_;
+    const int64_t N = static_cast<int64_t>(B) * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
+                  I = c.intermediate_size, L = c.num_hidden_layers;
+    Activations& a = acts_;
+    a.B = B;
+    a.T = T;
+    ensure(a.resid, (L + 1) * N * C);
+    for (auto* v : {&a.resid_mid, &a.ln1, &a.ln2}) ensure(*v, L * N * C);
+    for (auto* v : {&a.rstd1, &a.rstd2}) ensure(*v, L * N);
+    for (auto* v : {&a.q, &a.att}) ensure(*v, L * N * Q);
+    for (auto* v : {&a.k, &a.v}) ensure(*v, L * N * KV);
+    ensure(a.lse, L * N * c.num_attention_heads);
+    for (auto* v : {&a.gate, &a.up, &a.act}) ensure(*v, L * N * I);
+    ensure(a.final_norm, N * C);
+    ensure(a.rstd_final, N);
+    ensure(a.losses, N);
+    ensure(a.logits, static_cast<int64_t>(cpu::lmhead_chunk_rows(static_cast<int>(N), options_.lmhead_chunks)) *
+                         c.vocab_size);
+    if (a.rope_T != T) {
+        a.rope_cos.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
+        a.rope_sin.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
+        cpu::rope_tables(a.rope_cos.data(), a.rope_sin.data(), T, c.head_dim, c.rope_theta);
+        a.rope_T = T;
+    }
+    // tmp carries the attention / MLP output before the residual add in the forward too.
+    ensure(a.tmp, N * C);
+    if (!backward) return;
+    for (auto* v : {&a.dresid, &a.dln}) ensure(*v, N * C);
+    for (auto* v : {&a.dq, &a.datt}) ensure(*v, N * Q);
+    for (auto* v : {&a.dk, &a.dv}) ensure(*v, N * KV);
+    for (auto* v : {&a.dgate, &a.dup, &a.dact}) ensure(*v, N * I);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Forward and backward
+// ---------------------------------------------------------------------------------------------------
+
+void CpuModel::check_batch(const Batch& b) const {
+    QT_CHECK(b.inputs && b.targets, "CpuModel: batch without inputs or targets");
+    QT_CHECK(b.batch_size >= 1 && b.seq_len >= 1, "CpuModel: empty batch (", b.batch_size, " x ", b.seq_len, ")");
+    const int64_t N = static_cast<int64_t>(b.batch_size) * b.seq_len;
+    for (int64_t i = 0; i < N; ++i) {
+        QT_CHECK(b.inputs[i] >= 0 && b.inputs[i] < config_.vocab_size, "input token ", b.inputs[i], " at (row ",
+                 i / b.seq_len, ", position ", i % b.seq_len, ") is outside the vocabulary (vocab_size ",
+                 config_.vocab_size, ")");
+        QT_CHECK(b.targets[i] < config_.vocab_size, "target token ", b.targets[i], " at (row ", i / b.seq_len,
+                 ", position ", i % b.seq_len, ") is outside the vocabulary (vocab_size ", config_.vocab_size, ")");
+    }
+}
+
+void CpuModel::forward_to_final_norm(const Batch& batch) {
+    const ModelConfig& c = config_;
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(),
+              KV = c.kv_dim(), I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads,
+              D = c.head_dim;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    Activations& a = acts_;
+    cpu::embedding_forward(a.resid.data(), batch.inputs, params_.data(), N, C);
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+        const Layer w = layer(params_.data(), l);
+        const int64_t nc = static_cast<int64_t>(l) * N * C, nq = static_cast<int64_t>(l) * N * Q,
+                      nkv = static_cast<int64_t>(l) * N * KV, ni = static_cast<int64_t>(l) * N * I;
+        const float* x = a.resid.data() + nc;
+        float *ln1 = a.ln1.data() + nc, *q = a.q.data() + nq, *k = a.k.data() + nkv, *v = a.v.data() + nkv;
+        float *att = a.att.data() + nq, *mid = a.resid_mid.data() + nc, *ln2 = a.ln2.data() + nc;
+        float *gate = a.gate.data() + ni, *up = a.up.data() + ni, *act = a.act.data() + ni;
+
+        // attention block: x + o_proj(attention(rope(q), rope(k), v))
+        cpu::rmsnorm_forward(ln1, a.rstd1.data() + static_cast<int64_t>(l) * N, x, w.ln1, N, C, eps);
+        cpu::matmul_forward(q, ln1, w.wq, w.bq, N, C, Q);
+        cpu::matmul_forward(k, ln1, w.wk, w.bk, N, C, KV);
+        cpu::matmul_forward(v, ln1, w.wv, w.bv, N, C, KV);
+        cpu::rope_forward(q, q, a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
+        cpu::rope_forward(k, k, a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
+        cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D);
+        cpu::matmul_forward(a.tmp.data(), att, w.wo, nullptr, N, Q, C);
+        cpu::residual_forward(mid, x, a.tmp.data(), static_cast<int64_t>(N) * C);
+
+        // MLP block: mid + down(silu(gate(ln2)) * up(ln2))
+        cpu::rmsnorm_forward(ln2, a.rstd2.data() + static_cast<int64_t>(l) * N, mid, w.ln2, N, C, eps);
+        cpu::matmul_forward(gate, ln2, w.wg, nullptr, N, C, I);
+        cpu::matmul_forward(up, ln2, w.wu, nullptr, N, C, I);
+        cpu::swiglu_forward(act, gate, up, static_cast<int64_t>(N) * I);
+        cpu::matmul_forward(a.tmp.data(), act, w.wd, nullptr, N, I, C);
+        cpu::residual_forward(a.resid.data() + nc + static_cast<int64_t>(N) * C, mid, a.tmp.data(),
+                              static_cast<int64_t>(N) * C);
+    }
+    const int64_t last = static_cast<int64_t>(c.num_hidden_layers) * N * C;
+    cpu::rmsnorm_forward(a.final_norm.data(), a.rstd_final.data(), a.resid.data() + last,
+                         params_.data() + offsets_[1 + c.num_hidden_layers * kTensorsPerLayer], N, C, eps);
+}
+
+// Expects acts_.dln to hold d(loss)/d(final_norm output); leaves d(loss)/d(embeddings) in the grads.
+void CpuModel::backward_from_final_norm(const Batch& batch) {
+    const ModelConfig& c = config_;
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(),
+              KV = c.kv_dim(), I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads,
+              D = c.head_dim;
+    Activations& a = acts_;
+    const int64_t nC = static_cast<int64_t>(N) * C, nQ = static_cast<int64_t>(N) * Q,
+                  nKV = static_cast<int64_t>(N) * KV, nI = static_cast<int64_t>(N) * I;
+    const size_t norm_index = 1 + static_cast<size_t>(c.num_hidden_layers) * kTensorsPerLayer;
+
+    // dresid carries d(loss)/d(residual stream) downwards; every block adds its input gradient to it.
+    zero(a.dresid, nC);
+    cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + offsets_[norm_index], a.dln.data(),
+                          a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
+                          params_.data() + offsets_[norm_index], a.rstd_final.data(), N, C);
+    for (int l = c.num_hidden_layers - 1; l >= 0; --l) {
+        const Layer w = layer(params_.data(), l);
+        const Layer g = layer(grads_.data(), l);
+        const float* x = a.resid.data() + l * nC;
+        const float *ln1 = a.ln1.data() + l * nC, *q = a.q.data() + l * nQ, *k = a.k.data() + l * nKV,
+                    *v = a.v.data() + l * nKV, *att = a.att.data() + l * nQ, *mid = a.resid_mid.data() + l * nC,
+                    *ln2 = a.ln2.data() + l * nC, *gate = a.gate.data() + l * nI, *up = a.up.data() + l * nI,
+                    *act = a.act.data() + l * nI;
+
+        // MLP block
+        zero(a.dact, nI);
+        cpu::matmul_backward(a.dact.data(), g.wd, nullptr, a.dresid.data(), act, w.wd, N, I, C);
+        zero(a.dgate, nI);
+        zero(a.dup, nI);
+        cpu::swiglu_backward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, nI);
+        zero(a.dln, nC);
+        cpu::matmul_backward(a.dln.data(), g.wg, nullptr, a.dgate.data(), ln2, w.wg, N, C, I);
+        cpu::matmul_backward(a.dln.data(), g.wu, nullptr, a.dup.data(), ln2, w.wu, N, C, I);
+        cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, w.ln2, a.rstd2.data() + l * N, N, C);
+
+        // attention block
+        zero(a.datt, nQ);
+        cpu::matmul_backward(a.datt.data(), g.wo, nullptr, a.dresid.data(), att, w.wo, N, Q, C);
+        zero(a.dq, nQ);
+        zero(a.dk, nKV);
+        zero(a.dv, nKV);
+        cpu::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), q, k, v,
+                                a.lse.data() + static_cast<int64_t>(l) * N * Hq, B, T, Hq, Hkv, D);
+        cpu::rope_backward(a.dq.data(), a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
+        cpu::rope_backward(a.dk.data(), a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
+        zero(a.dln, nC);
+        cpu::matmul_backward(a.dln.data(), g.wq, g.bq, a.dq.data(), ln1, w.wq, N, C, Q);
+        cpu::matmul_backward(a.dln.data(), g.wk, g.bk, a.dk.data(), ln1, w.wk, N, C, KV);
+        cpu::matmul_backward(a.dln.data(), g.wv, g.bv, a.dv.data(), ln1, w.wv, N, C, KV);
+        cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, w.ln1, a.rstd1.data() + l * N, N, C);
+    }
+    cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C);
+}
+
+double CpuModel::mean_loss(const Batch& batch) const {
+    const int N = batch.batch_size * batch.seq_len;
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    if (valid == 0) return 0.0;  // nothing to predict: no loss (and no gradient)
+    double sum = 0.0;
+    for (int i = 0; i < N; ++i) sum += acts_.losses[i];
+    return sum / valid;
+}
+
+void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
+    check_batch(batch);
+    const int N = batch.batch_size * batch.seq_len;
+    ensure_activations(batch.batch_size, batch.seq_len, true);
+    forward_to_final_norm(batch);
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
+    const int64_t nC = static_cast<int64_t>(N) * config_.hidden_size;
+    zero(acts_.dln, nC);
+    cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(),
+                              lm_head(), batch.targets, N, config_.hidden_size, config_.vocab_size,
+                              options_.lmhead_chunks, dscale, acts_.logits.data());
+    backward_from_final_norm(batch);
+    step_loss_ += mean_loss(batch) * grad_scale;
+}
+
+double CpuModel::evaluate_f64(const Batch& batch) {
+    check_batch(batch);
+    const int N = batch.batch_size * batch.seq_len;
+    ensure_activations(batch.batch_size, batch.seq_len, false);
+    forward_to_final_norm(batch);
+    cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(),
+                              batch.targets, N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
+                              acts_.logits.data());
+    return mean_loss(batch);
+}
+
+float CpuModel::evaluate(const Batch& batch) { return static_cast<float>(evaluate_f64(batch)); }
+
+StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
+    QT_CHECK(p.step >= 1, "optimizer step must be 1-based, got ", p.step);
+    StepStats stats;
+    stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_squares(grads_.data(), num_elements())));
+    // Clip only when the norm exceeds the threshold: scale = clip / norm < 1.
+    float clip_scale = 1.0f;
+    if (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) clip_scale = p.grad_clip / stats.grad_norm;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const int64_t o = offsets_[i];
+        cpu::adamw_update(params_.data() + o, grads_.data() + o, adam_m_.data() + o, adam_v_.data() + o,
+                          specs_[i].numel(), p.learning_rate, p.beta1, p.beta2, p.epsilon,
+                          specs_[i].decay() ? p.weight_decay : 0.0f, clip_scale, p.step);
+    }
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    stats.loss = static_cast<float>(step_loss_);
+    step_loss_ = 0.0;
+    return stats;
+}
+
+MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options) {
+    check_options(options);  // a plan for flags the model would refuse means nothing
+    MemoryPlan plan;
+    plan.device = "cpu";
+    const uint64_t bytes = static_cast<uint64_t>(config.num_parameters()) * sizeof(float);
+    plan.add("Weights", bytes);
+    plan.add("Gradients", bytes);
+    plan.add("Adam M", bytes);
+    plan.add("Adam V", bytes);
+    plan.add("Activations",
+             static_cast<uint64_t>(activation_floats(config, options.batch_size, options.seq_len,
+                                                     options.lmhead_chunks, true)) *
+                 sizeof(float));
+    return plan;
+}
+
+MemoryPlan CpuModel::memory_plan() const { return plan(config_, options_); }
+
+}  // namespace qtrain

@@ -1,0 +1,116 @@
+// The CPU reference model (--device=cpu): a plain fp32 Qwen2 with forward, backward and AdamW built
+// from the ops in cpu_ops.h. It is the oracle for the GPU model, lets CI run the whole training
+// engine without a GPU, and trains small demo models on a laptop.
+//
+// Storage: all parameters live in one flat fp32 buffer in the canonical order of qwen2_parameters(),
+// with flat gradient, Adam m and Adam v buffers of the same layout; tensors are found by HF name.
+// Activations are kept per layer for the backward and sized for the largest batch seen so far.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/imodel.h"
+#include "model/model_options.h"
+#include "model/parameters.h"
+
+namespace qtrain {
+
+class CpuModel : public IModel {
+public:
+    // Throws qtrain::Error naming the flag for any option the CPU model does not implement (it runs
+    // every role in fp32, on one device, without recompute, offload, sharding or CUDA graphs).
+    CpuModel(const ModelConfig& config, const ModelOptions& options);
+
+    // The same checks as the constructor, without building a model.
+    static void check_options(const ModelOptions& options);
+    // What a CpuModel of this shape would allocate, without allocating it (--plan-only).
+    static MemoryPlan plan(const ModelConfig& config, const ModelOptions& options);
+    // ModelOptions with every precision role in fp32: the defaults are GPU-oriented (bf16).
+    static ModelOptions fp32_options(int batch_size, int seq_len);
+
+    const ModelConfig& config() const override { return config_; }
+    std::string device_name() const override { return "cpu"; }
+
+    void init_random(uint64_t seed) override;
+    void load_hf(const std::string& model_dir) override;
+    void save_hf(const std::string& dir) const override;
+
+    void forward_backward(const Batch& batch, float grad_scale) override;
+    StepStats optimizer_step(const OptimizerParams& params) override;
+    float evaluate(const Batch& batch) override;
+
+    void save_checkpoint(const std::string& dir) const override;
+    void load_checkpoint(const std::string& dir) override;
+
+    MemoryPlan memory_plan() const override;
+
+    // ---- direct access, for tests and for comparing the GPU model against this one ----
+    const std::vector<ParamSpec>& params() const { return specs_; }
+    // Pointers into the flat buffers; throw naming the tensor if `name` is not a parameter.
+    float* param(const std::string& name) { return params_.data() + offset(name); }
+    const float* param(const std::string& name) const { return params_.data() + offset(name); }
+    float* grad(const std::string& name) { return grads_.data() + offset(name); }
+    float* adam_m(const std::string& name) { return adam_m_.data() + offset(name); }
+    float* adam_v(const std::string& name) { return adam_v_.data() + offset(name); }
+    int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
+    // Step loss accumulated since the last optimizer_step.
+    double step_loss() const { return step_loss_; }
+    // Mean loss like evaluate(), with the per-token losses averaged in double (no final rounding to
+    // float): finite-difference tests need the extra digits.
+    double evaluate_f64(const Batch& batch);
+    // Activation floats for a B x T micro-batch (what memory_plan() reports, in elements).
+    static int64_t activation_floats(const ModelConfig& cfg, int B, int T, int lmhead_chunks, bool backward);
+
+private:
+    // Pointers to one decoder layer's tensors inside a flat buffer (parameters or gradients).
+    struct Layer {
+        float *ln1, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ln2, *wg, *wu, *wd;
+    };
+    // Saved activations ([L, ...] per layer) and backward scratch (one layer at a time).
+    struct Activations {
+        int B = 0, T = 0;
+        std::vector<float> resid;               // [L+1, N, C] residual stream into each layer, and out
+        std::vector<float> resid_mid;           // [L, N, C] after the attention block
+        std::vector<float> ln1, ln2;            // [L, N, C]
+        std::vector<float> rstd1, rstd2;        // [L, N]
+        std::vector<float> q, att;              // [L, N, Hq*D] (q after RoPE)
+        std::vector<float> k, v;                // [L, N, Hkv*D] (k after RoPE)
+        std::vector<float> lse;                 // [L, B, Hq, T]
+        std::vector<float> gate, up, act;       // [L, N, I]
+        std::vector<float> final_norm;          // [N, C]
+        std::vector<float> rstd_final, losses;  // [N]
+        std::vector<float> logits;              // [chunk rows, V]
+        std::vector<float> rope_cos, rope_sin;  // [T, D/2]
+        int rope_T = 0;
+        std::vector<float> tmp, dresid, dln;    // [N, C]
+        std::vector<float> dq, datt;            // [N, Hq*D]
+        std::vector<float> dk, dv;              // [N, Hkv*D]
+        std::vector<float> dgate, dup, dact;    // [N, I]
+    };
+
+    int64_t offset(const std::string& name) const;
+    Layer layer(float* base, int l) const;
+    void check_batch(const Batch& batch) const;
+    void ensure_activations(int B, int T, bool backward);
+    // Embedding through the final norm, saving what the backward needs.
+    void forward_to_final_norm(const Batch& batch);
+    void backward_from_final_norm(const Batch& batch);
+    // The LM head matrix (embed_tokens when tied) and its gradient.
+    const float* lm_head() const;
+    float* lm_head_grad();
+    double mean_loss(const Batch& batch) const;
+
+    ModelConfig config_;
+    ModelOptions options_;
+    std::vector<ParamSpec> specs_;
+    std::vector<int64_t> offsets_;  // element offset of specs_[i] in the flat buffers
+    std::unordered_map<std::string, size_t> index_;
+    std::vector<float> params_, grads_, adam_m_, adam_v_;
+    double step_loss_ = 0.0;
+    Activations acts_;
+};
+
+}  // namespace qtrain

@@ -1,0 +1,97 @@
+// CpuModel weights in and out: HF safetensors (export/import) and checkpoints (fp32 master weights
+// plus Adam state). Loads read everything into fresh buffers first and only then swap them in, so a
+// bad file leaves the model as it was.
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "io/safetensors.h"
+#include "model/cpu/cpu_model.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+std::string join(const std::string& dir, const char* file) { return (fs::path(dir) / file).string(); }
+
+void require_file(const std::string& path, const std::string& what) {
+    std::error_code ec;
+    QT_CHECK(fs::exists(path, ec), what, ": '", path, "' does not exist");
+}
+
+}  // namespace
+
+void CpuModel::load_hf(const std::string& model_dir) {
+    SafeTensorsReader reader = SafeTensorsReader::open_dir(model_dir);
+    std::vector<float> loaded(params_.size());
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        // Tied models have no lm_head (embed_tokens is the LM head); a copy in the file is ignored.
+        QT_CHECK(reader.has(s.name), "model '", model_dir, "': tensor '", s.name, "' is missing from ",
+                 reader.describe(),
+                 s.name == "lm_head.weight" ? " (the config has tie_word_embeddings=false, so it needs its own LM head)"
+                                            : "");
+        reader.read_f32(s.name, s.shape, loaded.data() + offsets_[i]);
+    }
+    params_.swap(loaded);
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
+    std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
+    step_loss_ = 0.0;
+}
+
+void CpuModel::save_hf(const std::string& dir) const {
+    fs::create_directories(dir);
+    SafeTensorsWriter writer;
+    writer.set_metadata("format", "pt");
+    // specs_ has no lm_head.weight when tied: the shared matrix is written once, as embed_tokens.
+    for (size_t i = 0; i < specs_.size(); ++i)
+        writer.add_f32(specs_[i].name, specs_[i].shape, params_.data() + offsets_[i], DType::F32);
+    writer.write(join(dir, kModelFile));
+    ModelConfig cfg = config_;
+    cfg.torch_dtype = "float32";
+    write_text_file_atomic(join(dir, "config.json"), model_config_to_json(cfg));
+}
+
+void CpuModel::save_checkpoint(const std::string& dir) const {
+    fs::create_directories(dir);
+    SafeTensorsWriter weights, optimizer;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        weights.add_f32(s.name, s.shape, params_.data() + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg", s.shape, adam_m_.data() + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, adam_v_.data() + offsets_[i], DType::F32);
+    }
+    weights.write(join(dir, kModelFile));
+    optimizer.write(join(dir, kOptimizerFile));
+}
+
+void CpuModel::load_checkpoint(const std::string& dir) {
+    const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
+    require_file(model_path, "checkpoint '" + dir + "'");
+    require_file(opt_path, "checkpoint '" + dir + "'");
+    SafeTensorsReader weights({model_path}), optimizer({opt_path});
+    std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
+    auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
+        QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
+        r.read_f32(name, s.shape, out);
+    };
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        read(weights, s.name, s, p.data() + offsets_[i]);
+        read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
+        read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+    }
+    params_.swap(p);
+    adam_m_.swap(m);
+    adam_v_.swap(v);
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    step_loss_ = 0.0;
+}
+
+}  // namespace qtrain

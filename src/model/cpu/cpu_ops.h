@@ -1,0 +1,102 @@
+// The fp32 reference ops of a Qwen2 forward and backward pass, one function per direction. They are
+// the oracle every GPU kernel test compares against, so they take raw pointers and sizes (no model,
+// no Tensor) and use the layouts the GPU kernels use:
+//   activations [N = B*T, C] row-major; Linear weights in HF layout [out, in];
+//   q/k/v/attention output [B, T, H, D] (= the [N, H*D] output of the projection, unchanged).
+// Conventions:
+//   - every backward ADDS (+=) into its gradient outputs (so callers can sum several paths into one
+//     buffer, as the residual stream and tied embeddings need); callers zero them first. The one
+//     exception is rope_backward, which writes and may run in place.
+//   - results are deterministic: loops run in parallel over independent outputs only, and every
+//     output is summed in a fixed order (OpenBLAS sgemm is deterministic at a fixed thread count).
+#pragma once
+
+#include <cstdint>
+
+namespace qtrain::cpu {
+
+// ---- matmul (cpu_matmul.cpp) ----
+
+// C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, row-major; op transposes when trans_* is set
+// (then A is stored [K,M] / B is stored [N,K]). cblas_sgemm when built with BLAS, loops otherwise.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+          int ldb, float beta, float* C, int ldc);
+
+// out[N,OC] = inp[N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be null).
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC);
+// dinp[N,IC] += dout @ weight; dweight[OC,IC] += dout^T @ inp; dbias[OC] += column sums of dout.
+// Any of dinp, dweight, dbias may be null.
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC);
+
+// ---- elementwise and row ops (cpu_ops.cpp) ----
+
+// out[n,:] = table[tokens[n],:]. Tokens must lie in [0, V) (the caller validates).
+void embedding_forward(float* out, const int32_t* tokens, const float* table, int N, int C);
+// dtable[tokens[n],:] += dout[n,:], in token order (repeated tokens sum deterministically).
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C);
+
+// HF Qwen2RMSNorm in fp32: out = weight * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), per row.
+// rstd[N] is saved for the backward.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
+
+// out = a + b (the residual stream).
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+
+// SwiGLU MLP activation: out = silu(gate) * up, silu(g) = g * sigmoid(g).
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
+
+// ---- RoPE (cpu_ops.cpp) ----
+
+// cos/sin tables [T, D/2] as HF Qwen2RotaryEmbedding builds them, all in float:
+// inv_freq[i] = 1 / theta^(2i/D), angle = t * inv_freq[i] for positions t = 0..T-1.
+void rope_tables(float* cos, float* sin, int T, int D, double theta);
+// Rotate-half RoPE on x [B, T, H, D]: pairs (i, i + D/2) rotate by angle(t, i). In place allowed.
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D);
+// The inverse rotation of the gradient. WRITES dinp (not +=); in place allowed.
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D);
+
+// ---- causal GQA attention (cpu_attention.cpp) ----
+
+// q, out [B, T, Hq, D]; k, v [B, T, Hkv, D]; query head h reads kv head h / (Hq / Hkv); scale 1/sqrt(D).
+// lse [B, Hq, T] receives the log-sum-exp of each softmax row (scaled scores), which is all the
+// backward needs to recompute the probabilities (as flash attention does).
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int B, int T, int Hq,
+                       int Hkv, int D);
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* lse, int B, int T, int Hq, int Hkv, int D);
+
+// ---- cross-entropy and the fused LM head (cpu_lmhead.cpp) ----
+
+// Number of targets >= 0.
+int count_valid_targets(const int32_t* targets, int N);
+// Per row of logits [n, V]: losses[i] = logsumexp(row) - row[target]. When write_grad is set the row
+// is overwritten with its gradient (softmax - onehot(target)) * dscale. Rows with target < 0 get
+// loss 0 and a zero gradient. Throws if a target is >= V.
+void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets, int n, int V, float dscale,
+                           bool write_grad);
+
+// Rows per chunk when N tokens are split into `chunks` chunks (the last one may be shorter).
+int lmhead_chunk_rows(int N, int chunks);
+// LM head + softmax cross-entropy without ever holding all N*V logits: rows are processed
+// lmhead_chunk_rows(N, chunks) at a time through `scratch` ([chunk_rows, V] floats).
+// x [N, C] (final normed hidden states), weight [V, C], targets [N]; writes losses[N] (0 where masked).
+// When dx or dweight is non-null the backward runs too, with dlogits = (softmax - onehot) * dscale:
+// dx[N,C] += dlogits @ weight and dweight[V,C] += dlogits^T @ x (chunk by chunk, in order).
+void lmhead_cross_entropy(float* losses, float* dx, float* dweight, const float* x, const float* weight,
+                          const int32_t* targets, int N, int C, int V, int chunks, float dscale, float* scratch);
+
+// ---- optimizer (cpu_ops.cpp) ----
+
+// Sum of squares in double, over fixed blocks summed in order: deterministic at any thread count.
+double sum_squares(const float* x, int64_t n);
+// One AdamW step on n elements (torch.optim.AdamW semantics): g = grad * grad_scale (the clip
+// factor), m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, m_hat = m / (1-b1^step), v_hat = v / (1-b2^step),
+// param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param). step is 1-based.
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, float grad_scale, int step);
+
+}  // namespace qtrain::cpu

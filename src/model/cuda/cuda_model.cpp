@@ -1,0 +1,473 @@
+#include "model/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "cuda/attention.h"
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "io/safetensors.h"
+#include "model/cpu/cpu_ops.h"
+#include "model/parameters.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// construction, options, plan
+// ---------------------------------------------------------------------------------------------
+
+void CudaModel::check_options(const ModelOptions& o) {
+    auto unsupported = [](bool set, const char* flag) {
+        QT_CHECK(!set, flag, " is not supported yet on --device=cuda");
+    };
+    QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, "--model-dtype=", dtype_name(o.model_dtype),
+             " is not supported on --device=cuda (fp32 or bf16)");
+    QT_CHECK(o.matmul_dtype == o.model_dtype, "--matmul-dtype=", dtype_name(o.matmul_dtype),
+             " is not supported yet on --device=cuda (matmuls run in the model dtype, ", dtype_name(o.model_dtype), ")");
+    QT_CHECK(o.gradient_dtype == o.model_dtype, "--gradient-dtype=", dtype_name(o.gradient_dtype),
+             " is not supported yet on --device=cuda (gradients use the model dtype, ", dtype_name(o.model_dtype), ")");
+    QT_CHECK(o.master_dtype == DType::F32, "--master-dtype=", dtype_name(o.master_dtype),
+             " is not supported yet on --device=cuda");
+    unsupported(o.recompute_swiglu, "--recompute-swiglu");
+    unsupported(o.recompute_norm, "--recompute-norm");
+    unsupported(o.recompute_qkv, "--recompute-qkv");
+    unsupported(o.recompute_ffn, "--recompute-ffn");
+    unsupported(o.recompute_att, "--recompute-att");
+    unsupported(o.recompute_block, "--recompute-block");
+    unsupported(o.offload_residual, "--offload-residual");
+    unsupported(o.offload_master, "--offload-master");
+    unsupported(o.offload_opt_m, "--offload-opt-m");
+    unsupported(o.offload_opt_v, "--offload-opt-v");
+    unsupported(o.offload_quants, "--offload-quants");
+    unsupported(o.offload_gradients, "--offload-gradients");
+    unsupported(o.persistent_quants, "--persistent-quants");
+    unsupported(o.write_combined, "--write-combined");
+    unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
+    unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
+    unsupported(o.shard_gradients, "--shard-gradients (or --zero-level=2)");
+    unsupported(o.use_cuda_graphs, "--use-cuda-graphs");
+    unsupported(o.attn_bwd_chunks != 1, "--attn-bwd-chunks");
+    QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported yet (one GPU)");
+}
+
+MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
+    check_options(options);
+    return gpu_memory_plan(config, options, "cuda");
+}
+
+CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
+    : config_(config), opt_(options), layout_(make_gpu_layout(config)) {
+    check_options(opt_);
+    QT_CHECK(cuda_device_count() > 0, "--device=cuda: no GPU is visible");
+    CUDA_CHECK(cudaSetDevice(0));
+    const GpuInfo info = cuda_device_info(0);
+    device_name_ = info.name;
+    plan_ = gpu_memory_plan(config_, opt_, device_name_);
+    QT_CHECK(plan_.total_device() <= info.free_memory, "the memory plan needs ", human_bytes(plan_.total_device()),
+             " on the GPU but only ", human_bytes(info.free_memory), " are free on ", info.name,
+             "; reduce --batch-size or --seq-len, raise --lmhead-chunks, or use recompute/offload flags");
+
+    arenas_ = make_arenas(opt_);
+    {
+        GpuBuffers measure;
+        bind_gpu_buffers(measure, arenas_, config_, opt_, layout_);
+    }
+    for (Arena& a : arenas_) {
+        const std::size_t bytes = a.used;
+        a.used = 0;
+        if (bytes == 0) continue;
+        void* p = nullptr;
+        if (a.pinned_host) CUDA_CHECK(cudaMallocHost(&p, bytes));
+        else CUDA_CHECK(cudaMalloc(&p, bytes));
+        a.base = static_cast<char*>(p);
+    }
+    bind_gpu_buffers(buf_, arenas_, config_, opt_, layout_);
+
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
+    gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes);
+
+    // zero everything with state (padding stays zero forever)
+    CUDA_CHECK(cudaMemsetAsync(buf_.master, 0, layout_.total * sizeof(float), stream_));
+    if (buf_.weights != buf_.master)
+        CUDA_CHECK(cudaMemsetAsync(buf_.weights, 0, layout_.total * dtype_size(opt_.model_dtype), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.adam_m, 0, layout_.total * dtype_size(opt_.opt_m_dtype), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.adam_v, 0, layout_.total * dtype_size(opt_.opt_v_dtype), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
+
+    // RoPE tables, computed on the host exactly as the CPU reference (and HF) does
+    const int T = opt_.seq_len, half = config_.head_dim / 2;
+    std::vector<float> cs(static_cast<std::size_t>(2) * T * half);
+    cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, config_.head_dim, config_.rope_theta);
+    CUDA_CHECK(cudaMemcpyAsync(buf_.cos_sin, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+
+    // weight-decay segments: one per tensor, sorted by offset
+    std::vector<cuda::ParamSegment> segs;
+    for (std::size_t i = 0; i < layout_.specs.size(); ++i)
+        segs.push_back({layout_.offsets[i], layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0});
+    std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    CUDA_CHECK(cudaMemcpyAsync(buf_.segments, segs.data(), segs.size() * sizeof(cuda::ParamSegment),
+                               cudaMemcpyHostToDevice, stream_));
+    sync();
+}
+
+CudaModel::~CudaModel() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    for (Arena& a : arenas_) {
+        if (!a.base) continue;
+        if (a.pinned_host) cudaFreeHost(a.base);
+        else cudaFree(a.base);
+    }
+    if (staging_free_) cudaEventDestroy(staging_free_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaModel::sync() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaModel::refresh_weights() {
+    if (buf_.weights != buf_.master)
+        cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// weights in and out
+// ---------------------------------------------------------------------------------------------
+
+void CudaModel::init_random(uint64_t seed) {
+    std::vector<float> host;
+    for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
+        const ParamSpec& s = layout_.specs[i];
+        host.resize(s.numel());
+        init_parameter(s, config_, seed, host.data());
+        CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+    }
+    CUDA_CHECK(cudaMemsetAsync(buf_.adam_m, 0, layout_.total * dtype_size(opt_.opt_m_dtype), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.adam_v, 0, layout_.total * dtype_size(opt_.opt_v_dtype), stream_));
+    refresh_weights();
+    sync();
+}
+
+void CudaModel::load_hf(const std::string& model_dir) {
+    SafeTensorsReader reader = SafeTensorsReader::open_dir(model_dir);
+    std::vector<float> host;
+    for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
+        const ParamSpec& s = layout_.specs[i];
+        host.resize(s.numel());
+        reader.read_f32(s.name, s.shape, host.data());
+        CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+    }
+    refresh_weights();
+    sync();
+}
+
+std::vector<float> CudaModel::download(const std::string& name, Which which) const {
+    const ParamSpec& s = layout_.spec_of(name);
+    const int64_t off = layout_.offset_of(name), n = s.numel();
+    std::vector<float> out(n);
+    sync();
+    auto fetch = [&](const void* base, DType t) {
+        if (t == DType::F32) {
+            CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + off, n * sizeof(float),
+                                  cudaMemcpyDeviceToHost));
+        } else {
+            std::vector<uint16_t> raw(n);
+            CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const uint16_t*>(base) + off, n * sizeof(uint16_t),
+                                  cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(raw[i]);
+        }
+    };
+    switch (which) {
+        case Which::Master: fetch(buf_.master, DType::F32); break;
+        case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
+        case Which::Grad: fetch(buf_.grads, DType::F32); break;
+        case Which::AdamM: fetch(buf_.adam_m, opt_.opt_m_dtype); break;
+        case Which::AdamV: fetch(buf_.adam_v, opt_.opt_v_dtype); break;
+    }
+    return out;
+}
+
+void CudaModel::upload_master(const std::string& name, const float* data) {
+    const ParamSpec& s = layout_.spec_of(name);
+    const int64_t off = layout_.offset_of(name);
+    CUDA_CHECK(cudaMemcpy(buf_.master + off, data, s.numel() * sizeof(float), cudaMemcpyHostToDevice));
+    refresh_weights();
+    sync();
+}
+
+void CudaModel::save_hf(const std::string& dir) const {
+    fs::create_directories(dir);
+    const DType store = opt_.model_dtype;  // HF checkpoints carry the training dtype (bf16 or fp32)
+    std::vector<std::vector<float>> host;
+    host.reserve(layout_.specs.size());
+    SafeTensorsWriter w;
+    for (const ParamSpec& s : qwen2_parameters(config_)) {  // canonical HF order
+        host.push_back(download(s.name, Which::Master));
+        w.add_f32(s.name, s.shape, host.back().data(), store);
+    }
+    w.set_metadata("format", "pt");
+    w.write((fs::path(dir) / "model.safetensors").string());
+    ModelConfig out = config_;
+    out.torch_dtype = store == DType::BF16 ? "bfloat16" : "float32";
+    write_text_file_atomic((fs::path(dir) / "config.json").string(), model_config_to_json(out));
+}
+
+void CudaModel::save_checkpoint(const std::string& dir) const {
+    std::vector<std::vector<float>> host;
+    host.reserve(layout_.specs.size() * 3);
+    SafeTensorsWriter model_w, opt_w;
+    for (const ParamSpec& s : qwen2_parameters(config_)) {
+        host.push_back(download(s.name, Which::Master));
+        model_w.add_f32(s.name, s.shape, host.back().data(), DType::F32);
+        host.push_back(download(s.name, Which::AdamM));
+        opt_w.add_f32(s.name + ".exp_avg", s.shape, host.back().data(), opt_.opt_m_dtype);
+        host.push_back(download(s.name, Which::AdamV));
+        opt_w.add_f32(s.name + ".exp_avg_sq", s.shape, host.back().data(), opt_.opt_v_dtype);
+    }
+    model_w.write((fs::path(dir) / "model.safetensors").string());
+    opt_w.write((fs::path(dir) / "optimizer.safetensors").string());
+}
+
+void CudaModel::load_checkpoint(const std::string& dir) {
+    SafeTensorsReader model_r({(fs::path(dir) / "model.safetensors").string()});
+    SafeTensorsReader opt_r({(fs::path(dir) / "optimizer.safetensors").string()});
+    std::vector<float> host;
+    float* staging = nullptr;
+    CUDA_CHECK(cudaMalloc(&staging, sizeof(float) * static_cast<std::size_t>(std::max<int64_t>(1, [&] {
+                   int64_t m = 0;
+                   for (const auto& s : layout_.specs) m = std::max(m, s.numel());
+                   return m;
+               }()))));
+    try {
+        for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
+            const ParamSpec& s = layout_.specs[i];
+            const int64_t off = layout_.offsets[i], n = s.numel();
+            host.resize(n);
+            model_r.read_f32(s.name, s.shape, host.data());
+            CUDA_CHECK(cudaMemcpy(buf_.master + off, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            auto load_moment = [&](const std::string& key, void* base, DType t) {
+                opt_r.read_f32(key, s.shape, host.data());
+                CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+                cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
+                sync();
+            };
+            load_moment(s.name + ".exp_avg", buf_.adam_m, opt_.opt_m_dtype);
+            load_moment(s.name + ".exp_avg_sq", buf_.adam_v, opt_.opt_v_dtype);
+        }
+    } catch (...) {
+        cudaFree(staging);
+        throw;
+    }
+    CUDA_CHECK(cudaFree(staging));
+    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
+    refresh_weights();
+    sync();
+}
+
+// ---------------------------------------------------------------------------------------------
+// the step
+// ---------------------------------------------------------------------------------------------
+
+void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan) {
+    const int B = batch.batch_size, T = batch.seq_len;
+    QT_CHECK(B == opt_.batch_size && T == opt_.seq_len, "GPU model: batch of ", B, "x", T,
+             " does not match the planned --batch-size=", opt_.batch_size, " --seq-len=", opt_.seq_len);
+    const int N = B * T;
+    // the previous upload out of the staging buffer must be done before it is overwritten
+    CUDA_CHECK(cudaEventSynchronize(staging_free_));
+    int32_t* st = buf_.host_staging;
+    int32_t *h_in = st, *h_tgt = st + N, *h_unique = st + 2 * N, *h_off = st + 3 * N, *h_pos = st + 4 * N + 1;
+    for (int i = 0; i < N; ++i) {
+        QT_CHECK(batch.inputs[i] >= 0 && batch.inputs[i] < config_.vocab_size, "GPU model: input token ",
+                 batch.inputs[i], " at position ", i, " is outside the vocabulary (", config_.vocab_size, ")");
+        QT_CHECK(batch.targets[i] < config_.vocab_size, "GPU model: target token ", batch.targets[i], " at position ", i,
+                 " is outside the vocabulary (", config_.vocab_size, ")");
+    }
+    std::memcpy(h_in, batch.inputs, N * sizeof(int32_t));
+    std::memcpy(h_tgt, batch.targets, N * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.inputs, h_in, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_tgt, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    if (with_embedding_plan) {
+        // group positions by token (stable: increasing position within a token) for the
+        // deterministic embedding backward
+        std::vector<int32_t> order(N);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return batch.inputs[a] < batch.inputs[b]; });
+        int u = 0;
+        for (int i = 0; i < N; ++i) {
+            if (i == 0 || batch.inputs[order[i]] != batch.inputs[order[i - 1]]) {
+                h_unique[u] = batch.inputs[order[i]];
+                h_off[u] = i;
+                ++u;
+            }
+            h_pos[i] = order[i];
+        }
+        h_off[u] = N;
+        num_unique_tokens_ = u;
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_unique, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_offsets, h_off, (u + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_positions, h_pos, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    }
+    CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
+}
+
+void CudaModel::forward(int B, int T) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size, L = c.num_hidden_layers;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+
+    cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
+    cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
+                                   buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_);
+    for (int l = 0; l < L; ++l) {
+        const GpuLayerOffsets& o = layout_.layers[l];
+        GpuLayerActivations& x = buf_.layers[l];
+        // attention block
+        gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
+        cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                           stream_);
+        attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+        gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
+                                       stream_);
+        // MLP block
+        gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
+        cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
+        gemm_->linear_forward(buf_.tmp_h, A, x.swi, W(o.down_w), A, nullptr, N, I, h, stream_);
+        // residual add fused with the next norm (the next layer's input norm, or the final norm)
+        const bool last = l + 1 == L;
+        void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
+        void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
+        float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
+        const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
+        cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
+                                       stream_);
+    }
+}
+
+void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int h = c.hidden_size, V = c.vocab_size;
+    const std::size_t es = dtype_size(A);
+    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
+    float* dw_lm = buf_.grads + layout_.lm_head;
+    for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
+        const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
+        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
+        gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V, grad_dscale,
+                                    with_grads, stream_);
+        if (with_grads) {
+            void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
+            gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
+            gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
+        }
+    }
+    cuda::accumulate_loss(loss_acc, buf_.losses, N, loss_scale, stream_);
+}
+
+void CudaModel::backward(int B, int T) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size, L = c.num_hidden_layers;
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    auto G = [&](int64_t off) { return buf_.grads + off; };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+
+    // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
+    CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
+    cuda::rmsnorm_backward(A, buf_.d_res, G(layout_.final_norm), buf_.col_scratch, buf_.d_ln, buf_.res_final,
+                           W(layout_.final_norm), buf_.rstd_final, N, h, stream_);
+    for (int l = L - 1; l >= 0; --l) {
+        const GpuLayerOffsets& o = layout_.layers[l];
+        GpuLayerActivations& x = buf_.layers[l];
+        // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
+        gemm_->linear_backward_input(buf_.d_swi, A, buf_.d_res, W(o.down_w), A, N, I, h, stream_);
+        gemm_->linear_backward_weight(G(o.down_w), DType::F32, buf_.d_res, x.swi, A, N, I, h, true, stream_);
+        cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_);
+        gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_gu, W(o.gate_up_w), A, N, h, 2 * I, stream_);
+        gemm_->linear_backward_weight(G(o.gate_up_w), DType::F32, buf_.d_gu, x.ln2, A, N, h, 2 * I, true, stream_);
+        cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
+                               h, stream_);
+        // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
+        gemm_->linear_backward_input(buf_.d_att, A, buf_.d_res, W(o.o_w), A, N, qd, h, stream_);
+        gemm_->linear_backward_weight(G(o.o_w), DType::F32, buf_.d_res, x.att, A, N, qd, h, true, stream_);
+        attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
+        cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
+                            c.head_dim, stream_);
+        cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
+        gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_qkv, W(o.qkv_w), A, N, h, qkvd, stream_);
+        gemm_->linear_backward_weight(G(o.qkv_w), DType::F32, buf_.d_qkv, x.ln1, A, N, h, qkvd, true, stream_);
+        cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
+                               h, stream_);
+    }
+    cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
+                             num_unique_tokens_, h, stream_);
+}
+
+void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
+    const int N = batch.batch_size * batch.seq_len;
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    upload_batch(batch, true);
+    forward(batch.batch_size, batch.seq_len);
+    if (valid == 0) return;  // nothing to learn from: no loss, no gradient
+    const float dscale = grad_scale / static_cast<float>(valid);
+    lm_head(N, buf_.loss_acc, dscale, dscale, true);
+    backward(batch.batch_size, batch.seq_len);
+}
+
+StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
+    cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
+                       buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
+                       buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out, args,
+                       stream_);
+    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    float host[4] = {0, 0, 0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+    sync();
+    return StepStats{host[2], host[0]};
+}
+
+float CudaModel::evaluate(const Batch& batch) {
+    const int N = batch.batch_size * batch.seq_len;
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    if (valid == 0) return 0.0f;
+    upload_batch(batch, false);
+    forward(batch.batch_size, batch.seq_len);
+    // a separate accumulator, so a training step in progress keeps its loss
+    float* eval_acc = buf_.loss_acc + 1;
+    CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, sizeof(float), stream_));
+    lm_head(N, eval_acc, 1.0f / static_cast<float>(valid), 0.0f, false);
+    float loss = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&loss, eval_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    return loss;
+}
+
+}  // namespace qtrain

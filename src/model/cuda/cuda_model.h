@@ -1,0 +1,78 @@
+// The GPU model (--device=cuda): Qwen2 on one GPU with fp32 master weights, model-dtype (bf16 or
+// fp32) weights and activations, cuBLASLt GEMMs and the kernels of src/cuda. It follows the memory
+// plan (gpu_buffers.h): everything is allocated once in the constructor, nothing in the step.
+// The step never waits for the GPU except where the engine reads the loss and norm back
+// (optimizer_step, evaluate).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "model/cuda/gpu_buffers.h"
+#include "model/cuda/gpu_layout.h"
+#include "model/imodel.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+class GemmRunner;
+
+class CudaModel : public IModel {
+public:
+    CudaModel(const ModelConfig& config, const ModelOptions& options);
+    ~CudaModel() override;
+
+    // Throws naming the flag for options this backend does not implement yet.
+    static void check_options(const ModelOptions& options);
+    static MemoryPlan plan(const ModelConfig& config, const ModelOptions& options);
+
+    const ModelConfig& config() const override { return config_; }
+    std::string device_name() const override { return device_name_; }
+
+    void init_random(uint64_t seed) override;
+    void load_hf(const std::string& model_dir) override;
+    void save_hf(const std::string& dir) const override;
+
+    void forward_backward(const Batch& batch, float grad_scale) override;
+    StepStats optimizer_step(const OptimizerParams& params) override;
+    float evaluate(const Batch& batch) override;
+
+    void save_checkpoint(const std::string& dir) const override;
+    void load_checkpoint(const std::string& dir) override;
+
+    MemoryPlan memory_plan() const override { return plan_; }
+
+    // ---- for tests: tensors by HF name, as fp32 on the host ----
+    enum class Which { Master, Weights, Grad, AdamM, AdamV };
+    std::vector<float> download(const std::string& name, Which which) const;
+    void upload_master(const std::string& name, const float* data);  // also refreshes the weight copy
+    const GpuParamLayout& layout() const { return layout_; }
+
+private:
+    void upload_batch(const Batch& batch, bool with_embedding_plan);
+    void forward(int B, int T);
+    // LM head + loss over all rows: *loss_acc += loss_scale * sum of row losses; with grads, writes
+    // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
+    void lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads);
+    void backward(int B, int T);
+    void refresh_weights();  // weights = (model dtype) master
+    void sync() const;
+
+    ModelConfig config_;
+    ModelOptions opt_;
+    GpuParamLayout layout_;
+    MemoryPlan plan_;
+    std::string device_name_;
+    std::vector<Arena> arenas_;
+    GpuBuffers buf_;
+    std::unique_ptr<GemmRunner> gemm_;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t staging_free_ = nullptr;
+    int num_unique_tokens_ = 0;
+    uint64_t sr_seed_ = 0x5eed0fada3ull;
+};
+
+}  // namespace qtrain

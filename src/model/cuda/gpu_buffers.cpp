@@ -1,0 +1,106 @@
+#include "model/cuda/gpu_buffers.h"
+
+#include <algorithm>
+
+#include "cuda/attention.h"
+#include "cuda/kernels.h"
+
+namespace qtrain {
+
+std::vector<Arena> make_arenas(const ModelOptions& opt) {
+    std::vector<Arena> a;
+    for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
+        a.push_back(Arena{name, false, nullptr, 0});
+    a.push_back(Arena{"Host staging", true, nullptr, 0});
+    return a;
+}
+
+void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& c, const ModelOptions& opt,
+                      const GpuParamLayout& layout) {
+    Arena& weights = arenas[0];
+    Arena& master = arenas[1];
+    Arena& grads = arenas[2];
+    Arena& am = arenas[3];
+    Arena& av = arenas[4];
+    Arena& act = arenas[5];
+    Arena& ws = arenas[6];
+    Arena& host = arenas[7];
+
+    const DType A = opt.model_dtype;
+    const int64_t P = layout.total;
+    const int64_t N = static_cast<int64_t>(opt.batch_size) * opt.seq_len;
+    const int64_t h = c.hidden_size, q = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
+    const int L = c.num_hidden_layers;
+
+    b.master = master.take_n<float>(P);
+    b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(P, A);
+    b.grads = grads.take_n<float>(P);
+    b.adam_m = am.take_typed(P, opt.opt_m_dtype);
+    b.adam_v = av.take_typed(P, opt.opt_v_dtype);
+
+    b.layers.assign(L, {});
+    for (int l = 0; l < L; ++l) {
+        GpuLayerActivations& x = b.layers[l];
+        x.res_in = act.take_typed(N * h, A);
+        x.ln1 = act.take_typed(N * h, A);
+        x.rstd1 = act.take_n<float>(N);
+        x.qkv = act.take_typed(N * qkvd, A);
+        x.att = act.take_typed(N * q, A);
+        x.lse = act.take_n<float>(static_cast<std::size_t>(N) * c.num_attention_heads);
+        x.res_mid = act.take_typed(N * h, A);
+        x.ln2 = act.take_typed(N * h, A);
+        x.rstd2 = act.take_n<float>(N);
+        x.gate_up = act.take_typed(N * 2 * I, A);
+        x.swi = act.take_typed(N * I, A);
+    }
+    b.res_final = act.take_typed(N * h, A);
+    b.xf = act.take_typed(N * h, A);
+    b.rstd_final = act.take_n<float>(N);
+
+    b.tmp_h = ws.take_typed(N * h, A);
+    b.d_res = ws.take_typed(N * h, A);
+    b.d_ln = ws.take_typed(N * h, A);
+    b.d_qkv = ws.take_typed(N * qkvd, A);
+    b.d_att = ws.take_typed(N * q, A);
+    b.d_swi = ws.take_typed(N * I, A);
+    b.d_gu = ws.take_typed(N * 2 * I, A);
+    b.lmhead_chunk_rows = static_cast<int>((N + opt.lmhead_chunks - 1) / opt.lmhead_chunks);
+    b.logits = ws.take_typed(static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size, A);
+    b.losses = ws.take_n<float>(N);
+    const std::size_t col = std::max({cuda::bias_grad_scratch_floats(static_cast<int>(N), static_cast<int>(qkvd)),
+                                      cuda::rmsnorm_backward_scratch_floats(static_cast<int>(N), static_cast<int>(h))});
+    b.col_scratch = ws.take_n<float>(col);
+    b.norm_partials = ws.take_n<float>(cuda::norm_partials_count());
+    b.norm_out = ws.take_n<float>(4);
+    b.loss_acc = ws.take_n<float>(4);
+    b.cos_sin = ws.take_n<float>(static_cast<std::size_t>(opt.seq_len) * c.head_dim);
+    const AttentionShape shape{opt.batch_size, opt.seq_len, c.num_attention_heads, c.num_key_value_heads,
+                                     c.head_dim};
+    b.attn_workspace_bytes = attention_backward_workspace_bytes(A, shape);
+    b.attn_workspace = b.attn_workspace_bytes ? ws.take(b.attn_workspace_bytes) : nullptr;
+    b.inputs = ws.take_n<int32_t>(N);
+    b.targets = ws.take_n<int32_t>(N);
+    b.emb_unique = ws.take_n<int32_t>(N);
+    b.emb_offsets = ws.take_n<int32_t>(N + 1);
+    b.emb_positions = ws.take_n<int32_t>(N);
+    b.num_segments = static_cast<int>(layout.specs.size());
+    b.segments = ws.take(sizeof(cuda::ParamSegment) * b.num_segments);
+
+    b.host_staging = host.take_n<int32_t>(5 * N + 1);
+}
+
+MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, const std::string& device_name) {
+    GpuParamLayout layout = make_gpu_layout(cfg);
+    std::vector<Arena> arenas = make_arenas(opt);
+    GpuBuffers b;
+    bind_gpu_buffers(b, arenas, cfg, opt, layout);
+    MemoryPlan plan;
+    plan.device = device_name;
+    for (const Arena& a : arenas) {
+        if (a.pinned_host) plan.add(a.category, 0, a.used);
+        else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
+    }
+    return plan;
+}
+
+}  // namespace qtrain

@@ -1,0 +1,79 @@
+// Every device buffer of the GPU model, bound in one function used twice: once with no memory to
+// measure (the plan, --plan-only, needs no GPU), once over the real allocations. So the plan and
+// what is allocated cannot drift apart: one cudaMalloc per category, sub-allocated here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "model/cuda/gpu_layout.h"
+#include "model/memory_plan.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+// A category of memory (one allocation) carved into aligned pieces.
+struct Arena {
+    std::string category;
+    bool pinned_host = false;
+    char* base = nullptr;  // null while measuring
+    std::size_t used = 0;
+
+    void* take(std::size_t bytes) {
+        used = (used + 255) / 256 * 256;
+        void* p = base ? base + used : nullptr;
+        used += bytes;
+        return p;
+    }
+    template <class T>
+    T* take_n(std::size_t count) { return static_cast<T*>(take(count * sizeof(T))); }
+    void* take_typed(std::size_t count, DType t) { return take(count * dtype_size(t)); }
+};
+
+struct GpuLayerActivations {
+    void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
+    float *rstd1, *rstd2, *lse;
+};
+
+struct GpuBuffers {
+    // parameters (layout: GpuParamLayout)
+    void* weights = nullptr;  // act dtype; == master in fp32 mode
+    float* master = nullptr;
+    float* grads = nullptr;
+    void* adam_m = nullptr;
+    void* adam_v = nullptr;
+    // saved activations
+    std::vector<GpuLayerActivations> layers;
+    void* res_final = nullptr;  // residual after the last layer
+    void* xf = nullptr;         // final norm output
+    float* rstd_final = nullptr;
+    // backward and scratch
+    void *tmp_h, *d_res, *d_ln, *d_qkv, *d_att, *d_swi, *d_gu, *logits;
+    float *losses, *col_scratch, *norm_partials, *norm_out, *loss_acc, *cos_sin;
+    void* attn_workspace = nullptr;
+    int32_t *inputs, *targets, *emb_unique, *emb_offsets, *emb_positions;
+    void* segments = nullptr;  // ParamSegment table
+    int num_segments = 0;
+    // pinned host staging for the per-micro-batch uploads
+    int32_t* host_staging = nullptr;  // inputs | targets | unique | offsets | positions
+
+    int lmhead_chunk_rows = 0;
+    std::size_t attn_workspace_bytes = 0;
+};
+
+// Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
+// Workspace, Host staging). With null arena bases it only measures.
+void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
+                      const GpuParamLayout& layout);
+std::vector<Arena> make_arenas(const ModelOptions& opt);
+
+// cuBLASLt workspace (allocated by GemmRunner, counted in the plan).
+constexpr std::size_t kGemmWorkspaceBytes = 64ull << 20;
+
+MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, const std::string& device_name);
+
+}  // namespace qtrain

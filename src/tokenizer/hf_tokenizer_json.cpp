@@ -1,0 +1,188 @@
+// Reads a HF tokenizer.json. qtrain implements one pipeline (the Qwen2 family's: optional NFC,
+// the Qwen2 split regex, byte-level BPE), so anything else in the file is rejected with a message
+// that says what was found, instead of silently giving different ids.
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "tokenizer/pretokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace qtrain {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's byte-level alphabet: vocab strings spell each byte as one printable code point (bytes
+// that are printable stand for themselves, the rest map to U+0100 onward in byte order).
+struct ByteAlphabet {
+    int byte_of[512];
+    ByteAlphabet() {
+        std::fill(std::begin(byte_of), std::end(byte_of), -1);
+        int next = 256;
+        for (int b = 0; b < 256; ++b) {
+            const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+            byte_of[printable ? b : next++] = b;
+        }
+    }
+};
+
+std::string to_bytes(const std::string& spelled, const std::string& path) {
+    static const ByteAlphabet alphabet;
+    std::string bytes;
+    for (std::size_t i = 0; i < spelled.size();) {
+        int len;
+        const char32_t cp = utf8::decode(spelled.data() + i, len);
+        i += static_cast<std::size_t>(len);
+        QT_CHECK(cp < 512 && alphabet.byte_of[cp] >= 0, path, ": vocabulary entry '", spelled,
+                 "' is not in the byte-level alphabet (only byte-level BPE is supported)");
+        bytes.push_back(static_cast<char>(alphabet.byte_of[cp]));
+    }
+    return bytes;
+}
+
+std::string describe(const json& j) {
+    std::string s = j.dump();
+    return s.size() > 300 ? s.substr(0, 300) + "..." : s;
+}
+
+bool read_normalizer(const json& n, const std::string& path) {
+    if (n.is_null()) return false;
+    const std::string type = n.value("type", "");
+    if (type == "NFC") return true;
+    if (type == "Sequence") {
+        bool nfc = false;
+        for (const json& part : n.at("normalizers")) nfc = read_normalizer(part, path) || nfc;
+        return nfc;
+    }
+    throw_error(cat(path, ": unsupported normalizer ", describe(n),
+                    " (qtrain's tokenizer implements NFC or none)"));
+}
+
+void check_pre_tokenizer(const json& p, const std::string& path) {
+    const auto fail = [&] {
+        throw_error(cat(path, ": unsupported pre_tokenizer ", describe(p),
+                        " (qtrain's tokenizer implements the Qwen2 split regex followed by "
+                        "ByteLevel without its own regex)"));
+    };
+    if (p.value("type", "") != "Sequence") fail();
+    const json& parts = p.at("pretokenizers");
+    if (parts.size() != 2) fail();
+    const json& split = parts[0];
+    const json& byte_level = parts[1];
+    if (split.value("type", "") != "Split" || !split.contains("pattern") ||
+        split["pattern"].value("Regex", "") != kQwen2SplitPattern ||
+        split.value("behavior", "") != "Isolated" || split.value("invert", false)) {
+        fail();
+    }
+    if (byte_level.value("type", "") != "ByteLevel" || byte_level.value("add_prefix_space", false) ||
+        byte_level.value("use_regex", true)) {
+        fail();
+    }
+}
+
+void check_model(const json& m, const std::string& path) {
+    if (m.value("type", "BPE") != "BPE") {
+        throw_error(cat(path, ": model type '", m.value("type", ""), "' is not BPE"));
+    }
+    auto is_empty = [&](const char* key) {
+        return !m.contains(key) || m[key].is_null() || (m[key].is_string() && m[key].get<std::string>().empty());
+    };
+    QT_CHECK(!m.value("byte_fallback", false), path, ": byte_fallback BPE is not supported");
+    QT_CHECK(is_empty("continuing_subword_prefix") && is_empty("end_of_word_suffix"), path,
+             ": BPE with continuing_subword_prefix/end_of_word_suffix is not supported");
+    QT_CHECK(!m.contains("dropout") || m["dropout"].is_null() ||
+                 m["dropout"].get<double>() == 0.0,
+             path, ": BPE dropout is not supported");
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+    json j;
+    try {
+        j = json::parse(read_text_file(path));
+    } catch (const json::exception& e) {
+        throw_error(cat(path, ": not a valid tokenizer.json (", e.what(), ")"));
+    }
+    QT_CHECK(j.is_object() && j.contains("model") && j["model"].contains("vocab"), path,
+             ": not a HF tokenizer.json (no model.vocab)");
+    TokenizerSpec spec;
+    spec.source = path;
+    try {
+        const json& model = j["model"];
+        check_model(model, path);
+        spec.nfc = read_normalizer(j.value("normalizer", json()), path);
+        check_pre_tokenizer(j.value("pre_tokenizer", json()), path);
+        spec.ignore_merges = model.value("ignore_merges", false);
+
+        const json& vocab = model.at("vocab");
+        spec.tokens.resize(vocab.size());
+        std::vector<char> seen(vocab.size(), 0);
+        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+            const int64_t id = it.value().get<int64_t>();
+            QT_CHECK(id >= 0 && id < static_cast<int64_t>(vocab.size()) && !seen[id], path,
+                     ": model.vocab ids must be 0..", vocab.size() - 1, " without gaps (found ", id,
+                     " for '", it.key(), "')");
+            seen[id] = 1;
+            spec.tokens[id] = to_bytes(it.key(), path);
+        }
+
+        // Merges name tokens by their byte-level spelling.
+        std::unordered_map<std::string, int32_t> spelled_ids;
+        spelled_ids.reserve(vocab.size());
+        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+            spelled_ids.emplace(it.key(), it.value().get<int32_t>());
+        }
+        auto id_of = [&](const std::string& s, const std::string& merge) {
+            const auto found = spelled_ids.find(s);
+            QT_CHECK(found != spelled_ids.end(), path, ": merge '", merge, "' uses '", s,
+                     "', which is not in model.vocab");
+            return found->second;
+        };
+        const json& merges = model.at("merges");
+        spec.merges.reserve(merges.size());
+        int32_t rank = 0;
+        for (const json& m : merges) {
+            std::string left, right;
+            if (m.is_string()) {  // "a b": byte-level spellings never contain a space
+                const std::string s = m.get<std::string>();
+                const std::size_t space = s.find(' ');
+                QT_CHECK(space != std::string::npos && s.find(' ', space + 1) == std::string::npos,
+                         path, ": merge '", s, "' is not two tokens separated by one space");
+                left = s.substr(0, space);
+                right = s.substr(space + 1);
+            } else {
+                QT_CHECK(m.is_array() && m.size() == 2, path, ": merge ", describe(m),
+                         " is neither \"a b\" nor [\"a\", \"b\"]");
+                left = m[0].get<std::string>();
+                right = m[1].get<std::string>();
+            }
+            const std::string merge = left + " " + right;
+            spec.merges.push_back(
+                {id_of(left, merge), id_of(right, merge), rank++, id_of(left + right, merge)});
+        }
+
+        for (const json& t : j.value("added_tokens", json::array())) {
+            AddedToken a;
+            a.content = t.at("content").get<std::string>();
+            a.id = t.at("id").get<int32_t>();
+            a.special = t.value("special", false);
+            a.normalized = t.value("normalized", !a.special);
+            QT_CHECK(!t.value("lstrip", false) && !t.value("rstrip", false) &&
+                         !t.value("single_word", false),
+                     path, ": added token '", a.content,
+                     "' uses lstrip/rstrip/single_word, which qtrain does not implement");
+            spec.added.push_back(std::move(a));
+        }
+    } catch (const json::exception& e) {
+        throw_error(cat(path, ": malformed tokenizer.json (", e.what(), ")"));
+    }
+    return Tokenizer(std::move(spec));
+}
+
+}  // namespace qtrain

@@ -1,0 +1,49 @@
+// What a run tells its user: console lines in the seed's format ([T] per step, [V] per eval,
+// [Allocator State], ...) and a JSON Lines file with one event per line (options, system, dataset,
+// memory, step, eval, checkpoint, done) for scripts/plot_training_run.py and the W&B export.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "model/memory_plan.h"
+
+namespace qtrain {
+
+class DataLoader;
+struct TrainOptions;
+
+class Logger {
+public:
+    // Opens (appends to, when `append`) the JSONL file; its directory is created.
+    Logger(const std::string& jsonl_path, bool append);
+    ~Logger();
+    Logger(const Logger&) = delete;
+    Logger& operator=(const Logger&) = delete;
+
+    void log_options(const TrainOptions& options, const std::string& command_line);
+    void log_system(const std::string& device, const std::string& description, double peak_flops);
+    void log_model(const std::string& source, int64_t parameters, const std::string& config_json);
+    void log_dataset(const char* split, const DataLoader& loader);
+    void log_memory(const MemoryPlan& plan, uint64_t limit_bytes);
+    void log_sol(double flops_per_token, double peak_flops);
+    void log_step(int step, double epoch, int64_t tokens, double ms, float norm, float loss, float lr);
+    void log_eval(int step, double epoch, int64_t tokens, double ms, float loss);
+    void log_checkpoint(int step, const std::string& path, double ms);
+    void log_resume(int step, const std::string& path);
+    void log_done(int step, const std::string& out_dir, double seconds);
+    void message(const std::string& text);  // console only
+
+    // FLOPs per trained token (set by log_sol; 0 = unknown): the "sol" column compares against it.
+    double flops_per_token() const { return flops_per_token_; }
+
+private:
+    void write_line(const std::string& json_line);
+    FILE* file_ = nullptr;
+    double flops_per_token_ = 0, peak_flops_ = 0;
+    double train_loss_sum_ = 0;
+    int train_loss_count_ = 0;
+};
+
+}  // namespace qtrain

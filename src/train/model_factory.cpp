@@ -1,0 +1,102 @@
+#include "train/model_factory.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "io/hf_model_dir.h"
+#include "model/cpu/cpu_model.h"
+#include "train/sol.h"
+#include "train/train_options.h"
+
+#ifdef QTRAIN_HAVE_CUDA
+#include "cuda/device.h"
+#include "model/cuda/cuda_model.h"
+#endif
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+static int gpu_count() {
+#ifdef QTRAIN_HAVE_CUDA
+    return cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
+std::string resolve_device(const std::string& flag, bool need_gpu) {
+    if (flag == "cpu") return "cpu";
+    if (flag == "cuda") {
+#ifndef QTRAIN_HAVE_CUDA
+        throw_error("--device=cuda: this build has no CUDA backend (nvcc was not found when it was configured); "
+                    "use --device=cpu or rebuild with the CUDA toolkit");
+#endif
+        QT_CHECK(!need_gpu || gpu_count() > 0,
+                 "--device=cuda: no GPU is visible (cudaGetDeviceCount found none); use --device=cpu");
+        return "cuda";
+    }
+    QT_CHECK(flag == "auto", "--device: expected auto, cpu or cuda, got '", flag, "'");
+    return gpu_count() > 0 ? "cuda" : "cpu";
+}
+
+ModelSource resolve_model_source(const TrainOptions& o) {
+    ModelSource src;
+    if (auto dir = find_model_dir(o.model)) {
+        const std::string cfg_path = (fs::path(*dir) / "config.json").string();
+        QT_CHECK(fs::exists(cfg_path), "--model: '", *dir, "' has no config.json");
+        src.config = load_model_config(cfg_path);
+        src.directory = *dir;
+        src.description = *dir;
+        return src;
+    }
+    if (has_preset(o.model)) {
+        QT_CHECK(o.from_scratch, "--model=", o.model, " is a built-in preset (shape only, no weights) and is not in the local "
+                 "HF cache: add --from-scratch to train it from random initialisation, or pass a directory with weights");
+        src.config = preset_config(o.model);
+        src.description = "preset " + o.model;
+        return src;
+    }
+    (void)resolve_model_dir(o.model);  // throws with the list of places looked
+    throw_error("unreachable");
+}
+
+MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device) {
+    if (device == "cpu") return CpuModel::plan(cfg, opts);
+#ifdef QTRAIN_HAVE_CUDA
+    return CudaModel::plan(cfg, opts);
+#else
+    throw_error("--device=cuda: this build has no CUDA backend");
+#endif
+}
+
+std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device) {
+    if (device == "cpu") return std::make_unique<CpuModel>(cfg, opts);
+#ifdef QTRAIN_HAVE_CUDA
+    return std::make_unique<CudaModel>(cfg, opts);
+#else
+    throw_error("--device=cuda: this build has no CUDA backend");
+#endif
+}
+
+std::string describe_device(const std::string& device, const ModelOptions& opts, double* peak_flops) {
+    if (device == "cpu") {
+        std::string desc;
+        PeakRates r = cpu_peak_rates(&desc);
+        if (peak_flops) *peak_flops = r.fp32;
+        return "cpu: " + desc;
+    }
+#ifdef QTRAIN_HAVE_CUDA
+    GpuInfo g = cuda_device_info(0);
+    PeakRates r = gpu_peak_rates(g.name, g.sm_count, g.clock_mhz, g.cc_major);
+    if (peak_flops) *peak_flops = r.for_matmul(opts.matmul_dtype);
+    return cat("cuda:0 ", g.name, ", ", g.sm_count, " SMs, compute ", g.cc_major, ".", g.cc_minor, ", ",
+               human_bytes(g.free_memory), " free of ", human_bytes(g.total_memory));
+#else
+    if (peak_flops) *peak_flops = 0;
+    return device;
+#endif
+}
+
+}  // namespace qtrain

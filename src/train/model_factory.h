@@ -1,0 +1,36 @@
+// Chooses the device, resolves where the model's shape and weights come from, and builds the
+// backend behind IModel. The only place in the engine that knows which backends exist.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/imodel.h"
+#include "model/memory_plan.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+struct TrainOptions;
+
+struct ModelSource {
+    ModelConfig config;
+    std::string description;              // "preset Qwen2.5-0.5B" or the directory
+    std::optional<std::string> directory; // HF directory (config.json, maybe weights, tokenizer)
+};
+
+// "cpu" or "cuda" from --device (auto = cuda when this build has it and a GPU is present).
+// need_gpu=false lets --device=cuda through without a GPU (for --plan-only).
+std::string resolve_device(const std::string& device_flag, bool need_gpu = true);
+// Reads config.json from the --model directory, or takes a built-in preset (needs --from-scratch).
+ModelSource resolve_model_source(const TrainOptions& options);
+
+// The plan of what the backend would allocate; allocates nothing (works without a GPU).
+MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
+std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
+// Human description of the device and its peak matmul rate for `opts.matmul_dtype`.
+std::string describe_device(const std::string& device, const ModelOptions& opts, double* peak_flops);
+
+}  // namespace qtrain

@@ -1,0 +1,225 @@
+#include "train/train_options.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace qtrain {
+
+namespace {
+
+// Every flag is registered once, here, with its help text, so `--help`, the README table
+// (scripts/check_readme_flags.sh compares them) and to_json() cannot drift apart.
+void add_flags(CLI::App& app, TrainOptions& o) {
+    auto* g = app.add_option_group("Model");
+    g->add_option("--model", o.model, "HF model directory, org/name in the local HF cache, or a preset (Qwen2.5-0.5B ... Qwen2.5-32B)");
+    g->add_flag("--from-scratch", o.from_scratch, "Random initialisation instead of loading weights (shape from --model)");
+    g->add_option("--device", o.device, "Where to train: auto (GPU if present), cpu (reference model) or cuda")
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
+    g = app.add_option_group("Data");
+    g->add_option("--train-file", o.train_file, "Training token file(s), BIN.TOK format; a glob (quote it)");
+    g->add_option("--eval-file", o.eval_file, "Evaluation token file(s); a glob");
+    g->add_option("--batch-size,--batch", o.batch_size, "Micro-batch size (sequences per GPU per micro-step)");
+    g->add_option("--seq-len", o.seq_len, "Sequence length in tokens");
+
+    g = app.add_option_group("Precision");
+    g->add_option("--model-dtype", o.model_dtype, "Weights and activations: fp32|bf16 (default: fp32 on cpu, bf16 on cuda)");
+    g->add_option("--matmul-dtype", o.matmul_dtype, "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)");
+    g->add_option("--gradient-dtype", o.gradient_dtype, "Activation gradients into matmuls: fp32|bf16|e4m3|e5m2 (default: the matmul dtype; bf16 when matmuls are fp8)");
+    g->add_option("--opt-m-dtype", o.opt_m_dtype, "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)");
+    g->add_option("--opt-v-dtype", o.opt_v_dtype, "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)");
+    g->add_option("--master-dtype", o.master_dtype, "Master weights: fp32|bf16 (bf16 uses stochastic rounding; halves offloaded host memory)");
+
+    g = app.add_option_group("Recompute");
+    g->add_flag("--recompute-swiglu", o.recompute_swiglu, "Recompute the SwiGLU activation in the backward pass");
+    g->add_flag("--recompute-norm", o.recompute_norm, "Recompute RMSNorm outputs in the backward pass");
+    g->add_flag("--recompute-qkv", o.recompute_qkv, "Recompute the QKV projection in the backward pass");
+    g->add_flag("--recompute-ffn", o.recompute_ffn, "Recompute the whole feed-forward block (implies --recompute-swiglu)");
+    g->add_flag("--recompute-att", o.recompute_att, "Recompute the whole attention block (implies --recompute-qkv)");
+    g->add_flag("--recompute-block", o.recompute_block, "Recompute the whole transformer block (implies all of the above)");
+
+    g = app.add_option_group("Offload");
+    g->add_flag("--offload-residual", o.offload_residual, "Keep the residual stream of each layer in pinned host memory");
+    g->add_flag("--offload-master", o.offload_master, "Keep master weights in pinned host memory");
+    g->add_flag("--offload-opt-m", o.offload_opt_m, "Keep Adam's first moment in pinned host memory");
+    g->add_flag("--offload-opt-v", o.offload_opt_v, "Keep Adam's second moment in pinned host memory");
+    g->add_flag("--offload-quants", o.offload_quants, "Keep quantised weights in pinned host memory (with --persistent-quants)");
+    g->add_flag("--offload-gradients", o.offload_gradients, "Keep (sharded) gradients in pinned host memory");
+    g->add_flag("--persistent-quants", o.persistent_quants, "Keep quantised copies of the weights instead of re-quantising each step");
+    g->add_flag("--write-combined", o.write_combined, "Allocate offload buffers write-combined (faster host-to-device)");
+    g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
+
+    g = app.add_option_group("Multi-GPU");
+    g->add_option("--gpus", o.gpus, "Number of GPUs (threads mode); 0 = all");
+    g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
+    g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2)");
+    g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")
+        ->check(CLI::Range(1, 3));
+
+    g = app.add_option_group("Performance and memory");
+    g->add_flag("--use-cuda-graphs", o.use_cuda_graphs, "Capture the steady-state step in a CUDA graph");
+    g->add_option("--lmhead-chunks", o.lmhead_chunks, "Compute the LM head + loss in this many chunks of tokens");
+    g->add_option("--attn-bwd-chunks", o.attn_bwd_chunks, "Split the attention backward workspace into this many chunks");
+    g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
+    g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU)");
+
+    g = app.add_option_group("Optimisation");
+    g->add_option("--steps", o.steps, "Number of optimizer steps");
+    g->add_option("--grad-accumulation", o.grad_accumulation, "Micro-batches per optimizer step");
+    g->add_option("--learning-rate,--lr", o.learning_rate, "Peak learning rate");
+    g->add_option("--lr-schedule", o.lr_schedule, "Decay after warmup: cosine|linear")
+        ->check(CLI::IsMember({"cosine", "linear"}));
+    g->add_option("--warmup", o.warmup, "Linear warmup steps (default: min(100, steps/10))");
+    g->add_option("--cooldown", o.cooldown, "Final steps with a 1-sqrt decay of the learning rate");
+    g->add_option("--final-lr-fraction", o.final_lr_fraction, "Learning rate at the end of the decay, as a fraction of the peak");
+    g->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)");
+    g->add_option("--grad-clip", o.grad_clip, "Clip the global gradient norm to this value (0 = off)");
+    g->add_option("--beta-1", o.beta_1, "Adam beta1");
+    g->add_option("--beta-2", o.beta_2, "Adam beta2");
+    g->add_option("--adam-epsilon", o.adam_epsilon, "Adam epsilon");
+    g->add_option("--seed", o.seed, "Seed for initialisation and data order");
+
+    g = app.add_option_group("Evaluation, checkpoints and output");
+    g->add_option("--eval-every-n-steps", o.eval_every_n_steps, "Evaluate every N optimizer steps (0 = only at the end)");
+    g->add_option("--eval-num-steps", o.eval_num_steps, "Batches per evaluation (0 = the whole eval set)");
+    g->add_option("--ckpt-interval", o.ckpt_interval, "Write a checkpoint every N optimizer steps (0 = never)");
+    g->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory for checkpoints (step_XXXXXXXX/ inside)");
+    g->add_flag("--continue", o.continue_from_checkpoint, "Resume from the latest complete checkpoint in --checkpoint-dir");
+    g->add_option("--out-dir", o.out_dir, "Where the final model.safetensors and config.json go");
+    g->add_option("--log-file", o.log_file, "JSON Lines log (default: <out-dir>/log.jsonl)");
+}
+
+DType dtype_flag(const std::string& value, const char* flag, const char* allowed) {
+    return parse_dtype(value, flag, allowed);
+}
+
+}  // namespace
+
+void TrainOptions::validate() const {
+    QT_CHECK(!model.empty(), "--model is required (a HF directory, org/name in the local HF cache, or a preset like Qwen2.5-0.5B with --from-scratch)");
+    QT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
+    QT_CHECK(seq_len > 1, "--seq-len must be at least 2, got ", seq_len);
+    QT_CHECK(grad_accumulation > 0, "--grad-accumulation must be positive, got ", grad_accumulation);
+    QT_CHECK(steps >= 0, "--steps must be >= 0, got ", steps);
+    QT_CHECK(learning_rate >= 0, "--learning-rate must be >= 0, got ", learning_rate);
+    QT_CHECK(warmup >= -1, "--warmup must be >= 0, got ", warmup);
+    QT_CHECK(cooldown >= 0 && cooldown <= steps, "--cooldown must be in [0, --steps=", steps, "], got ", cooldown);
+    QT_CHECK(final_lr_fraction >= 0 && final_lr_fraction <= 1, "--final-lr-fraction must be in [0, 1], got ", final_lr_fraction);
+    QT_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got ", weight_decay);
+    QT_CHECK(grad_clip >= 0, "--grad-clip must be >= 0, got ", grad_clip);
+    QT_CHECK(beta_1 >= 0 && beta_1 < 1, "--beta-1 must be in [0, 1), got ", beta_1);
+    QT_CHECK(beta_2 >= 0 && beta_2 < 1, "--beta-2 must be in [0, 1), got ", beta_2);
+    QT_CHECK(adam_epsilon > 0, "--adam-epsilon must be positive, got ", adam_epsilon);
+    QT_CHECK(eval_every_n_steps >= 0, "--eval-every-n-steps must be >= 0, got ", eval_every_n_steps);
+    QT_CHECK(eval_num_steps >= 0, "--eval-num-steps must be >= 0, got ", eval_num_steps);
+    QT_CHECK(ckpt_interval >= 0, "--ckpt-interval must be >= 0, got ", ckpt_interval);
+    QT_CHECK(lmhead_chunks > 0, "--lmhead-chunks must be positive, got ", lmhead_chunks);
+    QT_CHECK(attn_bwd_chunks > 0, "--attn-bwd-chunks must be positive, got ", attn_bwd_chunks);
+    QT_CHECK(gpus >= 0, "--gpus must be >= 0, got ", gpus);
+    QT_CHECK(!out_dir.empty(), "--out-dir must not be empty");
+    if (!plan_only) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
+    if (continue_from_checkpoint) QT_CHECK(!checkpoint_dir.empty(), "--continue needs --checkpoint-dir");
+    if (!memory_limit.empty()) (void)parse_bytes(memory_limit, "--memory-limit");
+}
+
+ModelOptions TrainOptions::model_options(const std::string& dev) const {
+    ModelOptions m;
+    m.batch_size = batch_size;
+    m.seq_len = seq_len;
+    const std::string model_dt = model_dtype.empty() ? (dev == "cpu" ? "fp32" : "bf16") : model_dtype;
+    m.model_dtype = dtype_flag(model_dt, "--model-dtype", "fp32|bf16");
+    m.matmul_dtype = matmul_dtype.empty() ? m.model_dtype : dtype_flag(matmul_dtype, "--matmul-dtype", "fp32|bf16|e4m3");
+    if (!gradient_dtype.empty()) m.gradient_dtype = dtype_flag(gradient_dtype, "--gradient-dtype", "fp32|bf16|e4m3|e5m2");
+    else m.gradient_dtype = (m.matmul_dtype == DType::E4M3) ? DType::BF16 : m.matmul_dtype;
+    m.opt_m_dtype = dtype_flag(opt_m_dtype, "--opt-m-dtype", "fp32|bf16");
+    m.opt_v_dtype = dtype_flag(opt_v_dtype, "--opt-v-dtype", "fp32|bf16");
+    m.master_dtype = dtype_flag(master_dtype, "--master-dtype", "fp32|bf16");
+
+    // implications, as in the seed design's table
+    m.recompute_block = recompute_block;
+    m.recompute_ffn = recompute_ffn || recompute_block;
+    m.recompute_att = recompute_att || recompute_block;
+    m.recompute_swiglu = recompute_swiglu || m.recompute_ffn;
+    m.recompute_qkv = recompute_qkv || m.recompute_att;
+    m.recompute_norm = recompute_norm || recompute_block;
+
+    m.offload_residual = offload_residual;
+    m.offload_master = offload_master;
+    m.offload_opt_m = offload_opt_m;
+    m.offload_opt_v = offload_opt_v;
+    m.offload_quants = offload_quants;
+    m.offload_gradients = offload_gradients;
+    m.persistent_quants = persistent_quants;
+    m.write_combined = write_combined;
+    m.memcpy_all_gather = memcpy_all_gather;
+    m.zero_level = zero_level;
+    m.shard_gradients = shard_gradients || zero_level >= 2;
+    m.shard_weights = shard_weights || zero_level >= 3;
+    m.gpus = gpus;
+    m.use_cuda_graphs = use_cuda_graphs;
+    m.lmhead_chunks = lmhead_chunks;
+    m.attn_bwd_chunks = attn_bwd_chunks;
+    m.memory_limit = memory_limit.empty() ? 0 : parse_bytes(memory_limit, "--memory-limit");
+    return m;
+}
+
+std::string TrainOptions::to_json() const {
+    // Round-trip through CLI11's own view of the options so every flag appears under its name.
+    TrainOptions copy = *this;
+    CLI::App app;
+    add_flags(app, copy);
+    nlohmann::json j = nlohmann::json::object();
+    for (const CLI::Option* opt : app.get_options([](const CLI::Option* o) { return !o->get_lnames().empty(); })) {
+        const std::string name = opt->get_lnames().front();
+        if (name == "help") continue;
+        // reconstruct the current value as text
+        j[name] = nullptr;
+    }
+    // Fill values explicitly (CLI11 does not expose bound variables generically).
+    j["model"] = model; j["from-scratch"] = from_scratch; j["device"] = device;
+    j["train-file"] = train_file; j["eval-file"] = eval_file;
+    j["batch-size"] = batch_size; j["seq-len"] = seq_len;
+    j["model-dtype"] = model_dtype; j["matmul-dtype"] = matmul_dtype; j["gradient-dtype"] = gradient_dtype;
+    j["opt-m-dtype"] = opt_m_dtype; j["opt-v-dtype"] = opt_v_dtype; j["master-dtype"] = master_dtype;
+    j["recompute-swiglu"] = recompute_swiglu; j["recompute-norm"] = recompute_norm; j["recompute-qkv"] = recompute_qkv;
+    j["recompute-ffn"] = recompute_ffn; j["recompute-att"] = recompute_att; j["recompute-block"] = recompute_block;
+    j["offload-residual"] = offload_residual; j["offload-master"] = offload_master;
+    j["offload-opt-m"] = offload_opt_m; j["offload-opt-v"] = offload_opt_v; j["offload-quants"] = offload_quants;
+    j["offload-gradients"] = offload_gradients; j["persistent-quants"] = persistent_quants;
+    j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
+    j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
+    j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
+    j["memory-limit"] = memory_limit; j["plan-only"] = plan_only;
+    j["steps"] = steps; j["grad-accumulation"] = grad_accumulation; j["learning-rate"] = learning_rate;
+    j["lr-schedule"] = lr_schedule; j["warmup"] = warmup; j["cooldown"] = cooldown;
+    j["final-lr-fraction"] = final_lr_fraction; j["weight-decay"] = weight_decay; j["grad-clip"] = grad_clip;
+    j["beta-1"] = beta_1; j["beta-2"] = beta_2; j["adam-epsilon"] = adam_epsilon; j["seed"] = seed;
+    j["eval-every-n-steps"] = eval_every_n_steps; j["eval-num-steps"] = eval_num_steps;
+    j["ckpt-interval"] = ckpt_interval; j["checkpoint-dir"] = checkpoint_dir; j["continue"] = continue_from_checkpoint;
+    j["out-dir"] = out_dir; j["log-file"] = log_file;
+    for (auto it = j.begin(); it != j.end(); ++it)
+        QT_CHECK(!it.value().is_null(), "internal: flag --", it.key(), " is missing from TrainOptions::to_json");
+    return j.dump();
+}
+
+std::optional<int> parse_train_options(int argc, const char* const* argv, TrainOptions& out) {
+    CLI::App app{"qtrain: train Qwen2.5-family LLMs in C++/CUDA.\n"
+                 "Example: train --model=Qwen2.5-0.5B --from-scratch --train-file='data/*/train.bin' "
+                 "--eval-file=data/x/eval.bin --steps=1000 --learning-rate=6e-4",
+                 "train"};
+    app.get_formatter()->column_width(34);
+    // a flag given twice takes the last value (so wrappers can append overrides)
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    add_flags(app, out);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    return std::nullopt;
+}
+
+}  // namespace qtrain

@@ -1,0 +1,86 @@
+// Every flag of the `train` program in one struct. The CLI (CLI11) and the Python bindings fill the
+// same struct; `to_json` records it in the log and in checkpoints.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/model_options.h"
+
+namespace qtrain {
+
+struct TrainOptions {
+    // model
+    std::string model;              // HF directory, org/name in the local HF cache, or a preset name
+    bool from_scratch = false;
+    std::string device = "auto";    // auto | cpu | cuda
+    // data
+    std::string train_file;         // glob
+    std::string eval_file;          // glob (optional)
+    int batch_size = 4;
+    int seq_len = 1024;
+    // precision ("" = the device's default: fp32 on cpu, bf16 on cuda)
+    std::string model_dtype;
+    std::string matmul_dtype;       // "" = model dtype
+    std::string gradient_dtype;     // "" = matmul dtype (bf16 when matmuls are fp8)
+    std::string opt_m_dtype = "fp32";
+    std::string opt_v_dtype = "fp32";
+    std::string master_dtype = "fp32";
+    // recompute
+    bool recompute_swiglu = false, recompute_norm = false, recompute_qkv = false;
+    bool recompute_ffn = false, recompute_att = false, recompute_block = false;
+    // offload
+    bool offload_residual = false, offload_master = false, offload_opt_m = false, offload_opt_v = false;
+    bool offload_quants = false, offload_gradients = false;
+    bool persistent_quants = false, write_combined = false, memcpy_all_gather = false;
+    // multi-GPU / sharding
+    int gpus = 1;
+    bool shard_weights = false, shard_gradients = false;
+    int zero_level = 1;
+    // performance
+    bool use_cuda_graphs = false;
+    int lmhead_chunks = 1;
+    int attn_bwd_chunks = 1;
+    std::string memory_limit;       // e.g. 24GiB; "" = no limit beyond the device
+    bool plan_only = false;
+    // optimisation
+    int steps = 1000;
+    int grad_accumulation = 4;
+    float learning_rate = 1e-5f;
+    std::string lr_schedule = "cosine";
+    int warmup = -1;                // -1 = min(100, steps / 10)
+    int cooldown = 0;
+    float final_lr_fraction = 1.0f;
+    float weight_decay = 0.1f;
+    float grad_clip = 1.0f;
+    float beta_1 = 0.9f;
+    float beta_2 = 0.95f;
+    float adam_epsilon = 1e-8f;
+    // evaluation, checkpoints, output
+    int eval_every_n_steps = 100;
+    int eval_num_steps = 100;       // 0 = the whole eval set
+    int ckpt_interval = 0;          // 0 = no periodic checkpoints
+    std::string out_dir = "output";
+    std::string checkpoint_dir = "ckpt";
+    std::string log_file;           // "" = <out-dir>/log.jsonl
+    bool continue_from_checkpoint = false;
+    uint64_t seed = 42;
+
+    // Resolved helpers
+    int warmup_steps() const { return warmup >= 0 ? warmup : std::min(100, steps / 10); }
+    std::string log_path() const { return log_file.empty() ? out_dir + "/log.jsonl" : log_file; }
+    // Throws a clear error for values out of range (names the flag).
+    void validate() const;
+    // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved.
+    ModelOptions model_options(const std::string& resolved_device) const;
+    std::string to_json() const;  // one JSON object, flag names as keys
+};
+
+// Parses argv (CLI11) into `out`. Returns std::nullopt to go on, or the exit code when the program
+// should stop (after --help, or a parse error that was already printed).
+std::optional<int> parse_train_options(int argc, const char* const* argv, TrainOptions& out);
+
+}  // namespace qtrain

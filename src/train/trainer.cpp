@@ -1,0 +1,214 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "model/imodel.h"
+#include "train/checkpointer.h"
+#include "train/data_loader.h"
+#include "train/logger.h"
+#include "train/lr_schedule.h"
+#include "train/model_factory.h"
+#include "train/sol.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+int64_t count_valid(const std::vector<int32_t>& targets) {
+    int64_t n = 0;
+    for (int32_t t : targets) n += t >= 0;
+    return n;
+}
+
+// Mean loss over the eval set's valid targets (each batch weighted by its valid-target count).
+float evaluate(IModel& model, DataLoader& loader, int max_batches, int batch_size, int seq_len, int64_t* tokens) {
+    loader.restart();
+    std::vector<int32_t> in, tgt;
+    double loss_sum = 0;
+    int64_t valid = 0;
+    *tokens = 0;
+    for (int b = 0; (max_batches == 0 || b < max_batches) && loader.next_batch_no_wrap(in, tgt); ++b) {
+        const int64_t n = count_valid(tgt);
+        if (n == 0) continue;
+        const float loss = model.evaluate(Batch{in.data(), tgt.data(), batch_size, seq_len});
+        loss_sum += static_cast<double>(loss) * n;
+        valid += n;
+        *tokens += static_cast<int64_t>(batch_size) * seq_len;
+    }
+    return valid ? static_cast<float>(loss_sum / valid) : NAN;
+}
+
+void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                             "generation_config.json", "special_tokens_map.json"}) {
+        fs::path src = fs::path(from_dir) / name;
+        std::error_code ec;
+        if (fs::exists(src, ec)) fs::copy_file(src, fs::path(to_dir) / name, fs::copy_options::overwrite_existing, ec);
+    }
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainOptions options, std::string command_line)
+    : opt_(std::move(options)), command_line_(std::move(command_line)) {}
+
+int Trainer::run() {
+    const auto t_start = Clock::now();
+    opt_.validate();
+    const std::string device = resolve_device(opt_.device, !opt_.plan_only);
+    const ModelSource source = resolve_model_source(opt_);
+    const ModelConfig& cfg = source.config;
+    const ModelOptions mopt = opt_.model_options(device);
+    const uint64_t limit = mopt.memory_limit;
+
+    const MemoryPlan plan = plan_model(cfg, mopt, device);
+    if (limit && plan.total_device() > limit) {
+        throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
+                        human_bytes(limit), "; reduce --batch-size or --seq-len, or use recompute/offload flags "
+                        "(--recompute-ffn --recompute-att, --offload-opt-m --offload-opt-v, --offload-master)"));
+    }
+    if (opt_.plan_only) {
+        Logger plan_logger("/dev/null", true);
+        plan_logger.log_memory(plan, limit);
+        return 0;
+    }
+
+    // Resume state, if any (before the log file is opened, so a fresh run truncates it).
+    std::optional<std::string> resume_dir;
+    if (opt_.continue_from_checkpoint) resume_dir = find_latest_checkpoint(opt_.checkpoint_dir);
+
+    Logger log(opt_.log_path(), resume_dir.has_value());
+    log.log_options(opt_, command_line_);
+    double peak = 0;
+    log.log_system(device, describe_device(device, mopt, &peak), peak);
+    log.log_model(source.description, cfg.num_parameters(), model_config_to_json(cfg));
+
+    DataLoader train_data(expand_glob(opt_.train_file, "--train-file"), opt_.batch_size, opt_.seq_len, opt_.seed, true,
+                          cfg.vocab_size, "--train-file");
+    std::unique_ptr<DataLoader> eval_data;
+    if (!opt_.eval_file.empty())
+        eval_data = std::make_unique<DataLoader>(expand_glob(opt_.eval_file, "--eval-file"), opt_.batch_size,
+                                                 opt_.seq_len, opt_.seed, false, cfg.vocab_size, "--eval-file");
+    log.log_dataset("train", train_data);
+    if (eval_data) log.log_dataset("eval", *eval_data);
+
+    log.log_memory(plan, limit);
+    std::unique_ptr<IModel> model = create_model(cfg, mopt, device);
+    log.log_sol(training_flops_per_token(cfg, opt_.seq_len), peak);
+
+    int start_step = 0;
+    if (resume_dir) {
+        CheckpointState st = read_checkpoint_state(*resume_dir);
+        model->load_checkpoint(*resume_dir);
+        train_data.set_state(st.train_data);
+        start_step = st.step;
+        log.log_resume(start_step, *resume_dir);
+    } else {
+        if (opt_.continue_from_checkpoint)
+            log.message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", opt_.checkpoint_dir));
+        if (opt_.from_scratch) {
+            model->init_random(opt_.seed);
+        } else {
+            QT_CHECK(source.directory, "--model: no weights to load for ", source.description, " (add --from-scratch)");
+            log.message("Loading weights from " + *source.directory);
+            model->load_hf(*source.directory);
+        }
+    }
+
+    LrSchedule schedule;
+    schedule.peak_lr = opt_.learning_rate;
+    schedule.total_steps = opt_.steps;
+    schedule.warmup_steps = opt_.warmup_steps();
+    schedule.cooldown_steps = opt_.cooldown;
+    schedule.final_lr_fraction = opt_.final_lr_fraction;
+    schedule.decay = parse_lr_decay(opt_.lr_schedule);
+
+    auto save_checkpoint = [&](int completed_steps) {
+        auto t0 = Clock::now();
+        CheckpointState st;
+        st.step = completed_steps;
+        st.train_data = train_data.state();
+        st.options_json = opt_.to_json();
+        st.config_json = model_config_to_json(cfg);
+        st.device = device;
+        std::string dir = write_checkpoint(opt_.checkpoint_dir, *model, st);
+        log.log_checkpoint(completed_steps, dir, ms_since(t0));
+    };
+    auto run_eval = [&](int step) {
+        if (!eval_data) return;
+        auto t0 = Clock::now();
+        int64_t tokens = 0;
+        float loss = evaluate(*model, *eval_data, opt_.eval_num_steps, opt_.batch_size, opt_.seq_len, &tokens);
+        log.log_eval(step, train_data.epoch_progress(), tokens, ms_since(t0), loss);
+    };
+
+    g_stop_signal.store(0);
+    auto old_int = std::signal(SIGINT, on_stop_signal);
+    auto old_term = std::signal(SIGTERM, on_stop_signal);
+    struct RestoreSignals {
+        decltype(old_int) i, t;
+        ~RestoreSignals() { std::signal(SIGINT, i); std::signal(SIGTERM, t); }
+    } restore{old_int, old_term};
+
+    std::vector<int32_t> inputs, targets;
+    const float grad_scale = 1.0f / static_cast<float>(opt_.grad_accumulation);
+    const int64_t step_tokens = static_cast<int64_t>(opt_.batch_size) * opt_.seq_len * opt_.grad_accumulation;
+    int step = start_step;
+    bool evaluated_last = false;
+    for (; step < opt_.steps; ++step) {
+        auto t0 = Clock::now();
+        for (int micro = 0; micro < opt_.grad_accumulation; ++micro) {
+            train_data.next_batch(inputs, targets);
+            model->forward_backward(Batch{inputs.data(), targets.data(), opt_.batch_size, opt_.seq_len}, grad_scale);
+        }
+        const float lr = schedule.at(step);
+        OptimizerParams p{lr, opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, step + 1};
+        const StepStats stats = model->optimizer_step(p);
+        log.log_step(step, train_data.epoch_progress(), step_tokens, ms_since(t0), stats.grad_norm, stats.loss, lr);
+        QT_CHECK(std::isfinite(stats.loss) && std::isfinite(stats.grad_norm), "training diverged at step ", step,
+                 ": loss ", stats.loss, ", grad norm ", stats.grad_norm,
+                 " (try a lower --learning-rate or --grad-clip; resume from the last checkpoint with --continue)");
+
+        const int completed = step + 1;
+        evaluated_last = false;
+        if (opt_.eval_every_n_steps > 0 && completed % opt_.eval_every_n_steps == 0) {
+            run_eval(completed);
+            evaluated_last = true;
+        }
+        if (opt_.ckpt_interval > 0 && completed % opt_.ckpt_interval == 0) save_checkpoint(completed);
+        if (int sig = g_stop_signal.load()) {
+            log.message(fmt::format("\nStopping on signal {} after step {}", sig, step));
+            if (!(opt_.ckpt_interval > 0 && completed % opt_.ckpt_interval == 0) && !opt_.checkpoint_dir.empty())
+                save_checkpoint(completed);
+            return 130;
+        }
+    }
+    if (!evaluated_last) run_eval(step);
+
+    fs::create_directories(opt_.out_dir);
+    model->save_hf(opt_.out_dir);
+    if (source.directory) copy_tokenizer_files(*source.directory, opt_.out_dir);
+    log.log_done(step, opt_.out_dir, std::chrono::duration<double>(Clock::now() - t_start).count());
+    return 0;
+}
+
+}  // namespace qtrain

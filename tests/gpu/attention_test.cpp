@@ -1,0 +1,300 @@
+// GPU causal GQA attention (src/cuda/attention.h) against the CPU reference (cpu::attention_forward /
+// attention_backward) on fresh random inputs, for both implementations: fp32 (tight tolerance) and
+// bf16 flash attention (reference fed the bf16-rounded inputs). Shapes cover T not a multiple of any
+// tile (1, 17, 100, 130, 200, 333), T = 1024, B > 1, GQA ratios 1, 2 and 7, head dims 64 and 128.
+// Every output buffer starts as NaN (0xFF bytes) with a NaN guard zone behind it, so an element the
+// kernels forget to write, or a write past the end, fails the test.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "cuda/attention.h"
+#include "gpu_test_util.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+namespace {
+
+using test::AllClose;
+using test::DeviceMemory;
+
+struct Case {
+    int B, T, Hq, Hkv, D;
+    float qk_std;  // std of the random q and k: > 1 makes the softmax sharper
+};
+
+AttentionShape shape_of(const Case& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
+
+std::vector<float> random_normal(std::size_t n, uint64_t seed, float std_dev = 1.0f) {
+    Rng rng(seed);
+    std::vector<float> v(n);
+    for (auto& x : v) x = std_dev * rng.normal();
+    return v;
+}
+
+std::size_t qkv_width(const AttentionShape& s) { return static_cast<std::size_t>(s.Hq + 2 * s.Hkv) * s.D; }
+std::size_t tokens(const AttentionShape& s) { return static_cast<std::size_t>(s.B) * s.T; }
+
+// Random fused qkv rows: q and k with std qk_std, v with std 1.
+std::vector<float> random_qkv(const Case& c, uint64_t seed) {
+    const AttentionShape s = shape_of(c);
+    std::vector<float> qkv = random_normal(tokens(s) * qkv_width(s), seed);
+    const std::size_t qk_cols = static_cast<std::size_t>(s.Hq + s.Hkv) * s.D;
+    for (std::size_t n = 0; n < tokens(s); ++n)
+        for (std::size_t i = 0; i < qk_cols; ++i) qkv[n * qkv_width(s) + i] *= c.qk_std;
+    return qkv;
+}
+
+// The three [B, T, H, D] parts of a fused [B*T, (Hq + 2 Hkv) * D] tensor (qkv or dqkv).
+struct Parts {
+    std::vector<float> q, k, v;
+};
+Parts split_qkv(const std::vector<float>& x, const AttentionShape& s) {
+    const std::size_t w = qkv_width(s), nq = static_cast<std::size_t>(s.Hq) * s.D,
+                      nk = static_cast<std::size_t>(s.Hkv) * s.D;
+    Parts p;
+    p.q.resize(tokens(s) * nq);
+    p.k.resize(tokens(s) * nk);
+    p.v.resize(tokens(s) * nk);
+    for (std::size_t n = 0; n < tokens(s); ++n) {
+        const float* row = x.data() + n * w;
+        std::memcpy(p.q.data() + n * nq, row, nq * sizeof(float));
+        std::memcpy(p.k.data() + n * nk, row + nq, nk * sizeof(float));
+        std::memcpy(p.v.data() + n * nk, row + nq + nk, nk * sizeof(float));
+    }
+    return p;
+}
+
+std::string where_bthd(std::size_t i, const AttentionShape& s, int H) {
+    const std::size_t d = i % s.D, h = i / s.D % H, t = i / s.D / H % s.T, b = i / s.D / H / s.T;
+    return cat("b=", b, " t=", t, " h=", h, " d=", d);
+}
+std::string where_bht(std::size_t i, const AttentionShape& s) {
+    const std::size_t t = i % s.T, h = i / s.T % s.Hq, b = i / s.T / s.Hq;
+    return cat("b=", b, " h=", h, " t=", t);
+}
+
+struct Result {
+    std::vector<float> out, lse;
+    Parts d;                          // dq, dk, dv
+    std::vector<uint8_t> out_bytes, lse_bytes, dqkv_bytes;  // raw, for bitwise comparisons
+};
+
+// Reference: fp32 CPU ops on exactly the values the GPU sees.
+Result run_cpu(const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
+    const Parts x = split_qkv(qkv, s);
+    Result r;
+    r.out.assign(tokens(s) * s.Hq * s.D, 0.0f);
+    r.lse.assign(static_cast<std::size_t>(s.B) * s.Hq * s.T, 0.0f);
+    cpu::attention_forward(r.out.data(), r.lse.data(), x.q.data(), x.k.data(), x.v.data(), s.B, s.T, s.Hq, s.Hkv,
+                           s.D);
+    r.d.q.assign(x.q.size(), 0.0f);  // the CPU backward accumulates
+    r.d.k.assign(x.k.size(), 0.0f);
+    r.d.v.assign(x.v.size(), 0.0f);
+    cpu::attention_backward(r.d.q.data(), r.d.k.data(), r.d.v.data(), dout.data(), x.q.data(), x.k.data(),
+                            x.v.data(), r.lse.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
+    return r;
+}
+
+constexpr std::size_t kGuardBytes = 4096;
+
+// A buffer of `bytes` followed by a guard zone, all 0xFF (NaN in fp32 and bf16).
+DeviceMemory nan_buffer(std::size_t bytes) {
+    DeviceMemory m(bytes + kGuardBytes);
+    m.fill_bytes(0xFF);
+    return m;
+}
+::testing::AssertionResult GuardIntact(const char* what, const DeviceMemory& m) {
+    const auto all = test::to_host<uint8_t>(m.get(), m.bytes());
+    for (std::size_t i = m.bytes() - kGuardBytes; i < m.bytes(); ++i)
+        if (all[i] != 0xFF)
+            return ::testing::AssertionFailure()
+                   << what << ": write past the end, " << (i - (m.bytes() - kGuardBytes)) << " bytes after it";
+    return ::testing::AssertionSuccess();
+}
+
+// Forward then backward on the GPU; outputs read back as fp32 (and as raw bytes).
+Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
+    DeviceMemory d_qkv = test::upload_as(dtype, qkv);
+    DeviceMemory d_dout = test::upload_as(dtype, dout);
+    DeviceMemory d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
+    DeviceMemory d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s));
+
+    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr);
+    test::sync_device();
+    attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(), s,
+                       nullptr);
+    test::sync_device();
+
+    EXPECT_TRUE(GuardIntact("out", d_out));
+    EXPECT_TRUE(GuardIntact("lse", d_lse));
+    EXPECT_TRUE(GuardIntact("dqkv", d_dqkv));
+    EXPECT_TRUE(GuardIntact("workspace", d_ws));
+
+    Result r;
+    r.out = test::download_as(dtype, d_out.get(), n_out);
+    r.lse = test::to_host<float>(d_lse.get(), n_lse);
+    r.d = split_qkv(test::download_as(dtype, d_dqkv.get(), qkv.size()), s);
+    r.out_bytes = test::to_host<uint8_t>(d_out.get(), n_out * es);
+    r.lse_bytes = test::to_host<uint8_t>(d_lse.get(), n_lse * 4);
+    r.dqkv_bytes = test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
+    return r;
+}
+
+// Tolerances, as max|gpu - cpu| <= rtol * max|cpu| + atol per tensor (plus a cosine floor for bf16).
+//  fp32: the GPU computes the same fp32 formulas; only summation order (dot products over D, sums over
+//    up to 1024 keys) and the fast-math exp2/log2/reciprocal (~2 ulp) differ, i.e. errors of a few
+//    1e-7 relative per term. 1e-5 (forward) and 2e-5 (backward, whose dS = P (dP - delta) cancels and
+//    whose delta is dout.out on the GPU but sum P dP on the CPU) leave a 10x margin. atol covers
+//    tensors whose reference is exactly zero (T = 1: dq = dk = 0, the GPU gets ~1e-7 from rounding).
+//  bf16: the reference is computed from the same bf16-rounded inputs in fp32, so the differences are
+//    the GPU's bf16 roundings: P (and dS) are rounded to bf16 (relative 2^-9 = 0.2%) before the P V,
+//    P^T dO, dS^T Q and dS K products, and every output is stored as bf16 (another 0.2%). Those are
+//    independent per term, so an output's error is ~0.1-0.5% of its own magnitude and below that of
+//    max|ref|; 2e-2 is 4-10x above it yet far below what an indexing or masking bug gives (O(1)).
+//    Cosine > 0.9999 allows a 1.4% rms relative error (typical is ~0.2%): it catches errors spread
+//    over many elements that stay below the max bound. lse is computed in fp32 from the same bf16
+//    inputs (exact products, fp32 sums, P never rounded), so it gets 1e-3.
+struct Tol {
+    double rtol, atol, min_cosine;
+};
+struct Tolerances {
+    Tol out, lse, grad;
+};
+Tolerances tolerances(DType dtype) {
+    if (dtype == DType::F32) return {{1e-5, 1e-6, 0.0}, {1e-5, 1e-6, 0.0}, {2e-5, 1e-5, 0.0}};
+    return {{2e-2, 1e-3, 0.9999}, {1e-3, 1e-4, 0.0}, {2e-2, 1e-3, 0.9999}};
+}
+
+class AttentionVsCpu : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+
+TEST_P(AttentionVsCpu, ForwardAndBackwardMatchReference) {
+    QTRAIN_REQUIRE_GPU();
+    const auto [dtype, c] = GetParam();
+    const AttentionShape s = shape_of(c);
+    const uint64_t seed = 1000003ull * c.B + 1009ull * c.T + 101ull * c.Hq + 11ull * c.Hkv + c.D;
+    std::vector<float> qkv = random_qkv(c, seed);
+    std::vector<float> dout = random_normal(tokens(s) * s.Hq * s.D, seed + 1);
+    if (dtype == DType::BF16) {  // the reference sees exactly the GPU's inputs
+        qkv = test::round_bf16(qkv);
+        dout = test::round_bf16(dout);
+    }
+
+    const Result gpu = run_gpu(dtype, qkv, dout, s);
+    const Result ref = run_cpu(qkv, dout, s);
+    const Tolerances tol = tolerances(dtype);
+
+    auto in_q = [&](std::size_t i) { return where_bthd(i, s, s.Hq); };
+    auto in_kv = [&](std::size_t i) { return where_bthd(i, s, s.Hkv); };
+    auto in_lse = [&](std::size_t i) { return where_bht(i, s); };
+    EXPECT_TRUE(AllClose("out", gpu.out, ref.out, tol.out.rtol, tol.out.atol, tol.out.min_cosine, in_q));
+    EXPECT_TRUE(AllClose("lse", gpu.lse, ref.lse, tol.lse.rtol, tol.lse.atol, tol.lse.min_cosine, in_lse));
+    EXPECT_TRUE(AllClose("dq", gpu.d.q, ref.d.q, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine, in_q));
+    EXPECT_TRUE(AllClose("dk", gpu.d.k, ref.d.k, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine, in_kv));
+    EXPECT_TRUE(AllClose("dv", gpu.d.v, ref.d.v, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine, in_kv));
+}
+
+const Case kCases[] = {
+    {1, 100, 2, 2, 64, 1.0f},     // GQA ratio 1, T not a multiple of any tile
+    {2, 17, 4, 2, 128, 1.0f},     // ratio 2, B > 1, tiny T
+    {1, 1, 7, 1, 64, 1.0f},       // T = 1, ratio 7
+    {2, 1, 4, 2, 128, 1.0f},      // T = 1, B > 1
+    {2, 100, 14, 2, 64, 1.0f},    // Qwen2.5-0.5B heads
+    {1, 1024, 14, 2, 64, 1.0f},   // 0.5B at full sequence length
+    {2, 1024, 4, 2, 128, 1.0f},   // D = 128 at full sequence length
+    {1, 333, 28, 4, 128, 1.0f},   // Qwen2.5-7B heads, ratio 7
+    {3, 200, 7, 1, 128, 1.0f},    // ratio 7, B = 3
+    {2, 130, 12, 2, 128, 1.0f},   // Qwen2.5-1.5B heads, T just past 128
+    {2, 130, 4, 4, 64, 2.5f},     // sharp softmax (scores std ~6)
+    {1, 257, 6, 3, 128, 2.5f},    // sharp softmax, D = 128, ratio 2
+};
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Case>>& info) {
+    const auto& [dtype, c] = info.param;
+    std::string name = cat(dtype_name(dtype), "_B", c.B, "_T", c.T, "_Hq", c.Hq, "_Hkv", c.Hkv, "_D", c.D);
+    if (c.qk_std != 1.0f) name += "_sharp";
+    return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionVsCpu,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16), ::testing::ValuesIn(kCases)),
+                         case_name);
+
+// Two runs on the same inputs give bit-identical out, lse and dqkv (no atomics, fixed reduction order).
+class AttentionDeterminism : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+
+TEST_P(AttentionDeterminism, RepeatedRunsAreBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    const auto [dtype, c] = GetParam();
+    const AttentionShape s = shape_of(c);
+    const std::vector<float> qkv = random_qkv(c, 77);
+    const std::vector<float> dout = random_normal(tokens(s) * s.Hq * s.D, 78);
+    const Result a = run_gpu(dtype, qkv, dout, s);
+    const Result b = run_gpu(dtype, qkv, dout, s);
+    EXPECT_TRUE(a.out_bytes == b.out_bytes) << "forward out differs between runs";
+    EXPECT_TRUE(a.lse_bytes == b.lse_bytes) << "forward lse differs between runs";
+    ASSERT_EQ(a.dqkv_bytes.size(), b.dqkv_bytes.size());
+    std::size_t differing = 0, first = 0;
+    for (std::size_t i = 0; i < a.dqkv_bytes.size(); ++i)
+        if (a.dqkv_bytes[i] != b.dqkv_bytes[i] && differing++ == 0) first = i;
+    EXPECT_EQ(differing, 0u) << "dqkv differs between runs in " << differing << " bytes, first at byte " << first;
+    // And the result is complete (no NaN left from the 0xFF fill).
+    const auto nan_count = [](const std::vector<float>& x) {
+        std::size_t n = 0;
+        for (float v : x) n += !std::isfinite(v);
+        return n;
+    };
+    EXPECT_EQ(nan_count(a.out) + nan_count(a.lse) + nan_count(a.d.q) + nan_count(a.d.k) + nan_count(a.d.v), 0u);
+}
+
+const Case kDeterminismCases[] = {
+    {4, 1024, 14, 2, 64, 1.0f},
+    {2, 777, 12, 2, 128, 1.0f},
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDeterminism,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::ValuesIn(kDeterminismCases)),
+                         case_name);
+
+// Argument validation happens on the host before anything touches the device, so this runs anywhere.
+TEST(AttentionArgs, RejectsUnsupportedShapesAndTypes) {
+    const auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
+        try {
+            f();
+            ADD_FAILURE() << "expected an error mentioning \"" << needle << "\"";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    float dummy[4];
+    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 2, 2, 96}, nullptr); }, "head dim");
+    expect_error([&] { attention_forward(DType::F32, dummy, dummy, dummy, {1, 8, 2, 2, 32}, nullptr); }, "head dim");
+    expect_error([&] { attention_forward(DType::F16, dummy, dummy, dummy, {1, 8, 2, 2, 64}, nullptr); }, "dtype");
+    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 3, 2, 64}, nullptr); }, "multiple");
+    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 0, 2, 2, 64}, nullptr); }, "bad shape");
+    expect_error([&] { attention_backward_workspace_bytes(DType::BF16, {1, 8, 2, 2, 80}); }, "head dim");
+    expect_error(
+        [&] { attention_backward(DType::BF16, dummy, dummy, dummy, dummy, dummy, dummy, {1, 8, 2, 2, 256}, nullptr); },
+        "head dim");
+}
+
+TEST(AttentionArgs, WorkspaceHoldsOneFloatPerQueryRow) {
+    const AttentionShape s{3, 100, 14, 2, 64};
+    EXPECT_GE(attention_backward_workspace_bytes(DType::BF16, s), 3u * 14u * 100u * sizeof(float));
+    EXPECT_GE(attention_backward_workspace_bytes(DType::F32, s), 3u * 14u * 100u * sizeof(float));
+}
+
+}  // namespace
+}  // namespace qtrain

@@ -1,0 +1,173 @@
+// The whole GPU model against the CPU reference model on tiny configs: same init, same batch,
+// compare loss and every parameter gradient, then one optimizer step. fp32 mode must agree tightly
+// (only summation order differs); bf16 mode within bf16 tolerance (per-tensor cosine similarity).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "gpu_fixtures.h"
+#include "model/cpu/cpu_model.h"
+#include "model/cuda/cuda_model.h"
+#include "model/model_config.h"
+
+using namespace qtrain;
+using namespace qtrain::gputest;
+
+namespace {
+
+struct Shape {
+    const char* name;
+    int vocab, hidden, inter, layers, heads, kv_heads;
+    bool tied;
+};
+
+ModelConfig make_config(const Shape& s) {
+    ModelConfig c;
+    c.vocab_size = s.vocab;
+    c.hidden_size = s.hidden;
+    c.intermediate_size = s.inter;
+    c.num_hidden_layers = s.layers;
+    c.num_attention_heads = s.heads;
+    c.num_key_value_heads = s.kv_heads;
+    c.head_dim = s.hidden / s.heads;
+    c.tie_word_embeddings = s.tied;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.initializer_range = 0.05;  // larger than 0.02 so gradients are not dominated by the LM head
+    c.validate("test");
+    return c;
+}
+
+struct Data {
+    std::vector<int32_t> in, tgt;
+};
+Data make_batch(int B, int T, int vocab, uint64_t seed) {
+    Rng r(seed);
+    Data d;
+    for (int i = 0; i < B * T; ++i) {
+        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
+        d.tgt.push_back(i % 11 == 3 ? -1 : static_cast<int32_t>(r.below(vocab)));  // some masked
+    }
+    return d;
+}
+
+ModelOptions options(DType act, int B, int T) {
+    ModelOptions o = CpuModel::fp32_options(B, T);
+    o.model_dtype = o.matmul_dtype = o.gradient_dtype = act;
+    o.lmhead_chunks = 2;
+    return o;
+}
+
+void compare_models(const Shape& s, DType act) {
+    const int B = 2, T = 40;
+    ModelConfig cfg = make_config(s);
+    CpuModel cpu(cfg, CpuModel::fp32_options(B, T));
+    CudaModel gpu(cfg, options(act, B, T));
+    cpu.init_random(1234);
+    gpu.init_random(1234);
+    Data d = make_batch(B, T, cfg.vocab_size, 5);
+    Batch batch{d.in.data(), d.tgt.data(), B, T};
+
+    if (act == DType::BF16) {
+        // give the CPU the bf16-rounded weights the GPU computes with
+        for (const auto& p : cpu.params()) {
+            auto w = gpu.download(p.name, CudaModel::Which::Weights);
+            std::copy(w.begin(), w.end(), cpu.param(p.name));
+        }
+    }
+    const float cpu_eval = cpu.evaluate(batch), gpu_eval = gpu.evaluate(batch);
+    EXPECT_NEAR(gpu_eval, cpu_eval, (act == DType::F32 ? 1e-5 : 2e-2) * cpu_eval) << "eval loss";
+
+    cpu.forward_backward(batch, 0.5f);
+    gpu.forward_backward(batch, 0.5f);
+    double worst_cos = 1, worst_rel = 0;
+    std::string worst_name;
+    for (const auto& p : cpu.params()) {
+        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
+        auto g = gpu.download(p.name, CudaModel::Which::Grad);
+        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
+        if (act == DType::F32) {
+            EXPECT_LT(rel, 1e-4) << p.name;
+        } else {
+            EXPECT_GT(cos, 0.99) << p.name;  // bf16 activations/gradients through every layer
+        }
+        if (cos < worst_cos) { worst_cos = cos; worst_name = p.name; }
+        worst_rel = std::max(worst_rel, rel);
+    }
+    std::printf("[%s %s] worst grad cosine %.6f (%s), worst rel max error %.3g\n", s.name,
+                std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
+
+    OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
+    StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
+    EXPECT_NEAR(sg.loss, sc.loss, (act == DType::F32 ? 1e-5 : 2e-2) * sc.loss);
+    EXPECT_NEAR(sg.grad_norm, sc.grad_norm, (act == DType::F32 ? 1e-4 : 5e-2) * sc.grad_norm);
+    if (act == DType::F32) {
+        for (const auto& p : cpu.params()) {
+            std::vector<float> ref(cpu.param(p.name), cpu.param(p.name) + p.numel());
+            EXPECT_LT(rel_max_error(gpu.download(p.name, CudaModel::Which::Master), ref), 1e-5) << p.name;
+        }
+    }
+}
+
+const Shape kShapes[] = {
+    {"d64_gqa2_untied", 97, 128, 96, 2, 2, 1, false},
+    {"d64_gqa2_tied", 97, 256, 160, 2, 4, 2, true},
+    {"d128_mha_untied", 131, 256, 192, 2, 2, 2, false},
+};
+
+}  // namespace
+
+class CudaModelVsCpu : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(CudaModelVsCpu, LossGradientsAndStepMatch) {
+    QTRAIN_REQUIRE_GPU();
+    auto [shape, act] = GetParam();
+    compare_models(kShapes[shape], act);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaModelVsCpu,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(DType::F32, DType::BF16)),
+                         [](const auto& info) {
+                             return std::string(kShapes[std::get<0>(info.param)].name) + "_" +
+                                    std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(CudaModel, SameSeedBitIdenticalLosses) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[1]);
+    auto run = [&] {
+        CudaModel m(cfg, options(DType::BF16, 2, 64));
+        m.init_random(9);
+        std::vector<float> losses;
+        for (int step = 1; step <= 3; ++step) {
+            for (int micro = 0; micro < 2; ++micro) {
+                Data d = make_batch(2, 64, cfg.vocab_size, 100 * step + micro);
+                m.forward_backward(Batch{d.in.data(), d.tgt.data(), 2, 64}, 0.5f);
+            }
+            StepStats s = m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+            losses.push_back(s.loss);
+            losses.push_back(s.grad_norm);
+        }
+        return losses;
+    };
+    auto a = run(), b = run();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << i;
+}
+
+TEST(CudaModel, TrainingReducesLoss) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[0]);
+    CudaModel m(cfg, options(DType::BF16, 4, 64));
+    m.init_random(3);
+    // a fixed batch: the model must be able to memorise it
+    Data d = make_batch(4, 64, cfg.vocab_size, 77);
+    float first = 0, last = 0;
+    for (int step = 1; step <= 30; ++step) {
+        m.forward_backward(Batch{d.in.data(), d.tgt.data(), 4, 64}, 1.0f);
+        StepStats s = m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, step});
+        if (step == 1) first = s.loss;
+        last = s.loss;
+    }
+    EXPECT_LT(last, 0.5f * first) << first << " -> " << last;
+}

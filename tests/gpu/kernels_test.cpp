@@ -1,0 +1,273 @@
+// Every elementwise/reduction kernel of src/cuda against the CPU reference ops, on fresh random
+// inputs, in fp32 (tight: only float rounding-order differences) and bf16 (outputs rounded to bf16,
+// so ~2^-8 relative per element; the CPU reference gets the same bf16-rounded inputs).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "gpu_fixtures.h"
+#include "model/cpu/cpu_ops.h"
+
+using namespace qtrain;
+using namespace qtrain::gputest;
+
+namespace {
+
+class KernelTest : public ::testing::TestWithParam<DType> {
+protected:
+    void SetUp() override { QTRAIN_REQUIRE_GPU(); }
+    DType act() const { return GetParam(); }
+    // the tolerance for the current activation type
+    double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
+    // inputs as the GPU sees them
+    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? bf16_rounded(std::move(v)) : v; }
+};
+
+}  // namespace
+
+TEST_P(KernelTest, ResidualRmsnormForward) {
+    const int N = 37, C = 200;
+    auto a = in(random_vector(N * C, 1)), d = in(random_vector(N * C, 2)), w = in(random_vector(C, 3));
+    DeviceArray ga(a, act()), gd(d, act()), gw(w, act()), gres(N * C, act()), gnorm(N * C, act()), grstd(N, DType::F32);
+    cuda::residual_rmsnorm_forward(act(), gres.get(), gnorm.get(), grstd.f32(), ga.get(), gd.get(), gw.get(), N, C,
+                                   1e-6f, nullptr);
+    std::vector<float> res(N * C), norm(N * C), rstd(N);
+    cpu::residual_forward(res.data(), a.data(), d.data(), N * C);
+    res = in(res);  // the GPU stores the residual in the activation type and normalises that
+    cpu::rmsnorm_forward(norm.data(), rstd.data(), res.data(), w.data(), N, C, 1e-6f);
+    EXPECT_LT(rel_max_error(gres.download(), res), tol(1e-6, 1e-6));
+    EXPECT_LT(rel_max_error(grstd.download(), rstd), tol(1e-5, 1e-5));
+    EXPECT_LT(rel_max_error(gnorm.download(), norm), tol(1e-5, 8e-3));
+}
+
+TEST_P(KernelTest, RmsnormBackward) {
+    const int N = 45, C = 136;
+    auto x = in(random_vector(N * C, 4)), w = in(random_vector(C, 5)), dy = in(random_vector(N * C, 6));
+    auto dres0 = in(random_vector(N * C, 7)), dw0 = random_vector(C, 8);
+    std::vector<float> rstd(N), tmp(N * C);
+    cpu::rmsnorm_forward(tmp.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    DeviceArray gx(x, act()), gw(w, act()), gdy(dy, act()), gdres(dres0, act()), gdw(dw0, DType::F32),
+        grstd(rstd, DType::F32), scratch(cuda::rmsnorm_backward_scratch_floats(N, C), DType::F32);
+    cuda::rmsnorm_backward(act(), gdres.get(), gdw.f32(), scratch.f32(), gdy.get(), gx.get(), gw.get(), grstd.f32(), N,
+                           C, nullptr);
+    auto dres = dres0, dw = dw0;
+    cpu::rmsnorm_backward(dres.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+    EXPECT_LT(rel_max_error(gdres.download(), dres), tol(1e-5, 8e-3));
+    EXPECT_LT(rel_max_error(gdw.download(), dw), tol(1e-5, 1e-5));  // fp32 accumulation both ways
+}
+
+TEST_P(KernelTest, RopeForwardAndBackwardOnFusedQkv) {
+    const int B = 2, T = 7, Hq = 4, Hkv = 2, D = 64, stride = (Hq + 2 * Hkv) * D, N = B * T;
+    auto qkv = in(random_vector(N * stride, 9));
+    std::vector<float> cs(2 * T * D / 2);
+    cpu::rope_tables(cs.data(), cs.data() + T * D / 2, T, D, 1e6);
+    DeviceArray g(qkv, act()), gcs(cs, DType::F32);
+    cuda::rope_forward(act(), g.get(), gcs.f32(), B, T, Hq, Hkv, D, nullptr);
+    auto out = g.download();
+    // reference: rotate the q and k parts (heads 0..Hq+Hkv-1 of each row are contiguous)
+    std::vector<float> x(N * (Hq + Hkv) * D), y(x.size());
+    for (int n = 0; n < N; ++n)
+        std::copy_n(qkv.begin() + n * stride, (Hq + Hkv) * D, x.begin() + n * (Hq + Hkv) * D);
+    cpu::rope_forward(y.data(), x.data(), cs.data(), cs.data() + T * D / 2, B, T, Hq + Hkv, D);
+    std::vector<float> expect = qkv;
+    for (int n = 0; n < N; ++n)
+        std::copy_n(y.begin() + n * (Hq + Hkv) * D, (Hq + Hkv) * D, expect.begin() + n * stride);
+    EXPECT_LT(rel_max_error(out, expect), tol(1e-6, 8e-3));
+
+    // backward: the transpose rotation
+    auto d = in(random_vector(N * stride, 10));
+    g.upload(d);
+    cuda::rope_backward(act(), g.get(), gcs.f32(), B, T, Hq, Hkv, D, nullptr);
+    for (int n = 0; n < N; ++n) std::copy_n(d.begin() + n * stride, (Hq + Hkv) * D, x.begin() + n * (Hq + Hkv) * D);
+    cpu::rope_backward(y.data(), x.data(), cs.data(), cs.data() + T * D / 2, B, T, Hq + Hkv, D);
+    expect = d;
+    for (int n = 0; n < N; ++n)
+        std::copy_n(y.begin() + n * (Hq + Hkv) * D, (Hq + Hkv) * D, expect.begin() + n * stride);
+    EXPECT_LT(rel_max_error(g.download(), expect), tol(1e-6, 8e-3));
+}
+
+TEST_P(KernelTest, SwigluForwardAndBackward) {
+    const int N = 19, I = 300;
+    auto gu = in(random_vector(N * 2 * I, 11, 2.0f)), dout = in(random_vector(N * I, 12));
+    DeviceArray ggu(gu, act()), gout(N * I, act()), gdout(dout, act()), gdgu(N * 2 * I, act());
+    cuda::swiglu_forward(act(), gout.get(), ggu.get(), N, I, nullptr);
+    cuda::swiglu_backward(act(), gdgu.get(), gdout.get(), ggu.get(), N, I, nullptr);
+    std::vector<float> gate(N * I), up(N * I), out(N * I), dg(N * I, 0.0f), du(N * I, 0.0f);
+    for (int n = 0; n < N; ++n)
+        for (int i = 0; i < I; ++i) {
+            gate[n * I + i] = gu[n * 2 * I + i];
+            up[n * I + i] = gu[n * 2 * I + I + i];
+        }
+    cpu::swiglu_forward(out.data(), gate.data(), up.data(), N * I);
+    cpu::swiglu_backward(dg.data(), du.data(), dout.data(), gate.data(), up.data(), N * I);
+    std::vector<float> dgu(N * 2 * I);
+    for (int n = 0; n < N; ++n)
+        for (int i = 0; i < I; ++i) {
+            dgu[n * 2 * I + i] = dg[n * I + i];
+            dgu[n * 2 * I + I + i] = du[n * I + i];
+        }
+    EXPECT_LT(rel_max_error(gout.download(), out), tol(1e-5, 8e-3));
+    EXPECT_LT(rel_max_error(gdgu.download(), dgu), tol(1e-5, 8e-3));
+}
+
+TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
+    const int V = 50, C = 96, N = 64;
+    auto table = in(random_vector(V * C, 13)), dout = in(random_vector(N * C, 14));
+    std::vector<int32_t> tok(N);
+    Rng r(15);
+    for (auto& t : tok) t = static_cast<int32_t>(r.below(7));  // many repeats
+    // host CSR as the model builds it
+    std::vector<int32_t> order(N), uniq, offs, pos;
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tok[a] < tok[b]; });
+    for (int i = 0; i < N; ++i) {
+        if (i == 0 || tok[order[i]] != tok[order[i - 1]]) {
+            uniq.push_back(tok[order[i]]);
+            offs.push_back(i);
+        }
+        pos.push_back(order[i]);
+    }
+    offs.push_back(N);
+    int32_t *dtok, *duniq, *doffs, *dpos;
+    CUDA_CHECK(cudaMalloc(&dtok, N * 4));
+    CUDA_CHECK(cudaMalloc(&duniq, uniq.size() * 4));
+    CUDA_CHECK(cudaMalloc(&doffs, offs.size() * 4));
+    CUDA_CHECK(cudaMalloc(&dpos, pos.size() * 4));
+    CUDA_CHECK(cudaMemcpy(dtok, tok.data(), N * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(duniq, uniq.data(), uniq.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+    DeviceArray gtable(table, act()), gout(N * C, act()), gdout(dout, act());
+    auto dtable0 = random_vector(V * C, 16);
+    DeviceArray gdtable(dtable0, DType::F32);
+    cuda::embedding_forward(act(), gout.get(), dtok, gtable.get(), N, C, nullptr);
+    cuda::embedding_backward(gdtable.f32(), act(), gdout.get(), duniq, doffs, dpos, static_cast<int>(uniq.size()), C,
+                             nullptr);
+    std::vector<float> out(N * C);
+    cpu::embedding_forward(out.data(), tok.data(), table.data(), N, C);
+    auto dtable = dtable0;
+    cpu::embedding_backward(dtable.data(), dout.data(), tok.data(), N, C);
+    EXPECT_EQ(rel_max_error(gout.download(), out), 0.0);  // a copy
+    EXPECT_LT(rel_max_error(gdtable.download(), dtable), 1e-6);
+    cudaFree(dtok);
+    cudaFree(duniq);
+    cudaFree(doffs);
+    cudaFree(dpos);
+}
+
+TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
+    const int n = 9, V = 3001;
+    auto logits = in(random_vector(n * V, 17, 3.0f));
+    std::vector<int32_t> tgt = {0, 5, -1, 3000, 17, -1, 2999, 1, 42};
+    int32_t* dt;
+    CUDA_CHECK(cudaMalloc(&dt, n * 4));
+    CUDA_CHECK(cudaMemcpy(dt, tgt.data(), n * 4, cudaMemcpyHostToDevice));
+    DeviceArray gl(logits, act()), gloss(n, DType::F32), acc(4, DType::F32);
+    cuda::softmax_cross_entropy(act(), gl.get(), gloss.f32(), dt, n, V, 0.25f, true, nullptr);
+    cuda::accumulate_loss(acc.f32(), gloss.f32(), n, 0.5f, nullptr);
+    std::vector<float> ref = logits, loss(n);
+    cpu::softmax_cross_entropy(ref.data(), loss.data(), tgt.data(), n, V, 0.25f, true);
+    auto gpu_loss = gloss.download();
+    EXPECT_LT(rel_max_error(gpu_loss, loss), tol(1e-5, 1e-5));  // fp32 math on identical inputs
+    EXPECT_LT(rel_max_error(gl.download(), ref), tol(1e-5, 8e-3));
+    EXPECT_NEAR(acc.download()[0], 0.5 * std::accumulate(loss.begin(), loss.end(), 0.0), 1e-4);
+    cudaFree(dt);
+}
+
+TEST_P(KernelTest, BiasGradIsAColumnSum) {
+    const int N = 1000, C = 77;
+    auto d = in(random_vector(N * C, 18));
+    auto db0 = random_vector(C, 19);
+    DeviceArray gd(d, act()), gdb(db0, DType::F32), scratch(cuda::bias_grad_scratch_floats(N, C), DType::F32);
+    cuda::bias_grad(gdb.f32(), scratch.f32(), act(), gd.get(), N, C, nullptr);
+    auto db = db0;
+    for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c) db[c] += d[n * C + c];
+    EXPECT_LT(rel_max_error(gdb.download(), db), 1e-5);
+}
+
+TEST_P(KernelTest, LinearForwardAndBackwardThroughCublasLt) {
+    const int N = 48, IC = 64, OC = 80;  // sizes keep every leading dimension 16-byte aligned
+    auto x = in(random_vector(N * IC, 20)), w = in(random_vector(OC * IC, 21, 0.1f)), b = in(random_vector(OC, 22));
+    auto dy = in(random_vector(N * OC, 23));
+    auto dw0 = random_vector(OC * IC, 24);
+    DeviceArray gx(x, act()), gw(w, act()), gb(b, act()), gy(N * OC, act()), gdy(dy, act()), gdx(N * IC, act()),
+        gdw(dw0, DType::F32);
+    GemmRunner gemm(16 << 20);
+    gemm.linear_forward(gy.get(), act(), gx.get(), gw.get(), act(), gb.get(), N, IC, OC, nullptr);
+    gemm.linear_backward_input(gdx.get(), act(), gdy.get(), gw.get(), act(), N, IC, OC, nullptr);
+    gemm.linear_backward_weight(gdw.f32(), DType::F32, gdy.get(), gx.get(), act(), N, IC, OC, true, nullptr);
+    std::vector<float> y(N * OC), dx(N * IC, 0.0f);
+    auto dw = dw0;
+    cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, IC, OC);
+    cpu::matmul_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, IC, OC);
+    EXPECT_LT(rel_max_error(gy.download(), y), tol(1e-5, 8e-3));
+    EXPECT_LT(rel_max_error(gdx.download(), dx), tol(1e-5, 8e-3));
+    EXPECT_LT(rel_max_error(gdw.download(), dw), tol(1e-5, 1e-5));  // fp32 output, fp32 accumulation
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KernelTest, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n1 = 1000, n2 = 300, gap = 24, total = n1 + gap + n2;
+    auto master0 = random_vector(total, 30), grad = random_vector(total, 31, 0.5f);
+    auto m0 = random_vector(total, 32, 0.01f), v0 = random_vector(total, 33, 0.01f);
+    for (auto& x : v0) x = std::fabs(x);
+    for (int64_t i = n1; i < n1 + gap; ++i) grad[i] = master0[i] = m0[i] = v0[i] = 0.0f;  // padding
+    std::vector<cuda::ParamSegment> segs = {{0, n1, 1}, {n1 + gap, n2, 0}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 2));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 2, cudaMemcpyHostToDevice));
+    DeviceArray gm(master0, DType::F32), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
+        gw(total, DType::BF16), partials(cuda::norm_partials_count(), DType::F32), out(4, DType::F32);
+
+    double ss = 0;
+    for (float g : grad) ss += static_cast<double>(g) * g;
+    const float norm = static_cast<float>(std::sqrt(ss)), clip = norm / 2;  // clipping active
+    cuda::global_norm(out.f32(), partials.f32(), gg.f32(), total, clip, nullptr);
+    auto o = out.download();
+    EXPECT_NEAR(o[0], norm, 1e-5 * norm);
+    EXPECT_NEAR(o[1], clip / o[0], 1e-6);
+
+    cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 7};
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 2, total, gm.f32(), gg.f32(), gmm.get(),
+                       DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
+    auto master = master0, m = m0, v = v0;
+    cpu::adamw_update(master.data(), grad.data(), m.data(), v.data(), n1, a.lr, a.beta1, a.beta2, a.eps, 0.1f, o[1], 3);
+    cpu::adamw_update(master.data() + n1 + gap, grad.data() + n1 + gap, m.data() + n1 + gap, v.data() + n1 + gap, n2,
+                      a.lr, a.beta1, a.beta2, a.eps, 0.0f, o[1], 3);
+    EXPECT_LT(rel_max_error(gm.download(), master), 1e-6);
+    EXPECT_LT(rel_max_error(gmm.download(), m), 1e-6);
+    EXPECT_LT(rel_max_error(gvv.download(), v), 1e-6);
+    EXPECT_LT(rel_max_error(gw.download(), bf16_rounded(master)), 1e-6);  // weights = bf16(master)
+    cudaFree(dsegs);
+}
+
+TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
+    QTRAIN_REQUIRE_GPU();
+    // g constant so m after one step is (1-b1) g exactly in fp32; the bf16 store must average to it
+    const int64_t n = 1 << 16;
+    std::vector<float> grad(n, 1.0f + 1.0f / 1024), zero(n, 0.0f), master(n, 0.0f);
+    std::vector<cuda::ParamSegment> segs = {{0, n, 0}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    DeviceArray gm(master, DType::F32), gg(grad, DType::F32), gmm(zero, DType::BF16), gvv(zero, DType::BF16),
+        clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
+    cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 99};
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), gmm.get(),
+                       DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr);
+    auto m = gmm.download();
+    double mean = 0;
+    for (float x : m) mean += x;
+    mean /= n;
+    const double exact = 0.1 * grad[0];
+    EXPECT_NEAR(mean, exact, exact * 2e-4);                     // unbiased on average
+    EXPECT_NE(bf16_to_float(float_to_bf16(exact)), exact);      // (round-to-nearest alone would be biased)
+    cudaFree(dsegs);
+}

@@ -1,0 +1,392 @@
+// Per-op tests of the CPU reference ops: each forward against a direct double-precision evaluation of
+// its formula, each backward against central finite differences of L = sum(out * r) (r random,
+// accumulated in double) through the fp32 forward itself.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu_test_util.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+namespace {
+
+using test::central_difference;
+using test::Near;
+using test::random_vector;
+
+// Inputs are O(1): a step of 1e-2 keeps the truncation error (~h^2) and the fp32 rounding noise of
+// the forward (~1e-7 / h) both near 1e-5, far below the tolerances.
+constexpr double kStep = 1e-2;
+constexpr double kRtol = 2e-3;
+constexpr double kAtol = 2e-4;
+
+double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
+    double s = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
+    return s;
+}
+
+// Compares every element of `analytic` with the finite difference of `loss` in `x`.
+void expect_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
+                     const std::function<double()>& loss) {
+    ASSERT_EQ(x.size(), analytic.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double fd = central_difference(loss, &x[i], kStep);
+        EXPECT_TRUE(Near(analytic[i], fd, kRtol, kAtol)) << what << "[" << i << "]";
+    }
+}
+
+TEST(CpuOps, MatmulForwardBackward) {
+    const int N = 5, IC = 7, OC = 3;
+    auto inp = random_vector(N * IC, 1), w = random_vector(OC * IC, 2), b = random_vector(OC, 3);
+    const auto r = random_vector(N * OC, 4);
+    std::vector<float> out(N * OC);
+    cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+    for (int n = 0; n < N; ++n)
+        for (int o = 0; o < OC; ++o) {
+            double ref = b[o];
+            for (int i = 0; i < IC; ++i) ref += static_cast<double>(inp[n * IC + i]) * w[o * IC + i];
+            EXPECT_TRUE(Near(out[n * OC + o], ref, 1e-6, 1e-6));
+        }
+
+    // The backward adds: start from ones and subtract them afterwards.
+    std::vector<float> dinp(N * IC, 1.0f), dw(OC * IC, 1.0f), db(OC, 1.0f);
+    cpu::matmul_backward(dinp.data(), dw.data(), db.data(), r.data(), inp.data(), w.data(), N, IC, OC);
+    for (auto* g : {&dinp, &dw, &db})
+        for (auto& v : *g) v -= 1.0f;
+    auto loss = [&] {
+        cpu::matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, IC, OC);
+        return weighted_sum(out, r);
+    };
+    expect_gradient("dinp", inp, dinp, loss);
+    expect_gradient("dweight", w, dw, loss);
+    expect_gradient("dbias", b, db, loss);
+}
+
+TEST(CpuOps, GemmTransposes) {
+    const int M = 4, N = 3, K = 5;
+    const auto a = random_vector(M * K, 5), b = random_vector(K * N, 6);
+    std::vector<float> at(K * M), bt(N * K);
+    for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) at[k * M + i] = a[i * K + k];
+    for (int k = 0; k < K; ++k)
+        for (int j = 0; j < N; ++j) bt[j * K + k] = b[k * N + j];
+    for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+            std::vector<float> c(M * N, 2.0f);
+            cpu::gemm(ta, tb, M, N, K, 0.5f, ta ? at.data() : a.data(), ta ? M : K, tb ? bt.data() : b.data(),
+                      tb ? K : N, 3.0f, c.data(), N);
+            for (int i = 0; i < M; ++i)
+                for (int j = 0; j < N; ++j) {
+                    double ref = 6.0;
+                    for (int k = 0; k < K; ++k) ref += 0.5 * a[i * K + k] * b[k * N + j];
+                    EXPECT_TRUE(Near(c[i * N + j], ref, 1e-6, 1e-6)) << "ta=" << ta << " tb=" << tb;
+                }
+        }
+}
+
+TEST(CpuOps, EmbeddingBackwardSumsRepeatedTokens) {
+    const int V = 6, C = 3, N = 5;
+    const std::vector<int32_t> tokens = {2, 4, 2, 0, 2};
+    const auto table = random_vector(V * C, 7), dout = random_vector(N * C, 8);
+    std::vector<float> out(N * C), dtable(V * C, 0.0f);
+    cpu::embedding_forward(out.data(), tokens.data(), table.data(), N, C);
+    for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c) EXPECT_EQ(out[n * C + c], table[tokens[n] * C + c]);
+    cpu::embedding_backward(dtable.data(), dout.data(), tokens.data(), N, C);
+    for (int c = 0; c < C; ++c) {
+        EXPECT_FLOAT_EQ(dtable[2 * C + c], dout[0 * C + c] + dout[2 * C + c] + dout[4 * C + c]);
+        EXPECT_EQ(dtable[4 * C + c], dout[1 * C + c]);
+        EXPECT_EQ(dtable[0 * C + c], dout[3 * C + c]);
+        EXPECT_EQ(dtable[1 * C + c], 0.0f);
+    }
+}
+
+TEST(CpuOps, RmsNorm) {
+    const int N = 4, C = 8;
+    const float eps = 1e-5f;
+    auto x = random_vector(N * C, 9);
+    auto w = random_vector(C, 10, 0.5f);
+    for (auto& v : w) v += 1.0f;
+    const auto r = random_vector(N * C, 11);
+    std::vector<float> out(N * C), rstd(N);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    for (int n = 0; n < N; ++n) {
+        double ms = 0.0;
+        for (int c = 0; c < C; ++c) ms += static_cast<double>(x[n * C + c]) * x[n * C + c];
+        const double ref_rstd = 1.0 / std::sqrt(ms / C + eps);
+        EXPECT_TRUE(Near(rstd[n], ref_rstd, 1e-6, 0));
+        for (int c = 0; c < C; ++c) EXPECT_TRUE(Near(out[n * C + c], w[c] * x[n * C + c] * ref_rstd, 1e-6, 1e-7));
+    }
+    std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), rstd.data(), N, C);
+    auto loss = [&] {
+        cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+        return weighted_sum(out, r);
+    };
+    expect_gradient("dx", x, dx, loss);
+    expect_gradient("dweight", w, dw, loss);
+}
+
+TEST(CpuOps, RopeMatchesRotateHalfAndInvertsInBackward) {
+    const int B = 2, T = 5, H = 3, D = 8, half = D / 2;
+    const double theta = 10000.0;
+    std::vector<float> cos(T * half), sin(T * half);
+    cpu::rope_tables(cos.data(), sin.data(), T, D, theta);
+    auto x = random_vector(B * T * H * D, 12);
+    std::vector<float> out(x.size());
+    cpu::rope_forward(out.data(), x.data(), cos.data(), sin.data(), B, T, H, D);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) {
+                const float* xi = x.data() + ((b * T + t) * H + h) * D;
+                const float* oi = out.data() + ((b * T + t) * H + h) * D;
+                for (int i = 0; i < D; ++i) {
+                    // HF: x * cos + rotate_half(x) * sin, rotate_half = cat(-x[D/2:], x[:D/2]),
+                    // frequencies repeated over both halves.
+                    const int f = i % half;
+                    const double angle = t * std::pow(theta, -2.0 * f / D);
+                    const double rot = i < half ? -xi[i + half] : xi[i - half];
+                    EXPECT_TRUE(Near(oi[i], xi[i] * std::cos(angle) + rot * std::sin(angle), 1e-5, 1e-5))
+                        << "b=" << b << " t=" << t << " h=" << h << " i=" << i;
+                }
+            }
+    // Position 0 is the identity.
+    for (int i = 0; i < D; ++i) EXPECT_EQ(out[i], x[i]);
+
+    const auto r = random_vector(x.size(), 13);
+    std::vector<float> dx = r;  // in place
+    cpu::rope_backward(dx.data(), dx.data(), cos.data(), sin.data(), B, T, H, D);
+    auto loss = [&] {
+        cpu::rope_forward(out.data(), x.data(), cos.data(), sin.data(), B, T, H, D);
+        return weighted_sum(out, r);
+    };
+    expect_gradient("dx", x, dx, loss);
+}
+
+// Direct evaluation of causal GQA attention in double, with explicit probabilities.
+void attention_reference(std::vector<double>& out, std::vector<double>& lse, const std::vector<float>& q,
+                         const std::vector<float>& k, const std::vector<float>& v, int B, int T, int Hq, int Hkv,
+                         int D) {
+    out.assign(static_cast<size_t>(B) * T * Hq * D, 0.0);
+    lse.assign(static_cast<size_t>(B) * Hq * T, 0.0);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < Hq; ++h) {
+            const int kvh = h / (Hq / Hkv);
+            for (int t = 0; t < T; ++t) {
+                std::vector<double> s(T, -std::numeric_limits<double>::infinity());
+                for (int u = 0; u <= t; ++u) {
+                    double d = 0.0;
+                    for (int i = 0; i < D; ++i)
+                        d += static_cast<double>(q[((b * T + t) * Hq + h) * D + i]) * k[((b * T + u) * Hkv + kvh) * D + i];
+                    s[u] = d / std::sqrt(static_cast<double>(D));
+                }
+                double mx = *std::max_element(s.begin(), s.end()), z = 0.0;
+                for (int u = 0; u <= t; ++u) z += std::exp(s[u] - mx);
+                lse[(b * Hq + h) * T + t] = mx + std::log(z);
+                for (int u = 0; u <= t; ++u)
+                    for (int i = 0; i < D; ++i)
+                        out[((b * T + t) * Hq + h) * D + i] +=
+                            std::exp(s[u] - mx) / z * v[((b * T + u) * Hkv + kvh) * D + i];
+            }
+        }
+}
+
+TEST(CpuOps, CausalGqaAttention) {
+    const int B = 2, T = 6, Hq = 4, Hkv = 2, D = 4;
+    auto q = random_vector(B * T * Hq * D, 14), k = random_vector(B * T * Hkv * D, 15),
+         v = random_vector(B * T * Hkv * D, 16);
+    const auto r = random_vector(q.size(), 17);
+    std::vector<float> out(q.size()), lse(B * Hq * T);
+    cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, Hq, Hkv, D);
+    std::vector<double> ref_out, ref_lse;
+    attention_reference(ref_out, ref_lse, q, k, v, B, T, Hq, Hkv, D);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_TRUE(Near(out[i], ref_out[i], 1e-5, 1e-6)) << "out[" << i << "]";
+    for (size_t i = 0; i < lse.size(); ++i) EXPECT_TRUE(Near(lse[i], ref_lse[i], 1e-6, 1e-6)) << "lse[" << i << "]";
+
+    std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), lse.data(), B, T,
+                            Hq, Hkv, D);
+    auto loss = [&] {
+        cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, Hq, Hkv, D);
+        return weighted_sum(out, r);
+    };
+    expect_gradient("dq", q, dq, loss);
+    expect_gradient("dk", k, dk, loss);
+    expect_gradient("dv", v, dv, loss);
+    // Causality: the last position's keys and values reach nothing but the last query.
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < Hkv; ++h)
+            for (int i = 0; i < D; ++i) EXPECT_NE(dv[((b * T + T - 1) * Hkv + h) * D + i], 0.0f);
+}
+
+TEST(CpuOps, SwiGlu) {
+    const int n = 40;
+    auto gate = random_vector(n, 18, 2.0f), up = random_vector(n, 19);
+    const auto r = random_vector(n, 20);
+    std::vector<float> out(n);
+    cpu::swiglu_forward(out.data(), gate.data(), up.data(), n);
+    for (int i = 0; i < n; ++i) {
+        const double g = gate[i];
+        EXPECT_TRUE(Near(out[i], g / (1.0 + std::exp(-g)) * up[i], 1e-6, 1e-7));
+    }
+    std::vector<float> dgate(n, 0.0f), dup(n, 0.0f);
+    cpu::swiglu_backward(dgate.data(), dup.data(), r.data(), gate.data(), up.data(), n);
+    auto loss = [&] {
+        cpu::swiglu_forward(out.data(), gate.data(), up.data(), n);
+        return weighted_sum(out, r);
+    };
+    expect_gradient("dgate", gate, dgate, loss);
+    expect_gradient("dup", up, dup, loss);
+}
+
+// log-softmax cross-entropy of one row in double.
+double ce_reference(const float* row, int V, int target) {
+    double mx = row[0];
+    for (int j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    double z = 0.0;
+    for (int j = 0; j < V; ++j) z += std::exp(row[j] - mx);
+    return mx + std::log(z) - row[target];
+}
+
+TEST(CpuOps, SoftmaxCrossEntropyIsExactAndStable) {
+    // A long row spanning exp's whole useful range (and beyond: -200 underflows) checks the vectorised
+    // exp against double precision, through the probabilities it produces.
+    const int V = 5000;
+    std::vector<float> row(V);
+    Rng rng(21);
+    for (int j = 0; j < V; ++j) row[j] = 1000.0f + (j == 17 ? 5.0f : -200.0f * rng.uniform());
+    const std::vector<int32_t> target = {3};
+    const double ref = ce_reference(row.data(), V, 3);
+    std::vector<double> ref_p(V);
+    double mx = 1005.0, z = 0.0;
+    for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
+    for (int j = 0; j < V; ++j) ref_p[j] = std::exp(static_cast<double>(row[j]) - mx) / z;
+    float loss = 0.0f;
+    cpu::softmax_cross_entropy(row.data(), &loss, target.data(), 1, V, 1.0f, true);
+    EXPECT_TRUE(Near(loss, ref, 1e-6, 0));
+    for (int j = 0; j < V; ++j) {
+        const double want = ref_p[j] - (j == 3 ? 1.0 : 0.0);
+        EXPECT_TRUE(Near(row[j], want, 2e-6, 1e-30)) << "j=" << j;
+    }
+
+    std::vector<int32_t> bad = {V};
+    EXPECT_THROW(cpu::softmax_cross_entropy(row.data(), &loss, bad.data(), 1, V, 1.0f, false), Error);
+}
+
+TEST(CpuOps, SoftmaxCrossEntropyGradientAndMasking) {
+    const int n = 3, V = 11;
+    auto logits = random_vector(n * V, 22, 2.0f);
+    const std::vector<int32_t> targets = {4, -1, 10};
+    const float dscale = 0.7f;
+    std::vector<float> grad = logits, losses(n);
+    cpu::softmax_cross_entropy(grad.data(), losses.data(), targets.data(), n, V, dscale, true);
+    EXPECT_EQ(losses[1], 0.0f);
+    for (int j = 0; j < V; ++j) EXPECT_EQ(grad[V + j], 0.0f);
+    EXPECT_TRUE(Near(losses[0], ce_reference(logits.data(), V, 4), 1e-6, 0));
+    EXPECT_TRUE(Near(losses[2], ce_reference(logits.data() + 2 * V, V, 10), 1e-6, 0));
+    auto loss = [&] {
+        std::vector<float> l = logits, out(n);
+        cpu::softmax_cross_entropy(l.data(), out.data(), targets.data(), n, V, 0.0f, false);
+        return dscale * (static_cast<double>(out[0]) + out[1] + out[2]);
+    };
+    expect_gradient("dlogits", logits, grad, loss);
+}
+
+struct LmHeadCase {
+    int N = 7, C = 6, V = 37;
+    std::vector<float> x = random_vector(7 * 6, 23), w = random_vector(37 * 6, 24, 0.5f);
+    std::vector<int32_t> targets = {5, -1, 36, 0, -1, 12, 12};
+};
+
+TEST(CpuOps, LmHeadCrossEntropyMatchesReferenceAndFiniteDifferences) {
+    LmHeadCase c;
+    const float dscale = 1.0f / 5.0f;  // mean over the 5 valid targets
+    EXPECT_EQ(cpu::count_valid_targets(c.targets.data(), c.N), 5);
+    std::vector<float> losses(c.N), dx(c.N * c.C, 0.0f), dw(c.V * c.C, 0.0f);
+    std::vector<float> scratch(static_cast<size_t>(cpu::lmhead_chunk_rows(c.N, 2)) * c.V);
+    cpu::lmhead_cross_entropy(losses.data(), dx.data(), dw.data(), c.x.data(), c.w.data(), c.targets.data(), c.N, c.C,
+                              c.V, 2, dscale, scratch.data());
+    for (int n = 0; n < c.N; ++n) {
+        if (c.targets[n] < 0) {
+            EXPECT_EQ(losses[n], 0.0f);
+            continue;
+        }
+        std::vector<float> logits(c.V);
+        for (int v = 0; v < c.V; ++v) {
+            double s = 0.0;
+            for (int i = 0; i < c.C; ++i) s += static_cast<double>(c.x[n * c.C + i]) * c.w[v * c.C + i];
+            logits[v] = static_cast<float>(s);
+        }
+        EXPECT_TRUE(Near(losses[n], ce_reference(logits.data(), c.V, c.targets[n]), 1e-5, 1e-6)) << "row " << n;
+    }
+    auto loss = [&] {
+        std::vector<float> l(c.N);
+        cpu::lmhead_cross_entropy(l.data(), nullptr, nullptr, c.x.data(), c.w.data(), c.targets.data(), c.N, c.C, c.V,
+                                  2, 0.0f, scratch.data());
+        double s = 0.0;
+        for (float v : l) s += v;
+        return s * dscale;
+    };
+    expect_gradient("dx", c.x, dx, loss);
+    expect_gradient("dweight", c.w, dw, loss);
+    // Masked rows get no gradient.
+    for (int i = 0; i < c.C; ++i) EXPECT_EQ(dx[1 * c.C + i], 0.0f);
+}
+
+TEST(CpuOps, LmHeadChunkCountDoesNotChangeResults) {
+    LmHeadCase c;
+    const float dscale = 0.2f;
+    std::vector<float> ref_losses, ref_dx, ref_dw;
+    for (int chunks : {1, 2, 3, 4, 7, 50}) {
+        std::vector<float> losses(c.N), dx(c.N * c.C, 0.0f), dw(c.V * c.C, 0.0f);
+        std::vector<float> scratch(static_cast<size_t>(cpu::lmhead_chunk_rows(c.N, chunks)) * c.V);
+        cpu::lmhead_cross_entropy(losses.data(), dx.data(), dw.data(), c.x.data(), c.w.data(), c.targets.data(), c.N,
+                                  c.C, c.V, chunks, dscale, scratch.data());
+        if (chunks == 1) {
+            ref_losses = losses, ref_dx = dx, ref_dw = dw;
+            continue;
+        }
+        // Rows are independent: losses and the input gradient do not depend on the chunking. The
+        // weight gradient sums over rows chunk by chunk, so only its rounding may differ.
+        for (int n = 0; n < c.N; ++n) EXPECT_EQ(losses[n], ref_losses[n]) << "chunks=" << chunks << " row " << n;
+        for (size_t i = 0; i < dx.size(); ++i) EXPECT_TRUE(Near(dx[i], ref_dx[i], 1e-6, 1e-8)) << "chunks=" << chunks;
+        for (size_t i = 0; i < dw.size(); ++i) EXPECT_TRUE(Near(dw[i], ref_dw[i], 1e-5, 1e-8)) << "chunks=" << chunks;
+    }
+}
+
+TEST(CpuOps, SumSquaresAndAdamW) {
+    const int64_t n = 200003;  // several blocks, the last one partial
+    const auto x = random_vector(n, 25);
+    double ref = 0.0;
+    for (float v : x) ref += static_cast<double>(v) * v;
+    EXPECT_TRUE(Near(cpu::sum_squares(x.data(), n), ref, 1e-12, 0));
+
+    const int m = 9;
+    auto p = random_vector(m, 26), g = random_vector(m, 27), mom = random_vector(m, 28, 0.1f), vel = random_vector(m, 29);
+    for (auto& v : vel) v = v * v * 0.01f;
+    const auto p0 = p, m0 = mom, v0 = vel;
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f;
+    const int step = 3;
+    cpu::adamw_update(p.data(), g.data(), mom.data(), vel.data(), m, lr, b1, b2, eps, wd, scale, step);
+    for (int i = 0; i < m; ++i) {
+        const double gi = static_cast<double>(g[i]) * scale;
+        const double mi = b1 * static_cast<double>(m0[i]) + (1 - static_cast<double>(b1)) * gi;
+        const double vi = b2 * static_cast<double>(v0[i]) + (1 - static_cast<double>(b2)) * gi * gi;
+        const double mh = mi / (1 - std::pow(static_cast<double>(b1), step));
+        const double vh = vi / (1 - std::pow(static_cast<double>(b2), step));
+        const double want = p0[i] - lr * (mh / (std::sqrt(vh) + eps) + wd * static_cast<double>(p0[i]));
+        EXPECT_TRUE(Near(mom[i], mi, 1e-6, 1e-9));
+        EXPECT_TRUE(Near(vel[i], vi, 1e-6, 1e-12));
+        EXPECT_TRUE(Near(p[i], want, 1e-6, 1e-8));
+    }
+}
+
+}  // namespace
+}  // namespace qtrain

@@ -1,0 +1,198 @@
+// End-to-end tests of the `train` program on the CPU reference model: the issue's "done when"
+// command, resume after a checkpoint, the HF export, and clear errors on bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "io/token_file.h"
+#include "test_util.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kVocab = 64;
+
+// A learnable stream: mostly a fixed permutation walk, 10% random tokens.
+std::vector<int32_t> make_tokens(int n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int32_t> t(n);
+    t[0] = 1;
+    for (int i = 1; i < n; ++i)
+        t[i] = rng.uniform() < 0.1f ? static_cast<int32_t>(rng.below(kVocab)) : (t[i - 1] * 7 + 3) % kVocab;
+    return t;
+}
+
+struct Fixture {
+    TempDir dir;
+    std::string model_dir, train_file, eval_file;
+    Fixture() {
+        model_dir = dir / "tiny-qwen";
+        fs::create_directories(model_dir);
+        write_file(model_dir + "/config.json", R"({
+  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+  "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+  "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu"
+})");
+        train_file = dir / "train.bin";
+        eval_file = dir / "eval.bin";
+        write_token_file(train_file, make_tokens(40000, 1), kVocab);
+        write_token_file(eval_file, make_tokens(4000, 2), kVocab);
+    }
+    std::string base_cmd(const std::string& run) const {
+        return std::string(QTRAIN_TRAIN_EXE) + " --device=cpu --model=" + model_dir + " --from-scratch --train-file=" +
+               train_file + " --eval-file=" + eval_file + " --out-dir=" + (dir / run) + " --checkpoint-dir=" +
+               (dir / (run + "-ckpt")) + " --batch-size=4 --seq-len=64 --grad-accumulation=2 --learning-rate=1e-3";
+    }
+};
+
+std::vector<double> step_losses(const std::string& log_path, int* first_step = nullptr) {
+    std::vector<double> losses;
+    std::istringstream in(read_file(log_path));
+    std::string line;
+    bool first = true;
+    while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        if (j["log"] != "step") continue;
+        if (first && first_step) *first_step = j["step"].get<int>();
+        first = false;
+        losses.push_back(j["loss"].get<double>());
+    }
+    return losses;
+}
+
+}  // namespace
+
+TEST(TrainCli, DoneWhenCommandTrainsEvaluatesCheckpointsAndExports) {
+    Fixture f;
+    auto r = run_command(f.base_cmd("run") + " --steps=40 --ckpt-interval=20 --eval-every-n-steps=20");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "[T] step     0"));
+    EXPECT_TRUE(Contains(r.output, "[V] step    20"));
+    EXPECT_TRUE(Contains(r.output, "[Allocator State]"));
+    EXPECT_TRUE(Contains(r.output, "| sol "));
+    EXPECT_TRUE(fs::exists(f.dir / "run-ckpt/step_00000020/state.json"));
+    EXPECT_TRUE(fs::exists(f.dir / "run-ckpt/step_00000040/state.json"));
+    EXPECT_TRUE(fs::exists(f.dir / "run/model.safetensors"));
+    EXPECT_TRUE(fs::exists(f.dir / "run/config.json"));
+
+    auto losses = step_losses(f.dir / "run/log.jsonl");
+    ASSERT_EQ(losses.size(), 40u);
+    double first = (losses[0] + losses[1] + losses[2]) / 3, last = (losses[37] + losses[38] + losses[39]) / 3;
+    EXPECT_GT(losses[0], 3.5);              // ~log(64) = 4.16 at init
+    EXPECT_LT(last, first - 1.0) << "loss did not fall: " << first << " -> " << last;
+
+    // the export is a HF Qwen2 checkpoint with every tensor
+    SafeTensorsReader st({f.dir / "run/model.safetensors"});
+    EXPECT_TRUE(st.has("model.embed_tokens.weight"));
+    EXPECT_TRUE(st.has("lm_head.weight"));
+    EXPECT_TRUE(st.has("model.layers.1.self_attn.k_proj.bias"));
+    EXPECT_TRUE(st.has("model.norm.weight"));
+}
+
+TEST(TrainCli, ContinueReproducesTheUninterruptedRunExactly) {
+    Fixture f;
+    const std::string common = " --steps=12 --eval-every-n-steps=0";
+    auto full = run_command(f.base_cmd("full") + common);
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    auto losses_full = step_losses(f.dir / "full/log.jsonl");
+    ASSERT_EQ(losses_full.size(), 12u);
+
+    // same run with checkpoints; then pretend it died after step 5: drop the later checkpoint
+    auto part = run_command(f.base_cmd("part") + common + " --ckpt-interval=5");
+    ASSERT_EQ(part.exit_code, 0) << part.output;
+    fs::remove_all(f.dir / "part-ckpt/step_00000010");
+    // a half-written checkpoint (no state.json) must be ignored
+    fs::create_directories(f.dir / "part-ckpt/step_00000011");
+    auto resumed = run_command(f.base_cmd("part") + common + " --ckpt-interval=5 --continue --log-file=" +
+                               (f.dir / "resumed.jsonl"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_TRUE(Contains(resumed.output, "step_00000005"));
+    int first_step = -1;
+    auto losses_resumed = step_losses(f.dir / "resumed.jsonl", &first_step);
+    EXPECT_EQ(first_step, 5);
+    ASSERT_EQ(losses_resumed.size(), 7u);
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(losses_resumed[i], losses_full[5 + i]) << "step " << 5 + i;
+
+    // and the final models are bit-identical
+    SafeTensorsReader a({f.dir / "full/model.safetensors"}), b({f.dir / "part/model.safetensors"});
+    for (const auto& name : a.names()) {
+        Tensor ta = a.view(name), tb = b.view(name);
+        ASSERT_EQ(ta.nbytes(), tb.nbytes());
+        EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
+    }
+}
+
+TEST(TrainCli, SameSeedSameLosses) {
+    Fixture f;
+    auto a = run_command(f.base_cmd("a") + " --steps=3 --eval-every-n-steps=0");
+    auto b = run_command(f.base_cmd("b") + " --steps=3 --eval-every-n-steps=0");
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_EQ(step_losses(f.dir / "a/log.jsonl"), step_losses(f.dir / "b/log.jsonl"));
+}
+
+TEST(TrainCli, PlanOnlyNeedsNoData) {
+    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) + " --device=cpu --model=Qwen2.5-0.5B --from-scratch --plan-only");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "[Allocator State]"));
+    EXPECT_TRUE(Contains(r.output, "Adam M"));
+}
+
+TEST(TrainCli, BadInputsGiveClearErrors) {
+    Fixture f;
+    struct Case {
+        std::string args, expect;
+    };
+    const std::string exe = QTRAIN_TRAIN_EXE;
+    std::vector<Case> cases = {
+        {f.base_cmd("x") + " --train-file=" + (f.dir / "nope*.bin"), "--train-file: no file matches"},
+        {f.base_cmd("x") + " --model-dtype=fp64", "--model-dtype"},
+        {f.base_cmd("x") + " --model-dtype=bf16", "not supported yet"},
+        {f.base_cmd("x") + " --recompute-ffn", "--recompute"},
+        {f.base_cmd("x") + " --batch-size=0", "--batch-size"},
+        {exe + " --device=cpu --model=Qwen2.5-0.5B --train-file=" + f.train_file, "--from-scratch"},
+        {exe + " --device=cpu --model=" + (f.dir / "no-such-model") + " --from-scratch --train-file=" + f.train_file,
+         "cannot find model"},
+        {exe + " --device=cpu --model=" + f.model_dir + " --train-file=" + f.train_file, "model.safetensors"},
+        {f.base_cmd("x") + " --no-such-flag", "no-such-flag"},
+    };
+    for (const auto& c : cases) {
+        auto r = run_command(c.args + " --steps=1");
+        EXPECT_NE(r.exit_code, 0) << c.args;
+        EXPECT_TRUE(Contains(r.output, c.expect)) << c.args;
+        EXPECT_FALSE(Contains(r.output, "internal error")) << c.args;
+    }
+}
+
+TEST(TrainCli, TokenFileFromALargerVocabIsRejected) {
+    Fixture f;
+    std::vector<int32_t> tok(1000, 5);
+    tok[500] = 100;  // >= vocab 64
+    write_token_file(f.dir / "big.bin", tok, 128);
+    auto r = run_command(f.base_cmd("x") + " --steps=1 --train-file=" + (f.dir / "big.bin"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, "big.bin"));
+}
+
+TEST(TrainCli, EveryFlagInHelpIsDocumentedInTheReadme) {
+    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) + " --help");
+    ASSERT_EQ(r.exit_code, 0);
+    const std::string readme = read_file(std::string(QTRAIN_SOURCE_DIR) + "/README.md");
+    std::regex flag(R"(--[a-z][a-z0-9-]+)");
+    std::set<std::string> flags;
+    for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), flag); it != std::sregex_iterator(); ++it)
+        flags.insert(it->str());
+    EXPECT_GT(flags.size(), 50u);
+    for (const auto& fl : flags) EXPECT_TRUE(Contains(readme, "`" + fl)) << "README.md does not document " << fl;
+}
