@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -55,7 +56,10 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t si
     }
     std::error_code ec;
     fs::rename(tmp, path, ec);
-    QT_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+    if (ec) {
+        std::remove(tmp.c_str());
+        throw_error(cat("cannot rename '", tmp, "' to '", path, "': ", ec.message()));
+    }
 }
 
 void write_text_file_atomic(const std::string& path, const std::string& text) {
@@ -89,10 +93,14 @@ std::string human_bytes(uint64_t bytes) {
 }
 
 uint64_t parse_bytes(const std::string& text, const std::string& what) {
-    std::size_t i = 0;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-    QT_CHECK(i > 0, what, ": expected a size like 24GiB, 512MiB or 1000000, got '", text, "'");
-    double v = std::stod(text.substr(0, i));
+    const std::string usage = cat(what, ": expected a size like 24GiB, 512MiB or 1000000, got '", text, "'");
+    std::size_t i = 0, dots = 0, digits = 0;
+    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+        (text[i] == '.' ? dots : digits) += 1;
+        ++i;
+    }
+    QT_CHECK(digits > 0 && dots <= 1, usage);
+    const double v = std::strtod(text.substr(0, i).c_str(), nullptr);
     std::string unit = text.substr(i);
     unit.erase(std::remove_if(unit.begin(), unit.end(), ::isspace), unit.end());
     std::transform(unit.begin(), unit.end(), unit.begin(), ::tolower);
@@ -107,7 +115,9 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
     else if (unit == "gb") mult = 1e9;
     else if (unit == "tb") mult = 1e12;
     else throw_error(cat(what, ": unknown size unit '", unit, "' in '", text, "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"));
-    return static_cast<uint64_t>(std::llround(v * mult));
+    const double bytes = v * mult;
+    QT_CHECK(bytes < 1.8e19, what, ": size '", text, "' is too large");
+    return static_cast<uint64_t>(std::llround(bytes));
 }
 
 }  // namespace qtrain

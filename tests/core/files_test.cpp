@@ -148,3 +148,14 @@ TEST(HumanBytes, Formats) {
 
 }  // namespace
 }  // namespace qtrain
+
+TEST(ParseBytesMalformed, RejectsBadNumbersWithTheFlagName) {
+    for (const char* bad : {".", "..5", "1.2.3GiB", "GiB", "", "99999999999999TiB"}) {
+        try {
+            qtrain::parse_bytes(bad, "--memory-limit");
+            ADD_FAILURE() << "accepted '" << bad << "'";
+        } catch (const qtrain::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("--memory-limit"), std::string::npos) << e.what();
+        }
+    }
+}
