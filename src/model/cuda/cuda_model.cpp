@@ -454,6 +454,29 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     return StepStats{host[2], host[0]};
 }
 
+std::vector<float> CudaModel::logits(const Batch& batch) {
+    const int N = batch.batch_size * batch.seq_len, h = config_.hidden_size, V = config_.vocab_size;
+    const DType A = opt_.model_dtype;
+    const std::size_t es = dtype_size(A);
+    upload_batch(batch, false);
+    forward(batch.batch_size, batch.seq_len);
+    std::vector<float> out(static_cast<std::size_t>(N) * V);
+    float* chunk_f32 = nullptr;
+    CUDA_CHECK(cudaMalloc(&chunk_f32, static_cast<std::size_t>(buf_.lmhead_chunk_rows) * V * sizeof(float)));
+    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
+    for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
+        const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
+        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
+        gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        cuda::convert_to_f32(chunk_f32, buf_.logits, A, static_cast<int64_t>(rows) * V, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(out.data() + static_cast<std::size_t>(r0) * V, chunk_f32,
+                                   static_cast<std::size_t>(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    sync();
+    CUDA_CHECK(cudaFree(chunk_f32));
+    return out;
+}
+
 float CudaModel::evaluate(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len;
     const int valid = cpu::count_valid_targets(batch.targets, N);

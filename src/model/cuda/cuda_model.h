@@ -49,6 +49,8 @@ public:
     enum class Which { Master, Weights, Grad, AdamM, AdamV };
     std::vector<float> download(const std::string& name, Which which) const;
     void upload_master(const std::string& name, const float* data);  // also refreshes the weight copy
+    // Forward pass of `batch`; returns the logits [B*T, V] as fp32 (for comparisons with HF).
+    std::vector<float> logits(const Batch& batch);
     const GpuParamLayout& layout() const { return layout_; }
 
 private:

@@ -1,0 +1,136 @@
+// Times qtrain's causal GQA attention (src/cuda/attention.h), forward and backward, on the shapes of
+// the Qwen2.5 models, and prints TFLOP/s counted as PyTorch/FlashAttention count them (forward
+// 4*B*Hq*T*T*D / 2 for causal, backward 2.5x forward), so the numbers sit beside bench/attention_sdpa.py.
+//
+//   attention_bench                     # the default shape list, bf16
+//   attention_bench --fp32              # the fp32 (debug) path instead
+//   attention_bench B T Hq Hkv D        # one shape
+//
+// Each figure is the median of 20 timed runs (CUDA events around each run) after 3 warm-up runs;
+// inputs are uniform random in [-2, 2) generated on the device.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/attention.h"
+#include "cuda/check.h"
+
+namespace {
+
+using qtrain::AttentionShape;
+using qtrain::DType;
+
+__global__ void fill_uniform(void* dst, size_t n, bool bf16, uint32_t seed) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+        h ^= h >> 16;
+        h *= 0x7feb352du;
+        h ^= h >> 15;
+        h *= 0x846ca68bu;
+        h ^= h >> 16;
+        const float x = (h >> 8) * (4.0f / 16777216.0f) - 2.0f;
+        if (bf16)
+            static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16(x);
+        else
+            static_cast<float*>(dst)[i] = x;
+    }
+}
+
+void* alloc_random(size_t n, DType dt, uint32_t seed) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, n * qtrain::dtype_size(dt)));
+    fill_uniform<<<1024, 256>>>(p, n, dt == DType::BF16, seed);
+    CUDA_CHECK(cudaGetLastError());
+    return p;
+}
+
+template <class F>
+float median_ms(F&& f, int warmup = 3, int iters = 20) {
+    for (int i = 0; i < warmup; ++i) f();
+    std::vector<float> ms(iters);
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < iters; ++i) {
+        CUDA_CHECK(cudaEventRecord(a));
+        f();
+        CUDA_CHECK(cudaEventRecord(b));
+        CUDA_CHECK(cudaEventSynchronize(b));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return ms[iters / 2];
+}
+
+void bench(const AttentionShape& s, DType dt) {
+    const size_t n_tok = static_cast<size_t>(s.B) * s.T;
+    const size_t n_qkv = n_tok * (s.Hq + 2 * s.Hkv) * s.D, n_out = n_tok * s.Hq * s.D;
+    void* qkv = alloc_random(n_qkv, dt, 1);
+    void* dout = alloc_random(n_out, dt, 2);
+    void *out = nullptr, *dqkv = nullptr, *ws = nullptr;
+    float* lse = nullptr;
+    CUDA_CHECK(cudaMalloc(&out, n_out * qtrain::dtype_size(dt)));
+    CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * qtrain::dtype_size(dt)));
+    CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(s.B) * s.Hq * s.T * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&ws, qtrain::attention_backward_workspace_bytes(dt, s)));
+
+    const float fwd_ms = median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr); });
+    const float bwd_ms =
+        median_ms([&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr); });
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
+    const double bwd_flops = 2.5 * fwd_flops;
+    std::printf("%-5s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
+                " | fwd+bwd %7.1f TFLOP/s\n",
+                dt == DType::BF16 ? "bf16" : "fp32", s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
+                bwd_ms, bwd_flops / bwd_ms * 1e-9, (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9);
+    std::fflush(stdout);
+    for (void* p : {qkv, dout, out, dqkv, ws, static_cast<void*>(lse)}) CUDA_CHECK(cudaFree(p));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        DType dt = DType::BF16;
+        std::vector<int> nums;
+        for (int i = 1; i < argc; ++i) {
+            if (std::strcmp(argv[i], "--fp32") == 0)
+                dt = DType::F32;
+            else
+                nums.push_back(std::atoi(argv[i]));
+        }
+        std::vector<AttentionShape> shapes;
+        if (nums.size() == 5) {
+            shapes.push_back({nums[0], nums[1], nums[2], nums[3], nums[4]});
+        } else if (nums.empty()) {
+            shapes = {
+                {32, 1024, 14, 2, 64},   // Qwen2.5-0.5B, batch 32
+                {16, 1024, 12, 2, 128},  // Qwen2.5-1.5B, batch 16
+                {8, 2048, 12, 2, 128},   // 1.5B at seq 2048
+                {4, 1024, 28, 4, 128},   // Qwen2.5-7B, batch 4
+            };
+        } else {
+            std::fprintf(stderr, "usage: %s [--fp32] [B T Hq Hkv D]\n", argv[0]);
+            return 2;
+        }
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        std::printf("# %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+        for (const auto& s : shapes) bench(s, dt);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

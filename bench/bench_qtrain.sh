@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Times qtrain on one GPU with the settings llm.q publishes its H100 numbers with:
+#   --from-scratch --seq-len=1024 --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16, random tokens.
+# usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]
+# Prints one JSON line: median tokens/s over steps after the first 3, and the plan's memory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
+BUILD=${BUILD_DIR:-build-gpu}
+WORK=${BENCH_DIR:-/tmp/qtrain-bench}
+mkdir -p "$WORK"
+[ -f "$WORK/random.bin" ] || python3 bench/make_random_tokens.py "$WORK/random.bin" --tokens 40000000 >/dev/null
+STEPS=${STEPS:-12}
+"$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
+  --seq-len=1024 --batch-size="$BATCH" --grad-accumulation=1 --steps="$STEPS" --eval-every-n-steps=0 \
+  --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
+  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out"
+python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" <<'PY'
+import json, statistics, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+steps = [e for e in ev if e["log"] == "step"][3:]
+alloc = next(e for e in ev if e["log"] == "allocator")
+tps = statistics.median(e["step_tokens"] / e["duration_ms"] * 1000 for e in steps)
+sol = next(e for e in ev if e["log"] == "sol")
+print(json.dumps({"system": "qtrain", "model": sys.argv[2], "batch": int(sys.argv[3]), "tokens_per_s": round(tps),
+                  "mfu": round(tps * sol["flops_per_token"] / 989e12, 4),
+                  "plan_gib": round(sum(s["device"] for s in alloc["stats"]) / 2**30, 2),
+                  "final_loss": steps[-1]["loss"] if steps else None}))
+PY

@@ -1,0 +1,82 @@
+// qtrain_dump: loads a HF Qwen2 directory into the GPU model, runs one forward+backward on a
+// batch read from a BIN.TOK file, and writes loss, logits and every parameter gradient (HF names,
+// fp32) into one safetensors file — the qtrain side of tests/reference/compare_hf.py.
+//
+// usage: qtrain_dump --model DIR --tokens FILE.bin --batch B --seq-len T --dtype fp32|bf16 --out OUT
+//        [--steps K --lr LR]   (K optimizer steps on the same batch first, then the dump)
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "io/token_file.h"
+#include "model/cuda/cuda_model.h"
+#include "model/model_config.h"
+#include "model/parameters.h"
+
+using namespace qtrain;
+
+int main(int argc, char** argv) {
+    std::string model_dir, tokens_path, out_path, dtype = "fp32";
+    int B = 2, T = 64, steps = 0;
+    float lr = 1e-3f;
+    CLI::App app{"qtrain_dump"};
+    app.add_option("--model", model_dir)->required();
+    app.add_option("--tokens", tokens_path)->required();
+    app.add_option("--out", out_path)->required();
+    app.add_option("--batch", B);
+    app.add_option("--seq-len", T);
+    app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+    app.add_option("--steps", steps);
+    app.add_option("--lr", lr);
+    CLI11_PARSE(app, argc, argv);
+    try {
+        ModelConfig cfg = load_model_config(model_dir + "/config.json");
+        ModelOptions opt;
+        opt.batch_size = B;
+        opt.seq_len = T;
+        opt.model_dtype = opt.matmul_dtype = opt.gradient_dtype = parse_dtype(dtype, "--dtype", "fp32|bf16");
+        opt.lmhead_chunks = 2;
+        CudaModel model(cfg, opt);
+        model.load_hf(model_dir);
+
+        TokenFile tf(tokens_path);
+        QT_CHECK(tf.size() >= static_cast<int64_t>(B) * T + 1, tokens_path, ": too few tokens");
+        std::vector<int32_t> in(B * T), tgt(B * T);
+        for (int b = 0; b < B; ++b)
+            for (int t = 0; t < T; ++t) {
+                // row b is tokens [b*(T+1), b*(T+1)+T], as the Python side builds it
+                in[b * T + t] = tf.tokens()[b * (T + 1) + t];
+                tgt[b * T + t] = tf.tokens()[b * (T + 1) + t + 1];
+            }
+        Batch batch{in.data(), tgt.data(), B, T};
+        for (int s = 1; s <= steps; ++s) {
+            model.forward_backward(batch, 1.0f);
+            StepStats st = model.optimizer_step({lr, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, s});
+            std::printf("step %d loss %.6f norm %.6f\n", s, st.loss, st.grad_norm);
+        }
+        std::vector<float> logits = model.logits(batch);
+        model.forward_backward(batch, 1.0f);
+        std::vector<std::vector<float>> grads;
+        SafeTensorsWriter w;
+        const auto specs = qwen2_parameters(cfg);
+        grads.reserve(specs.size());
+        for (const ParamSpec& p : specs) {
+            grads.push_back(model.download(p.name, CudaModel::Which::Grad));
+            w.add_f32("grad." + p.name, p.shape, grads.back().data());
+        }
+        w.add_f32("logits", {static_cast<int64_t>(B) * T, cfg.vocab_size}, logits.data());
+        StepStats st = model.optimizer_step({0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, steps + 1});
+        std::vector<float> loss = {st.loss, st.grad_norm};
+        w.add_f32("loss_and_norm", {2}, loss.data());
+        w.write(out_path);
+        std::printf("loss %.6f grad_norm %.6f -> %s\n", st.loss, st.grad_norm, out_path.c_str());
+        return 0;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
