@@ -53,15 +53,17 @@ TEST(CpuModelBench, DISABLED_DemoThroughput) {
         const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;  // all threads
         const double fb = std::chrono::duration<double>(t1 - t0).count();
         const double all = std::chrono::duration<double>(t2 - t0).count();
-        std::printf("step %d: loss %.4f norm %.4f | forward+backward %.3f s, optimizer %.3f s, cpu time %.3f s | "
-                    "%.0f tokens/s\n",
-                    step, s.loss, s.grad_norm, fb, all - fb, cpu, B * T / all);
+        std::printf(
+            "step %d: loss %.4f norm %.4f | forward+backward %.3f s, optimizer %.3f s, cpu time %.3f s | "
+            "%.0f tokens/s\n",
+            step, s.loss, s.grad_norm, fb, all - fb, cpu, B * T / all);
         if (step > 0) total += all, fb_total += fb, cpu_total += cpu;
     }
-    std::printf("demo model (%lld parameters), batch %d x %d, lmhead_chunks %d: %.0f tokens/s "
-                "(forward+backward %.3f s, step total %.3f s, cpu time %.3f s per step)\n",
-                static_cast<long long>(cfg.num_parameters()), B, T, opt.lmhead_chunks, B * T * steps / total,
-                fb_total / steps, total / steps, cpu_total / steps);
+    std::printf(
+        "demo model (%lld parameters), batch %d x %d, lmhead_chunks %d: %.0f tokens/s "
+        "(forward+backward %.3f s, step total %.3f s, cpu time %.3f s per step)\n",
+        static_cast<long long>(cfg.num_parameters()), B, T, opt.lmhead_chunks, B * T * steps / total, fb_total / steps,
+        total / steps, cpu_total / steps);
 }
 
 }  // namespace

@@ -12,8 +12,8 @@
 namespace qtrain {
 namespace {
 
-using test::richardson_difference;
 using test::Near;
+using test::richardson_difference;
 
 // Weights well away from init (init has ones for norms and zeros for biases, where some gradient
 // bugs cancel) and large enough that attention and SwiGLU are far from linear.
@@ -24,9 +24,15 @@ void randomize(CpuModel& m, uint64_t seed) {
         for (int64_t i = 0; i < s.numel(); ++i) {
             const float z = rng.normal();
             switch (s.kind) {
-                case ParamKind::Norm: p[i] = 1.0f + 0.2f * z; break;
-                case ParamKind::Bias: p[i] = 0.2f * z; break;
-                default: p[i] = 0.3f * z; break;
+                case ParamKind::Norm:
+                    p[i] = 1.0f + 0.2f * z;
+                    break;
+                case ParamKind::Bias:
+                    p[i] = 0.2f * z;
+                    break;
+                default:
+                    p[i] = 0.3f * z;
+                    break;
             }
         }
     }

@@ -89,7 +89,8 @@ TEST(CpuModelOptimizer, AdamWStepMatchesHandComputation) {
         model.forward_backward(tb.view(), 0.5f);
         double ss = 0.0;
         for (const auto& s : model.params())
-            for (int64_t i = 0; i < s.numel(); ++i) ss += static_cast<double>(model.grad(s.name)[i]) * model.grad(s.name)[i];
+            for (int64_t i = 0; i < s.numel(); ++i)
+                ss += static_cast<double>(model.grad(s.name)[i]) * model.grad(s.name)[i];
         const double norm = std::sqrt(ss);
         std::vector<std::vector<float>> grads;
         for (const auto& n : names) grads.push_back(copy_of(model, n, &CpuModel::grad));

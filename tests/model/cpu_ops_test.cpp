@@ -1,6 +1,8 @@
 // Per-op tests of the CPU reference ops: each forward against a direct double-precision evaluation of
 // its formula, each backward against central finite differences of L = sum(out * r) (r random,
 // accumulated in double) through the fp32 forward itself.
+#include "model/cpu/cpu_ops.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 
 #include "core/error.h"
 #include "cpu_test_util.h"
-#include "model/cpu/cpu_ops.h"
 
 namespace qtrain {
 namespace {
@@ -184,7 +185,8 @@ void attention_reference(std::vector<double>& out, std::vector<double>& lse, con
                 for (int u = 0; u <= t; ++u) {
                     double d = 0.0;
                     for (int i = 0; i < D; ++i)
-                        d += static_cast<double>(q[((b * T + t) * Hq + h) * D + i]) * k[((b * T + u) * Hkv + kvh) * D + i];
+                        d += static_cast<double>(q[((b * T + t) * Hq + h) * D + i]) *
+                             k[((b * T + u) * Hkv + kvh) * D + i];
                     s[u] = d / std::sqrt(static_cast<double>(D));
                 }
                 double mx = *std::max_element(s.begin(), s.end()), z = 0.0;
@@ -275,6 +277,12 @@ TEST(CpuOps, SoftmaxCrossEntropyIsExactAndStable) {
         const double want = ref_p[j] - (j == 3 ? 1.0 : 0.0);
         EXPECT_TRUE(Near(row[j], want, 2e-6, 1e-30)) << "j=" << j;
     }
+
+    // A NaN logit anywhere makes the loss NaN (a broken model must not look fine).
+    std::vector<float> with_nan(V, -1.0f);
+    with_nan[V - 3] = std::numeric_limits<float>::quiet_NaN();
+    cpu::softmax_cross_entropy(with_nan.data(), &loss, target.data(), 1, V, 1.0f, false);
+    EXPECT_TRUE(std::isnan(loss));
 
     std::vector<int32_t> bad = {V};
     EXPECT_THROW(cpu::softmax_cross_entropy(row.data(), &loss, bad.data(), 1, V, 1.0f, false), Error);
@@ -369,7 +377,8 @@ TEST(CpuOps, SumSquaresAndAdamW) {
     EXPECT_TRUE(Near(cpu::sum_squares(x.data(), n), ref, 1e-12, 0));
 
     const int m = 9;
-    auto p = random_vector(m, 26), g = random_vector(m, 27), mom = random_vector(m, 28, 0.1f), vel = random_vector(m, 29);
+    auto p = random_vector(m, 26), g = random_vector(m, 27), mom = random_vector(m, 28, 0.1f),
+         vel = random_vector(m, 29);
     for (auto& v : vel) v = v * v * 0.01f;
     const auto p0 = p, m0 = mom, v0 = vel;
     const float lr = 0.01f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f;

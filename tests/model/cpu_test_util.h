@@ -52,7 +52,8 @@ struct TokenBatch {
 // target masked (-1) when mask_every > 0.
 inline TokenBatch random_batch(int B, int T, int vocab, uint64_t seed, int mask_every = 0) {
     Rng rng(seed);
-    TokenBatch b{B, T, std::vector<int32_t>(static_cast<size_t>(B) * T), std::vector<int32_t>(static_cast<size_t>(B) * T)};
+    TokenBatch b{B, T, std::vector<int32_t>(static_cast<size_t>(B) * T),
+                 std::vector<int32_t>(static_cast<size_t>(B) * T)};
     for (auto& t : b.inputs) t = static_cast<int32_t>(rng.below(vocab));
     for (int r = 0; r < B; ++r)
         for (int t = 0; t < T; ++t) {

@@ -24,8 +24,13 @@ constexpr int kLanes = 8;
 
 // exp(x) for x <= 0 to about 1 ulp: x = k ln2 + r with |r| <= ln2/2, exp(r) by the Cephes expf
 // minimax polynomial, 2^k built in the exponent bits. (std::exp is a library call per element.)
-// Where 2^k would not be a normal float (x below about -87.3, -inf, NaN) the result is 0.
-__attribute__((always_inline)) static inline f32x8 exp_nonpositive(f32x8 x) {
+// Where 2^k would not be a normal float (x below about -87.3, or -inf) the result is 0; NaN stays
+// NaN, so a broken model shows a NaN loss. (In place: passing 32-byte vectors by value has a
+// different ABI with and without AVX.)
+__attribute__((always_inline)) static inline void exp_nonpositive(f32x8& x) {
+    i32x8 x_bits;
+    std::memcpy(&x_bits, &x, sizeof x_bits);
+    const i32x8 is_nan = (x_bits & 0x7fffffff) > 0x7f800000;
     // Rounds x/ln2 to the nearest integer (adding 1.5 * 2^23 pushes the fraction out of the mantissa).
     const f32x8 kf = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     f32x8 r = x - kf * 0.693359375f;  // ln2 split in two so that k*ln2 is exact in float
@@ -37,22 +42,21 @@ __attribute__((always_inline)) static inline f32x8 exp_nonpositive(f32x8 x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    const i32x8 k = __builtin_convertvector(kf, i32x8);  // out of range (huge, NaN) gives INT_MIN
-    const i32x8 normal = k >= -126;                       // all-ones lanes where 2^k is a normal float
+    const i32x8 k = __builtin_convertvector(kf, i32x8);  // out of range (huge, NaN): INT_MIN
+    const i32x8 normal = k >= -126;                      // all-ones lanes where 2^k is a normal float
     const i32x8 two_to_k = ((k + 127) << 23) & normal;
     f32x8 scale;
     std::memcpy(&scale, &two_to_k, sizeof scale);
     f32x8 e = p * scale;  // lanes outside the range: p * 0, which is NaN if p overflowed
     i32x8 bits;
     std::memcpy(&bits, &e, sizeof bits);
-    bits &= normal;
-    std::memcpy(&e, &bits, sizeof e);
-    return e;
+    bits = (bits & normal) | (x_bits & is_nan);
+    std::memcpy(&x, &bits, sizeof x);
 }
 
 // Max of a row with eight independent running maxima: one running max is a chain of dependent
 // 4-cycle instructions, and the float comparison keeps the loop scalar (see above) either way.
-static float row_max(const float* row, int V) {
+__attribute__((always_inline)) static inline float row_max(const float* row, int V) {
     float m[kLanes];
     for (int l = 0; l < kLanes; ++l) m[l] = row[0];
     const int full = V - V % kLanes;
@@ -64,7 +68,7 @@ static float row_max(const float* row, int V) {
 
 // row[j] = exp(row[j] - mx); returns the sum. Lane sums over blocks of 512, blocks summed in double
 // in a fixed order: a float sum over all 151936 terms would lose ~1e-5 of the loss.
-static double exp_shifted_sum(float* row, int V, float mx) {
+__attribute__((always_inline)) static inline double exp_shifted_sum(float* row, int V, float mx) {
     constexpr int kBlock = 512;
     const int full = V - V % kLanes;
     double sum = 0.0;
@@ -74,7 +78,8 @@ static double exp_shifted_sum(float* row, int V, float mx) {
         for (int j = j0; j < j1; j += kLanes) {
             f32x8 v;
             std::memcpy(&v, row + j, sizeof v);
-            v = exp_nonpositive(v - mx);
+            v -= mx;
+            exp_nonpositive(v);
             std::memcpy(row + j, &v, sizeof v);
             acc += v;
         }
@@ -83,7 +88,8 @@ static double exp_shifted_sum(float* row, int V, float mx) {
     if (full < V) {  // the last partial vector, through the same arithmetic
         f32x8 v = {};
         std::memcpy(&v, row + full, sizeof(float) * (V - full));
-        v = exp_nonpositive(v - mx);
+        v -= mx;
+        exp_nonpositive(v);
         std::memcpy(row + full, &v, sizeof(float) * (V - full));
         for (int l = 0; l < V - full; ++l) sum += v[l];
     }
@@ -96,28 +102,42 @@ int count_valid_targets(const int32_t* targets, int N) {
     return n;
 }
 
-void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets, int n, int V, float dscale,
-                           bool write_grad) {
-    for (int i = 0; i < n; ++i)
-        QT_CHECK(targets[i] < V, "cross-entropy: target ", targets[i], " at row ", i, " is outside the vocabulary (",
-                 V, " tokens)");
-#pragma omp parallel for schedule(static) if (int64_t{n} * V > kMinParallelWork / 8)
-    for (int i = 0; i < n; ++i) {
-        float* row = logits + static_cast<int64_t>(i) * V;
-        const int32_t target = targets[i];
-        if (target < 0) {
-            losses[i] = 0.0f;
-            if (write_grad) std::fill(row, row + V, 0.0f);
-            continue;
-        }
-        const float mx = row_max(row, V);
-        const float target_logit = row[target];
-        const double sum = exp_shifted_sum(row, V, mx);
-        losses[i] = static_cast<float>(std::log(sum) + (static_cast<double>(mx) - target_logit));
-        if (!write_grad) continue;
+// One row: returns its loss and, when write_grad is set, overwrites it with its gradient.
+// On x86-64 Linux a second copy is compiled for AVX2+FMA machines (x86-64-v3) and picked at load
+// time: one register holds all eight lanes, five times faster than two SSE halves. (FMA rounds the
+// exp polynomial differently, so such machines differ from others in the last bit; runs on one
+// machine never differ.)
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+static float
+softmax_cross_entropy_row(float* row, int V, int32_t target, float dscale, bool write_grad) {
+    const float mx = row_max(row, V);
+    const float target_logit = row[target];
+    const double sum = exp_shifted_sum(row, V, mx);
+    const float loss = static_cast<float>(std::log(sum) + (static_cast<double>(mx) - target_logit));
+    if (write_grad) {
         const float s = static_cast<float>(dscale / sum);
         for (int j = 0; j < V; ++j) row[j] *= s;
         row[target] -= dscale;
+    }
+    return loss;
+}
+
+void softmax_cross_entropy(float* logits, float* losses, const int32_t* targets, int n, int V, float dscale,
+                           bool write_grad) {
+    for (int i = 0; i < n; ++i)
+        QT_CHECK(targets[i] < V, "cross-entropy: target ", targets[i], " at row ", i, " is outside the vocabulary (", V,
+                 " tokens)");
+#pragma omp parallel for schedule(static) if (int64_t{n} * V > kMinParallelWork / 8)
+    for (int i = 0; i < n; ++i) {
+        float* row = logits + static_cast<int64_t>(i) * V;
+        if (targets[i] >= 0) {
+            losses[i] = softmax_cross_entropy_row(row, V, targets[i], dscale, write_grad);
+        } else {
+            losses[i] = 0.0f;
+            if (write_grad) std::fill(row, row + V, 0.0f);
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 // Matmuls of the CPU reference model. Everything goes through one row-major gemm so that the BLAS /
-// no-BLAS choice lives in one place; with OpenBLAS the matmuls are most of the run time, without it
-// the loops below are slow but correct (CI builds without BLAS still test the same code above).
-#include "model/cpu/cpu_ops.h"
-#include "model/cpu/cpu_parallel.h"
+// no-BLAS choice lives in one place. With OpenBLAS the matmuls are most of the run time; without it
+// the plain loops below give the same results to rounding, slowly.
+#include <omp.h>
 
 #include <algorithm>
 #include <vector>
+
+#include "model/cpu/cpu_ops.h"
+#include "model/cpu/cpu_parallel.h"
 
 #ifdef QTRAIN_HAVE_BLAS
 #include <cblas.h>
@@ -25,7 +27,6 @@ static void gemm_loops(bool ta, bool tb, int M, int N, int K, float alpha, const
             std::fill(acc.begin(), acc.end(), 0.0f);
             for (int k = 0; k < K; ++k) {
                 const float a = ta ? A[static_cast<int64_t>(k) * lda + i] : A[static_cast<int64_t>(i) * lda + k];
-                if (a == 0.0f) continue;
                 if (!tb) {
                     const float* b = B + static_cast<int64_t>(k) * ldb;
                     for (int j = 0; j < N; ++j) acc[j] += a * b[j];
@@ -40,12 +41,48 @@ static void gemm_loops(bool ta, bool tb, int M, int N, int K, float alpha, const
 }
 #endif
 
+#ifdef QTRAIN_HAVE_BLAS
+// One threading runtime, not two: OpenBLAS's pthreads keep spinning after each call and fight the
+// OpenMP threads of the ops in between (on two cores that halved the demo's speed). So OpenBLAS runs
+// single-threaded and gemm splits C into one block per OpenMP thread. Every element of C is still
+// summed over K by one call in one order, so the result does not depend on the split.
+static void blas_single_threaded() {
+    static const bool done = [] {
+        openblas_set_num_threads(1);
+        return true;
+    }();
+    (void)done;
+}
+#endif
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
           int ldb, float beta, float* C, int ldc) {
     if (M <= 0 || N <= 0) return;
 #ifdef QTRAIN_HAVE_BLAS
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-                alpha, A, lda, B, ldb, beta, C, ldc);
+    blas_single_threaded();
+    auto call = [&](int m, int n, const float* a, const float* b, float* c) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, K,
+                    alpha, a, lda, b, ldb, beta, c, ldc);
+    };
+    const int threads = omp_get_max_threads();
+    if (threads == 1 || static_cast<int64_t>(M) * N * K < 16 * kMinParallelWork) {
+        call(M, N, A, B, C);
+        return;
+    }
+    // Split the longer side of C into one block per thread (multiples of 16 keep the kernels' tiles whole).
+    const bool split_rows = M >= N;
+    const int extent = split_rows ? M : N;
+    const int block = (extent / threads + 16) / 16 * 16;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < threads; ++t) {
+        const int begin = t * block, len = std::min(extent, begin + block) - begin;
+        if (len <= 0) continue;
+        if (split_rows)  // rows of C are rows of op(A)
+            call(len, N, trans_a ? A + begin : A + static_cast<int64_t>(begin) * lda, B,
+                 C + static_cast<int64_t>(begin) * ldc);
+        else  // columns of C are columns of op(B)
+            call(M, len, A, trans_b ? B + static_cast<int64_t>(begin) * ldb : B + begin, C + begin);
+    }
 #else
     gemm_loops(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif

@@ -16,10 +16,9 @@ namespace {
 
 // Per-layer tensors in the order qwen2_parameters() lists them after the layer's first entry.
 constexpr const char* kLayerSuffixes[] = {
-    "input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.q_proj.bias",
-    "self_attn.k_proj.weight", "self_attn.k_proj.bias",   "self_attn.v_proj.weight",
-    "self_attn.v_proj.bias",   "self_attn.o_proj.weight", "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight",    "mlp.up_proj.weight",      "mlp.down_proj.weight"};
+    "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",           "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",    "mlp.down_proj.weight"};
 constexpr int kTensorsPerLayer = 12;
 
 void ensure(std::vector<float>& v, int64_t n) {
@@ -32,8 +31,8 @@ void zero(std::vector<float>& v, int64_t n) { std::fill(v.begin(), v.begin() + n
 
 void CpuModel::check_options(const ModelOptions& o) {
     const std::pair<const char*, DType> dtypes[] = {
-        {"--model-dtype", o.model_dtype},   {"--matmul-dtype", o.matmul_dtype}, {"--gradient-dtype", o.gradient_dtype},
-        {"--opt-m-dtype", o.opt_m_dtype},   {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype}};
+        {"--model-dtype", o.model_dtype}, {"--matmul-dtype", o.matmul_dtype}, {"--gradient-dtype", o.gradient_dtype},
+        {"--opt-m-dtype", o.opt_m_dtype}, {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype}};
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");
@@ -94,7 +93,7 @@ int64_t CpuModel::offset(const std::string& name) const {
 
 CpuModel::Layer CpuModel::layer(float* base, int l) const {
     const int64_t* o = offsets_.data() + 1 + static_cast<int64_t>(l) * kTensorsPerLayer;
-    return {base + o[0], base + o[1], base + o[2], base + o[3],  base + o[4],  base + o[5],
+    return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
             base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11]};
 }
 
@@ -121,7 +120,7 @@ void CpuModel::init_random(uint64_t seed) {
 int64_t CpuModel::activation_floats(const ModelConfig& c, int B, int T, int lmhead_chunks, bool backward) {
     const int64_t N = static_cast<int64_t>(B) * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
                   I = c.intermediate_size, L = c.num_hidden_layers;
-    int64_t n = (L + 1) * N * C                               // resid
+    int64_t n = (L + 1) * N * C                                 // resid
                 + L * N * (3 * C + 2 * Q + 2 * KV + 3 * I + 2)  // per-layer saved activations
                 + L * N * c.num_attention_heads                 // lse
                 + N * (2 * C + 2)                               // final norm, tmp, final rstd, losses
@@ -136,8 +135,6 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     const int64_t N = static_cast<int64_t>(B) * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
                   I = c.intermediate_size, L = c.num_hidden_layers;
     Activations& a = acts_;
-    a.B = B;
-    a.T = T;
     ensure(a.resid, (L + 1) * N * C);
     for (auto* v : {&a.resid_mid, &a.ln1, &a.ln2}) ensure(*v, L * N * C);
     for (auto* v : {&a.rstd1, &a.rstd2}) ensure(*v, L * N);
@@ -148,8 +145,8 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     ensure(a.final_norm, N * C);
     ensure(a.rstd_final, N);
     ensure(a.losses, N);
-    ensure(a.logits, static_cast<int64_t>(cpu::lmhead_chunk_rows(static_cast<int>(N), options_.lmhead_chunks)) *
-                         c.vocab_size);
+    ensure(a.logits,
+           static_cast<int64_t>(cpu::lmhead_chunk_rows(static_cast<int>(N), options_.lmhead_chunks)) * c.vocab_size);
     if (a.rope_T != T) {
         a.rope_cos.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
         a.rope_sin.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
@@ -184,9 +181,8 @@ void CpuModel::check_batch(const Batch& b) const {
 
 void CpuModel::forward_to_final_norm(const Batch& batch) {
     const ModelConfig& c = config_;
-    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(),
-              KV = c.kv_dim(), I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads,
-              D = c.head_dim;
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
+              I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const float eps = static_cast<float>(c.rms_norm_eps);
     Activations& a = acts_;
     cpu::embedding_forward(a.resid.data(), batch.inputs, params_.data(), N, C);
@@ -227,9 +223,8 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
 // Expects acts_.dln to hold d(loss)/d(final_norm output); leaves d(loss)/d(embeddings) in the grads.
 void CpuModel::backward_from_final_norm(const Batch& batch) {
     const ModelConfig& c = config_;
-    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(),
-              KV = c.kv_dim(), I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads,
-              D = c.head_dim;
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T, C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(),
+              I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     Activations& a = acts_;
     const int64_t nC = static_cast<int64_t>(N) * C, nQ = static_cast<int64_t>(N) * Q,
                   nKV = static_cast<int64_t>(N) * KV, nI = static_cast<int64_t>(N) * I;
@@ -297,9 +292,9 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
     const int64_t nC = static_cast<int64_t>(N) * config_.hidden_size;
     zero(acts_.dln, nC);
-    cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(),
-                              lm_head(), batch.targets, N, config_.hidden_size, config_.vocab_size,
-                              options_.lmhead_chunks, dscale, acts_.logits.data());
+    cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(), lm_head(),
+                              batch.targets, N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, dscale,
+                              acts_.logits.data());
     backward_from_final_norm(batch);
     step_loss_ += mean_loss(batch) * grad_scale;
 }
@@ -309,8 +304,8 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, false);
     forward_to_final_norm(batch);
-    cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(),
-                              batch.targets, N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
+    cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
+                              N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
                               acts_.logits.data());
     return mean_loss(batch);
 }
@@ -345,10 +340,9 @@ MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options
     plan.add("Gradients", bytes);
     plan.add("Adam M", bytes);
     plan.add("Adam V", bytes);
-    plan.add("Activations",
-             static_cast<uint64_t>(activation_floats(config, options.batch_size, options.seq_len,
-                                                     options.lmhead_chunks, true)) *
-                 sizeof(float));
+    plan.add("Activations", static_cast<uint64_t>(activation_floats(config, options.batch_size, options.seq_len,
+                                                                    options.lmhead_chunks, true)) *
+                                sizeof(float));
     return plan;
 }
 

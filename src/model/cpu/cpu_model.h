@@ -71,7 +71,6 @@ private:
     };
     // Saved activations ([L, ...] per layer) and backward scratch (one layer at a time).
     struct Activations {
-        int B = 0, T = 0;
         std::vector<float> resid;               // [L+1, N, C] residual stream into each layer, and out
         std::vector<float> resid_mid;           // [L, N, C] after the attention block
         std::vector<float> ln1, ln2;            // [L, N, C]
@@ -85,10 +84,10 @@ private:
         std::vector<float> logits;              // [chunk rows, V]
         std::vector<float> rope_cos, rope_sin;  // [T, D/2]
         int rope_T = 0;
-        std::vector<float> tmp, dresid, dln;    // [N, C]
-        std::vector<float> dq, datt;            // [N, Hq*D]
-        std::vector<float> dk, dv;              // [N, Hkv*D]
-        std::vector<float> dgate, dup, dact;    // [N, I]
+        std::vector<float> tmp, dresid, dln;  // [N, C]
+        std::vector<float> dq, datt;          // [N, Hq*D]
+        std::vector<float> dk, dv;            // [N, Hkv*D]
+        std::vector<float> dgate, dup, dact;  // [N, I]
     };
 
     int64_t offset(const std::string& name) const;

@@ -2,20 +2,20 @@
 // Each follows HF Qwen2's fp32 arithmetic order where it matters for rounding, so the GPU kernels can
 // be compared against these at tight tolerances.
 #include "model/cpu/cpu_ops.h"
-#include "model/cpu/cpu_parallel.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "model/cpu/cpu_parallel.h"
+
 namespace qtrain::cpu {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int N, int C) {
 #pragma omp parallel for schedule(static) if (int64_t{N} * C > kMinParallelWork)
     for (int n = 0; n < N; ++n)
-        std::memcpy(out + static_cast<int64_t>(n) * C, table + static_cast<int64_t>(tokens[n]) * C,
-                    sizeof(float) * C);
+        std::memcpy(out + static_cast<int64_t>(n) * C, table + static_cast<int64_t>(tokens[n]) * C, sizeof(float) * C);
 }
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C) {
