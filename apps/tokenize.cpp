@@ -14,6 +14,7 @@
 // the trainer checks tokens against the model's vocab_size (151,936) in either case.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -44,12 +45,6 @@ double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Model names that --model accepts, and the HF repo whose tokenizer they mean.
-std::string model_repo(const std::string& model) {
-    if (model == "qwen") return "Qwen/Qwen2.5-0.5B";
-    return model;
-}
-
 qtrain::Tokenizer load_tokenizer(const std::string& spec) {
     std::error_code ec;
     if (fs::exists(spec, ec)) return qtrain::Tokenizer::load(spec);
@@ -58,6 +53,21 @@ qtrain::Tokenizer load_tokenizer(const std::string& spec) {
              "' is neither a file/directory nor a model in the local HF cache; pass the path of a "
              "tokenizer.json, a qwen.tiktoken or a model directory");
     return qtrain::Tokenizer::load(*dir);
+}
+
+// The tokenizer of --model when --tokenizer is not given: the model's HF repo in the local cache,
+// else (for qwen) Qwen's BPE ranks in the download directory, which need no HF access at all.
+qtrain::Tokenizer model_tokenizer(const std::string& model, const std::string& download_dir) {
+    const std::string repo = model == "qwen" ? "Qwen/Qwen2.5-0.5B" : model;
+    if (const auto dir = qtrain::find_model_dir(repo)) return qtrain::Tokenizer::load(*dir);
+    const fs::path ranks = fs::path(download_dir) / "qwen.tiktoken";
+    std::error_code ec;
+    if (model == "qwen" && fs::exists(ranks, ec)) return qtrain::Tokenizer::load(ranks.string());
+    qtrain::throw_error(cat("no tokenizer for --model=", model, ": ", repo, " is not in the local HF cache",
+                            model == "qwen" ? cat(" and ", ranks.string(), " does not exist (scripts/"
+                                                  "tokenizer_fetch_tiktoken.sh ", download_dir, " puts it there)")
+                                            : std::string(),
+                            "; or pass --tokenizer=PATH"));
 }
 
 // Writes train shards and eval.bin; the file being written is a temporary until finish().
@@ -235,28 +245,35 @@ int main(int argc, char** argv) {
             return 0;
         }
         Inputs inputs;
+        const qtrain::NamedDataset* named = nullptr;
         if (!dataset.empty()) {
             QT_CHECK(input_patterns.empty() && eval_patterns.empty(), "--dataset and --input exclude each other");
-            const qtrain::NamedDataset& d = qtrain::find_named_dataset(dataset);
-            for (const auto& f : d.files) {
-                (f.eval ? inputs.eval : inputs.train).push_back(qtrain::fetch_dataset_file(d, f, download_dir));
-            }
-            if (app.count("--doc-separator") == 0) reader_options.separator = d.doc_separator;
-            if (eval_fraction < 0 && eval_tokens < 0 && inputs.eval.empty()) eval_fraction = d.eval_fraction;
+            named = &qtrain::find_named_dataset(dataset);
+            if (app.count("--doc-separator") == 0) reader_options.separator = named->doc_separator;
+            const bool has_eval_file = std::any_of(named->files.begin(), named->files.end(),
+                                                   [](const auto& f) { return f.eval; });
+            if (eval_fraction < 0 && eval_tokens < 0 && !has_eval_file) eval_fraction = named->eval_fraction;
             if (out_dir.empty()) out_dir = fmt::format("data/{}-{}", dataset, model);
-            if (tokenizer_spec.empty()) tokenizer_spec = model_repo(model);
         } else {
             QT_CHECK(!input_patterns.empty(), "no input: pass --input=FILES (or --dataset=NAME)");
+            QT_CHECK(!tokenizer_spec.empty(),
+                     "pass --tokenizer=PATH (tokenizer.json, qwen.tiktoken or a model directory)");
             inputs.train = expand_all(input_patterns, "--input");
             inputs.eval = expand_all(eval_patterns, "--eval-input");
         }
-        QT_CHECK(!tokenizer_spec.empty(), "pass --tokenizer=PATH (tokenizer.json, qwen.tiktoken or a model directory)");
         QT_CHECK(!out_dir.empty(), "pass --out-dir=DIR");
         QT_CHECK(inputs.eval.empty() || (eval_fraction < 0 && eval_tokens < 0),
                  "--eval-input excludes --eval-fraction/--eval-tokens");
 
+        // The tokenizer first: a missing one fails before any download.
         const auto load_start = Clock::now();
-        const qtrain::Tokenizer tokenizer = load_tokenizer(tokenizer_spec);
+        const qtrain::Tokenizer tokenizer =
+            tokenizer_spec.empty() ? model_tokenizer(model, download_dir) : load_tokenizer(tokenizer_spec);
+        if (named) {
+            for (const auto& f : named->files) {
+                (f.eval ? inputs.eval : inputs.train).push_back(qtrain::fetch_dataset_file(*named, f, download_dir));
+            }
+        }
         qtrain::BatchEncodeOptions encode_options;
         encode_options.threads = threads;
         encode_options.special = special == "recognize" ? qtrain::SpecialTokens::kRecognize
@@ -277,18 +294,22 @@ int main(int argc, char** argv) {
         const bool masks = !reader_options.prompt_field.empty();
         SplitWriter writer(out_dir, tokenizer.vocab_size(), masks, shard_tokens);
         ProgressBar progress(!no_progress && isatty(STDERR_FILENO));
-        qtrain::EncodeStats stats;
+        qtrain::BatchEncoder encoder(tokenizer, encode_options);
         const auto start = Clock::now();
         uint64_t docs = 0, bytes = 0;
         int64_t tokens = 0, eval_so_far = 0;
+        double encode_secs = 0;  // of the total: the rest is reading, writing and syncing files
         const std::size_t batch_bytes = std::max<std::size_t>(4u << 20, static_cast<std::size_t>(threads) * (2u << 20));
 
         auto run = [&](const std::vector<std::string>& files, bool all_eval) {
             qtrain::DocumentReader reader(files, reader_options);
-            const uint64_t eval_bytes = eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
+            const uint64_t eval_bytes =
+                eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
             std::vector<qtrain::Document> batch;
             while (reader.read_batch(batch, batch_bytes)) {
-                const auto encoded = qtrain::encode_batch(tokenizer, batch, masks, encode_options, &stats);
+                const auto encode_start = Clock::now();
+                const auto encoded = encoder.encode(batch, masks);
+                encode_secs += seconds_since(encode_start);
                 for (std::size_t i = 0; i < batch.size(); ++i) {
                     const bool eval = all_eval || (eval_fraction > 0 && batch[i].offset < eval_bytes) ||
                                       (eval_tokens > 0 && eval_so_far < eval_tokens);
@@ -309,12 +330,15 @@ int main(int argc, char** argv) {
         const auto files = writer.finish();
         const double secs = std::max(1e-9, seconds_since(start));
 
-        if (stats.invalid_utf8) {
+        if (encoder.invalid_utf8()) {
             std::cerr << fmt::format("warning: {} invalid UTF-8 sequences were replaced by U+FFFD\n",
-                                     stats.invalid_utf8);
+                                     encoder.invalid_utf8());
         }
-        fmt::print("tokenize: {} documents, {:.2f} MB -> {} tokens in {:.2f} s: {:.2f} MB/s, {:.2f} M tokens/s ({} threads)\n",
-                   docs, bytes / 1e6, tokens, secs, bytes / 1e6 / secs, tokens / 1e6 / secs, threads);
+        encode_secs = std::max(1e-9, encode_secs);
+        fmt::print("tokenize: {} documents, {:.2f} MB -> {} tokens in {:.2f} s: {:.2f} MB/s, {:.2f} M tokens/s "
+                   "({} threads; encoding alone {:.2f} s, {:.2f} MB/s)\n",
+                   docs, bytes / 1e6, tokens, secs, bytes / 1e6 / secs, tokens / 1e6 / secs, threads,
+                   encode_secs, bytes / 1e6 / encode_secs);
         for (const auto& [path, n] : files) fmt::print("  {}: {} tokens\n", path, n);
         if (files.empty()) fmt::print("  (no documents: nothing written)\n");
         return 0;

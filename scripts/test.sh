@@ -6,4 +6,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"
+BUILD_DIR=${BUILD_DIR:-build}
+UV=$(command -v uv || echo "$HOME/.local/bin/uv")
+
+# Tokenizer reference data: ids from HF `tokenizers` (PyPI, the reference encoder) on a generated
+# corpus, and qwen.tiktoken from the qwen-agent wheel. Needs ../shared/data (beside a developer's
+# checkout) and the network; without them the tests that need the data skip.
+REF="$BUILD_DIR/tokenizer-reference"
+SHARED_TOKENIZER=../shared/data/qwen2.5-tokenizer/tokenizer.json
+if [ -f "$SHARED_TOKENIZER" ] && [ ! -s "$REF/reference.bin" ]; then
+  "$UV" run --quiet --no-project --with tokenizers==0.23.3 python3 scripts/tokenizer_make_reference.py \
+      --tokenizer "$SHARED_TOKENIZER" --out "$REF" \
+    || echo "test.sh: warning: could not build the tokenizer reference (no network?); those tests will skip" >&2
+fi
+scripts/tokenizer_fetch_tiktoken.sh "$REF" >/dev/null \
+  || echo "test.sh: warning: could not fetch qwen.tiktoken (no network?); those tests will skip" >&2
+
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"

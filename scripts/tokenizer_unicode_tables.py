@@ -4,12 +4,12 @@
 Why the data comes from the reference encoder and not from one Unicode version: qtrain must give
 exactly the ids of HF `tokenizers`, and that library mixes versions. Its regex engine (Oniguruma)
 classifies \\p{L}, \\p{N} and \\s with Unicode 16.0 data, while its NFC normalizer (the
-`unicode-normalization-alignments` crate) has combining classes of Unicode 9.0, decompositions of
-Unicode <= 12.1 and a composition table that already knows some Unicode 13.0 pairs. So this script
+`unicode-normalization-alignments` crate) has older data: the combining classes of Unicode 9.0 and
+the decompositions of Unicode 9.0-12.1 (Python's unicodedata of any version differs). So this script
 asks `tokenizers` itself, code point by code point, and uses `unicodedata2` (Unicode 16.0, from
 PyPI) only to list candidates and to cross-check (the differences it prints are expected).
 
-Usage (needs `pip install tokenizers unicodedata2`; takes about a minute):
+Usage (needs `pip install tokenizers==0.23.3 unicodedata2==16.0.0`; takes about ten seconds):
     python3 scripts/tokenizer_unicode_tables.py > src/tokenizer/unicode_tables.cpp
 """
 import sys

@@ -1,67 +1,94 @@
 #include "tokenizer/batch_encoder.h"
 
-#include <atomic>
-#include <exception>
-#include <mutex>
-#include <string_view>
-#include <thread>
-
 namespace qtrain {
-namespace {
 
-struct WorkItem {
-    std::size_t doc;
-    int part;  // 0: the text (or prompt), 1: the response
-    std::string_view text;
-};
+BatchEncoder::BatchEncoder(const Tokenizer& tokenizer, BatchEncodeOptions options)
+    : tokenizer_(tokenizer), options_(options) {
+    for (int t = 1; t < options_.threads; ++t) pool_.emplace_back([this] { worker_loop(); });
+}
 
-}  // namespace
-
-std::vector<EncodedDocument> encode_batch(const Tokenizer& tokenizer, const std::vector<Document>& docs,
-                                          bool with_masks, const BatchEncodeOptions& options,
-                                          EncodeStats* stats) {
-    std::vector<WorkItem> items;
-    for (std::size_t d = 0; d < docs.size(); ++d) {
-        for (const std::string_view chunk : tokenizer.split_for_parallel(docs[d].text, options.chunk_bytes)) {
-            items.push_back({d, 0, chunk});
-        }
-        if (with_masks) items.push_back({d, 1, docs[d].response});
+BatchEncoder::~BatchEncoder() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
     }
-    std::vector<std::vector<int32_t>> results(items.size());
-    std::atomic<std::size_t> next{0};
-    std::atomic<std::size_t> invalid{0};
-    std::exception_ptr error;
-    std::mutex error_mutex;
-    auto worker = [&] {
-        EncodeStats local;
-        try {
-            for (std::size_t i; (i = next.fetch_add(1)) < items.size();) {
-                tokenizer.encode(items[i].text, results[i], options.special, &local);
-            }
-        } catch (...) {
-            std::lock_guard<std::mutex> lock(error_mutex);
-            if (!error) error = std::current_exception();
-            next = items.size();
+    start_.notify_all();
+    for (std::thread& t : pool_) t.join();
+}
+
+void BatchEncoder::work() {
+    EncodeStats stats;
+    while (true) {
+        std::size_t i;
+        {
+            // Items are coarse (a document or a ~1 MB piece), so a lock per item costs nothing.
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (next_ >= items_.size()) break;
+            i = next_++;
         }
-        invalid += local.invalid_utf8;
-    };
-    const int threads = std::max(1, std::min<int>(options.threads, static_cast<int>(items.size())));
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (std::thread& t : pool) t.join();
-    if (error) std::rethrow_exception(error);
-    if (stats) stats->invalid_utf8 += invalid;
+        try {
+            tokenizer_.encode(items_[i].text, results_[i], options_.special, &stats);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (!error_) error_ = std::current_exception();
+            next_ = items_.size();
+        }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    invalid_utf8_ += stats.invalid_utf8;
+}
+
+void BatchEncoder::worker_loop() {
+    uint64_t seen = 0;
+    while (true) {
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+            if (stop_) return;
+            seen = generation_;
+        }
+        work();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            --busy_;
+        }
+        finished_.notify_all();
+    }
+}
+
+std::vector<EncodedDocument> BatchEncoder::encode(const std::vector<Document>& docs, bool with_masks) {
+    items_.clear();
+    for (std::size_t d = 0; d < docs.size(); ++d) {
+        for (const std::string_view chunk : tokenizer_.split_for_parallel(docs[d].text, options_.chunk_bytes)) {
+            items_.push_back({d, 0, chunk});
+        }
+        if (with_masks) items_.push_back({d, 1, docs[d].response});
+    }
+    results_.assign(items_.size(), {});
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        next_ = 0;
+        error_ = nullptr;
+        busy_ = static_cast<int>(pool_.size());
+        ++generation_;
+    }
+    start_.notify_all();
+    work();  // this thread helps
+    {
+        std::unique_lock<std::mutex> lock(mutex_);
+        finished_.wait(lock, [&] { return busy_ == 0; });
+    }
+    if (error_) std::rethrow_exception(error_);
 
     std::vector<EncodedDocument> out(docs.size());
-    for (std::size_t i = 0; i < items.size(); ++i) {
-        EncodedDocument& e = out[items[i].doc];
-        e.tokens.insert(e.tokens.end(), results[i].begin(), results[i].end());
-        if (with_masks) e.mask.resize(e.tokens.size(), static_cast<uint8_t>(items[i].part));
+    for (std::size_t i = 0; i < items_.size(); ++i) {
+        EncodedDocument& e = out[items_[i].doc];
+        e.tokens.insert(e.tokens.end(), results_[i].begin(), results_[i].end());
+        if (with_masks) e.mask.resize(e.tokens.size(), items_[i].part);
     }
-    if (options.eos_id >= 0) {
+    if (options_.eos_id >= 0) {
         for (EncodedDocument& e : out) {
-            e.tokens.push_back(options.eos_id);
+            e.tokens.push_back(options_.eos_id);
             if (with_masks) e.mask.push_back(1);
         }
     }

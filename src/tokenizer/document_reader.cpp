@@ -33,6 +33,14 @@ bool is_blank(std::string_view line) {
     return line.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos;
 }
 
+// "a, b, c": the top-level fields of a JSON object, for error messages.
+std::string field_names(const nlohmann::json& j) {
+    if (!j.is_object()) return "the line is not a JSON object";
+    std::string names;
+    for (auto it = j.begin(); it != j.end(); ++it) names += (names.empty() ? "" : ", ") + it.key();
+    return "top-level fields: " + names;
+}
+
 bool is_jsonl(const std::string& path) {
     return path.ends_with(".jsonl") || path.ends_with(".json");
 }
@@ -165,14 +173,8 @@ void DocumentReader::parse_json_line(std::string_view line, std::vector<Document
         while (true) {
             const std::size_t dot = path.find('.', start);
             const std::string key = path.substr(start, dot == std::string::npos ? dot : dot - start);
-            QT_CHECK(node->is_object() && node->contains(key), where, ": no field '", path, "'",
-                     j.is_object() ? cat(" (top-level fields: ", [&] {
-                         std::string keys;
-                         for (auto it = j.begin(); it != j.end(); ++it) {
-                             keys += (keys.empty() ? "" : ", ") + it.key();
-                         }
-                         return keys;
-                     }(), ")") : std::string(" (the line is not a JSON object)"));
+            QT_CHECK(node->is_object() && node->contains(key), where, ": no field '", path, "' (",
+                     field_names(j), ")");
             node = &(*node)[key];
             if (dot == std::string::npos) break;
             start = dot + 1;

@@ -1,8 +1,6 @@
 // Reads a HF tokenizer.json. qtrain implements one pipeline (the Qwen2 family's: optional NFC,
 // the Qwen2 split regex, byte-level BPE), so anything else in the file is rejected with a message
 // that says what was found, instead of silently giving different ids.
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 

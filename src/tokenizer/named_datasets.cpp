@@ -1,6 +1,7 @@
 #include "tokenizer/named_datasets.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -72,8 +73,10 @@ std::string fetch_dataset_file(const NamedDataset& dataset, const NamedDataset::
              " cannot be fetched; ", manual);
     fs::create_directories(download_dir, ec);
     const std::string tmp = target.string() + ".part";
-    const std::string command = cat("curl -fL --retry 2 --connect-timeout 20 -o ", shell_quote(tmp),
-                                    " ", shell_quote(file.url));
+    // curl's progress bar only on a terminal; its errors always.
+    const std::string command = cat("curl -fSL ", isatty(STDERR_FILENO) ? "--progress-bar" : "-s",
+                                    " --retry 2 --connect-timeout 20 -o ", shell_quote(tmp), " ",
+                                    shell_quote(file.url));
     const int status = std::system(command.c_str());
     if (status != 0 || !fs::is_regular_file(tmp, ec) || fs::file_size(tmp, ec) == 0) {
         fs::remove(tmp, ec);

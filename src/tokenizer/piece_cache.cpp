@@ -5,7 +5,7 @@
 namespace qtrain {
 namespace {
 
-constexpr std::size_t kMaxKeyBytes = 64u << 20;  // budget before clearing (~100-200 MB in all)
+constexpr std::size_t kMaxKeyBytes = 16u << 20;  // budget before clearing (about 50 MB in all)
 constexpr std::size_t kInitialSlots = 1 << 16;
 
 // A quick 64-bit string hash (8 bytes per step, multiply-xorshift mixing); never returns 0.

@@ -20,7 +20,6 @@ struct EncodeContext {
     uint64_t owner = 0;
     PieceCache cache;
     std::vector<std::string_view> pieces;
-    std::string nfc_storage;
 };
 
 EncodeContext& context_for(uint64_t serial) {
@@ -148,6 +147,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
         out += *by_id_[id];
     }
     return out;
+}
+
+std::string Tokenizer::decode_text(std::span<const int32_t> ids, bool skip_special) const {
+    const std::string bytes = decode(ids, skip_special);
+    if (utf8::valid_prefix(bytes) == bytes.size()) return bytes;
+    std::string text;
+    utf8::append_repaired(bytes, text);
+    return text;
 }
 
 std::vector<std::string_view> Tokenizer::split_for_parallel(std::string_view text,

@@ -63,6 +63,8 @@ public:
     // The bytes of the tokens (added tokens as their text); throws on an unknown id. The result
     // may be invalid UTF-8 when `ids` cuts a character.
     std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+    // As decode(), but always valid UTF-8: a cut character becomes U+FFFD (as HF's decode does).
+    std::string decode_text(std::span<const int32_t> ids, bool skip_special = false) const;
 
     // Cuts `text` into chunks of about `chunk_bytes` each at places where encoding restarts
     // exactly (after a LF, before a letter), so that encoding the chunks one by one (in parallel)
@@ -76,6 +78,7 @@ public:
     // Every id is below this: regular plus added tokens (151,665 for Qwen2.5).
     int vocab_size() const { return static_cast<int>(by_id_.size()); }
     std::size_t num_merges() const { return bpe_->num_merges(); }
+    const BpeModel& bpe() const { return *bpe_; }
     const std::vector<AddedToken>& added_tokens() const { return added_; }
     // Id of an added token's text, or of a regular token given as raw bytes.
     std::optional<int32_t> token_id(std::string_view token) const;
