@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
+# (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [attbench] [ref]   (default: tests train)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS=${OUT:-gpu-logs}
+mkdir -p "$LOGS"
+PHASES=${*:-tests train}
+export PATH="/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH="$PWD/.devdeps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active --format=csv \
+  > "$LOGS/gpu.txt" 2>&1
+t0=$(date +%s)
+if ! scripts/gpu_build.sh build-gpu > "$LOGS/build.log" 2>&1; then
+  tail -50 "$LOGS/build.log"; echo "BUILD FAILED"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+for phase in $PHASES; do
+  case $phase in
+    tests)
+      timeout 300 ctest --test-dir build-gpu -L gpu --output-on-failure -j4 > "$LOGS/gpu-tests.log" 2>&1
+      grep -E "tests passed|tests failed|\(Failed\)|Timeout" "$LOGS/gpu-tests.log" | head -40
+      grep -E "worst grad cosine" "$LOGS/gpu-tests.log" | head -20 ;;
+    train)
+      mkdir -p /tmp/qt && python3 bench/make_random_tokens.py /tmp/qt/tiny.bin --tokens 200000 --vocab 1000 >/dev/null
+      timeout 120 build-gpu/train --device=cuda --model=tests/reference/tiny-config --from-scratch \
+        --train-file=/tmp/qt/tiny.bin --eval-file=/tmp/qt/tiny.bin --steps=30 --batch-size=4 --seq-len=128 \
+        --learning-rate=3e-3 --eval-every-n-steps=10 --eval-num-steps=4 --out-dir=/tmp/qt/out \
+        --checkpoint-dir=/tmp/qt/ckpt --ckpt-interval=15 > "$LOGS/train.log" 2>&1
+      echo "train exit $?"; grep -E "^\[T\] step +(0|1|29) |^\[V\]|error" "$LOGS/train.log" | head -12 ;;
+    bench)
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
+        STEPS=10 timeout 240 bench/bench_qtrain.sh $cfg 2>&1 | tail -3
+      done ;;
+    attbench)
+      timeout 120 build-gpu/attention_bench 2>&1 | tail -20
+      timeout 120 python3 bench/attention_sdpa.py 2>&1 | tail -12 ;;
+    ref)
+      timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
+  esac
+done
+echo "total: $(( $(date +%s) - t0 )) s"
