@@ -14,7 +14,7 @@ STEPS=${STEPS:-12}
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
   --seq-len=1024 --batch-size="$BATCH" --grad-accumulation=1 --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
-  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out"
+  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1
 python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" <<'PY'
 import json, statistics, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]

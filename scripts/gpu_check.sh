@@ -19,9 +19,9 @@ echo "build: $(( $(date +%s) - t0 )) s"
 for phase in $PHASES; do
   case $phase in
     tests)
-      timeout 300 ctest --test-dir build-gpu -L gpu --output-on-failure -j4 > "$LOGS/gpu-tests.log" 2>&1
-      grep -E "tests passed|tests failed|\(Failed\)|Timeout" "$LOGS/gpu-tests.log" | head -40
-      grep -E "worst grad cosine" "$LOGS/gpu-tests.log" | head -20 ;;
+      timeout 400 build-gpu/tests/qtrain_gpu_tests --gtest_brief=1 > "$LOGS/gpu-tests.log" 2>&1
+      echo "gpu tests exit $?"
+      grep -E "FAILED|PASSED|Failure|worst grad cosine" "$LOGS/gpu-tests.log" | head -40 ;;
     train)
       mkdir -p /tmp/qt && python3 bench/make_random_tokens.py /tmp/qt/tiny.bin --tokens 200000 --vocab 1000 >/dev/null
       timeout 120 build-gpu/train --device=cuda --model=tests/reference/tiny-config --from-scratch \
@@ -36,6 +36,14 @@ for phase in $PHASES; do
     attbench)
       timeout 120 build-gpu/attention_bench 2>&1 | tail -20
       timeout 120 python3 bench/attention_sdpa.py 2>&1 | tail -12 ;;
+    breakdown)
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
+        QTRAIN_TIME_BREAKDOWN=1 STEPS=8 timeout 240 bench/bench_qtrain.sh $cfg 2>&1 | tail -3
+        grep -A30 "Time breakdown" /tmp/qtrain-bench/train.out | head -30
+      done ;;
+    cmp)
+      timeout 400 python3 tests/reference/compare_training.py --build build-gpu --train .refdata/train.bin \
+        --eval .refdata/eval.bin 2>&1 | grep -vE "Loading|Writing|transformers" | tail -12 ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
   esac

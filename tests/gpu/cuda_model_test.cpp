@@ -97,7 +97,11 @@ void compare_models(const Shape& s, DType act) {
     std::printf("[%s %s] worst grad cosine %.6f (%s), worst rel max error %.3g\n", s.name,
                 std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
 
-    OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1};
+    // epsilon 1e-2: Adam's first step moves every weight by ~lr * sign(g), so with a tiny epsilon a
+    // gradient element that is ~0 (and differs in the last bits between GPU and CPU) may flip its
+    // whole update; a large epsilon keeps the update a smooth function of g, so the comparison
+    // tests the optimizer plumbing rather than amplifying rounding noise.
+    OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, 1};
     StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
     EXPECT_NEAR(sg.loss, sc.loss, (act == DType::F32 ? 1e-5 : 2e-2) * sc.loss);
     EXPECT_NEAR(sg.grad_norm, sc.grad_norm, (act == DType::F32 ? 1e-4 : 5e-2) * sc.grad_norm);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -250,9 +251,11 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
 
 TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     QTRAIN_REQUIRE_GPU();
-    // g constant so m after one step is (1-b1) g exactly in fp32; the bf16 store must average to it
+    // g constant, so m after one step is (1-b1) g in fp32 for every element; that value is not a
+    // bf16 number, so the bf16 stores must straddle it and average to it.
     const int64_t n = 1 << 16;
-    std::vector<float> grad(n, 1.0f + 1.0f / 1024), zero(n, 0.0f), master(n, 0.0f);
+    const float g = 1.2345678f;
+    std::vector<float> grad(n, g), zero(n, 0.0f), master(n, 0.0f);
     std::vector<cuda::ParamSegment> segs = {{0, n, 0}};
     void* dsegs;
     CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
@@ -266,8 +269,10 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     double mean = 0;
     for (float x : m) mean += x;
     mean /= n;
-    const double exact = 0.1 * grad[0];
-    EXPECT_NEAR(mean, exact, exact * 2e-4);                     // unbiased on average
-    EXPECT_NE(bf16_to_float(float_to_bf16(exact)), exact);      // (round-to-nearest alone would be biased)
+    const float exact = (1.0f - a.beta1) * g;
+    ASSERT_NE(bf16_to_float(float_to_bf16(exact)), exact);  // round-to-nearest alone would be biased
+    EXPECT_NEAR(mean, exact, exact * 2e-4);                  // unbiased on average
+    std::set<float> distinct(m.begin(), m.end());
+    EXPECT_EQ(distinct.size(), 2u);                          // the two bf16 neighbours of `exact`
     cudaFree(dsegs);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
@@ -124,6 +125,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
 
 CudaModel::~CudaModel() {
     if (stream_) cudaStreamSynchronize(stream_);
+    if (timer_.enabled() && timer_.steps() > 0) std::fprintf(stderr, "%s", timer_.report().c_str());
     gemm_.reset();
     for (Arena& a : arenas_) {
         if (!a.base) continue;
@@ -335,32 +337,65 @@ void CudaModel::forward(int B, int T) {
     auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
-    cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
-    cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
-                                   buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_);
+    {
+        auto t_ = timer_.scope("embedding", stream_);
+        cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
+    }
+    {
+        auto t_ = timer_.scope("rmsnorm fwd", stream_);
+        cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
+                                       buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_);
+    }
     for (int l = 0; l < L; ++l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
         // attention block
-        gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
-        cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                           stream_);
-        attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
-        gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
-        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
-                                       stream_);
+        {
+            auto t_ = timer_.scope("gemm fwd", stream_);
+            gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rope", stream_);
+            cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                               stream_);
+        }
+        {
+            auto t_ = timer_.scope("attention fwd", stream_);
+            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm fwd", stream_);
+            gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rmsnorm fwd", stream_);
+            cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
+                                           stream_);
+        }
         // MLP block
-        gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
-        cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
-        gemm_->linear_forward(buf_.tmp_h, A, x.swi, W(o.down_w), A, nullptr, N, I, h, stream_);
+        {
+            auto t_ = timer_.scope("gemm fwd", stream_);
+            gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
+        }
+        {
+            auto t_ = timer_.scope("swiglu", stream_);
+            cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm fwd", stream_);
+            gemm_->linear_forward(buf_.tmp_h, A, x.swi, W(o.down_w), A, nullptr, N, I, h, stream_);
+        }
         // residual add fused with the next norm (the next layer's input norm, or the final norm)
         const bool last = l + 1 == L;
         void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
         void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
         float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
         const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
-        cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
-                                       stream_);
+        {
+            auto t_ = timer_.scope("rmsnorm fwd", stream_);
+            cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
+                                           stream_);
+        }
     }
 }
 
@@ -374,16 +409,31 @@ void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dsc
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
-        gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
-        cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V, grad_dscale,
-                                    with_grads, stream_);
+        {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        }
+        {
+            auto t_ = timer_.scope("cross entropy", stream_);
+            cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V, grad_dscale,
+                                        with_grads, stream_);
+        }
         if (with_grads) {
             void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
-            gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
-            gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
+            {
+                auto t_ = timer_.scope("lm head gemm", stream_);
+                gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
+            }
+            {
+                auto t_ = timer_.scope("lm head gemm", stream_);
+                gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
+            }
         }
     }
-    cuda::accumulate_loss(loss_acc, buf_.losses, N, loss_scale, stream_);
+    {
+        auto t_ = timer_.scope("cross entropy", stream_);
+        cuda::accumulate_loss(loss_acc, buf_.losses, N, loss_scale, stream_);
+    }
 }
 
 void CudaModel::backward(int B, int T) {
@@ -398,33 +448,81 @@ void CudaModel::backward(int B, int T) {
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
     CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
-    cuda::rmsnorm_backward(A, buf_.d_res, G(layout_.final_norm), buf_.col_scratch, buf_.d_ln, buf_.res_final,
-                           W(layout_.final_norm), buf_.rstd_final, N, h, stream_);
+    {
+        auto t_ = timer_.scope("rmsnorm bwd", stream_);
+        cuda::rmsnorm_backward(A, buf_.d_res, G(layout_.final_norm), buf_.col_scratch, buf_.d_ln, buf_.res_final,
+                               W(layout_.final_norm), buf_.rstd_final, N, h, stream_);
+    }
     for (int l = L - 1; l >= 0; --l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
-        gemm_->linear_backward_input(buf_.d_swi, A, buf_.d_res, W(o.down_w), A, N, I, h, stream_);
-        gemm_->linear_backward_weight(G(o.down_w), DType::F32, buf_.d_res, x.swi, A, N, I, h, true, stream_);
-        cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_);
-        gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_gu, W(o.gate_up_w), A, N, h, 2 * I, stream_);
-        gemm_->linear_backward_weight(G(o.gate_up_w), DType::F32, buf_.d_gu, x.ln2, A, N, h, 2 * I, true, stream_);
-        cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
-                               h, stream_);
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(buf_.d_swi, A, buf_.d_res, W(o.down_w), A, N, I, h, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dw", stream_);
+            gemm_->linear_backward_weight(G(o.down_w), DType::F32, buf_.d_res, x.swi, A, N, I, h, true, stream_);
+        }
+        {
+            auto t_ = timer_.scope("swiglu", stream_);
+            cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_gu, W(o.gate_up_w), A, N, h, 2 * I, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dw", stream_);
+            gemm_->linear_backward_weight(G(o.gate_up_w), DType::F32, buf_.d_gu, x.ln2, A, N, h, 2 * I, true, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rmsnorm bwd", stream_);
+            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
+                                   h, stream_);
+        }
         // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
-        gemm_->linear_backward_input(buf_.d_att, A, buf_.d_res, W(o.o_w), A, N, qd, h, stream_);
-        gemm_->linear_backward_weight(G(o.o_w), DType::F32, buf_.d_res, x.att, A, N, qd, h, true, stream_);
-        attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
-        cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
-                            c.head_dim, stream_);
-        cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
-        gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_qkv, W(o.qkv_w), A, N, h, qkvd, stream_);
-        gemm_->linear_backward_weight(G(o.qkv_w), DType::F32, buf_.d_qkv, x.ln1, A, N, h, qkvd, true, stream_);
-        cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
-                               h, stream_);
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(buf_.d_att, A, buf_.d_res, W(o.o_w), A, N, qd, h, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dw", stream_);
+            gemm_->linear_backward_weight(G(o.o_w), DType::F32, buf_.d_res, x.att, A, N, qd, h, true, stream_);
+        }
+        {
+            auto t_ = timer_.scope("attention bwd", stream_);
+            attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rope", stream_);
+            cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
+                                c.head_dim, stream_);
+        }
+        {
+            auto t_ = timer_.scope("bias grad", stream_);
+            cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_qkv, W(o.qkv_w), A, N, h, qkvd, stream_);
+        }
+        {
+            auto t_ = timer_.scope("gemm bwd dw", stream_);
+            gemm_->linear_backward_weight(G(o.qkv_w), DType::F32, buf_.d_qkv, x.ln1, A, N, h, qkvd, true, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rmsnorm bwd", stream_);
+            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
+                                   h, stream_);
+        }
     }
-    cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
-                             num_unique_tokens_, h, stream_);
+    {
+        auto t_ = timer_.scope("embedding", stream_);
+        cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
+                                 num_unique_tokens_, h, stream_);
+    }
 }
 
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
@@ -439,6 +537,7 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    auto t_ = timer_.scope("optimizer", stream_);
     cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
     cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
     cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
@@ -451,6 +550,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
     sync();
+    timer_.collect();
     return StepStats{host[2], host[0]};
 }
 
@@ -467,7 +567,10 @@ std::vector<float> CudaModel::logits(const Batch& batch) {
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
-        gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        }
         cuda::convert_to_f32(chunk_f32, buf_.logits, A, static_cast<int64_t>(rows) * V, stream_);
         CUDA_CHECK(cudaMemcpyAsync(out.data() + static_cast<std::size_t>(r0) * V, chunk_f32,
                                    static_cast<std::size_t>(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));

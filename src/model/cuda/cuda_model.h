@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/op_timer.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/imodel.h"
@@ -74,6 +75,7 @@ private:
     cudaStream_t stream_ = nullptr;
     cudaEvent_t staging_free_ = nullptr;
     int num_unique_tokens_ = 0;
+    OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
 };
 
