@@ -42,7 +42,6 @@ def main():
     cfg = Qwen2Config(hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=heads,
                       num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied,
                       max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
-    cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)

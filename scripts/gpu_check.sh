@@ -30,9 +30,12 @@ for phase in $PHASES; do
         --checkpoint-dir=/tmp/qt/ckpt --ckpt-interval=15 > "$LOGS/train.log" 2>&1
       echo "train exit $?"; grep -E "^\[T\] step +(0|1|29) |^\[V\]|error" "$LOGS/train.log" | head -12 ;;
     bench)
-      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
-        STEPS=10 timeout 240 bench/bench_qtrain.sh $cfg 2>&1 | tail -3
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 32" "Qwen2.5-1.5B 8" "Qwen2.5-1.5B 16"; do
+        STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
       done ;;
+    torch)
+      timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --compile 2>&1 | tail -1
+      timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-1.5B --batch 8 --compile 2>&1 | tail -1 ;;
     attbench)
       timeout 120 build-gpu/attention_bench 2>&1 | tail -20
       timeout 120 python3 bench/attention_sdpa.py 2>&1 | tail -12 ;;

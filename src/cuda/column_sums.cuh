@@ -1,13 +1,17 @@
 // Deterministic column sums of an [N, C] matrix (optionally of a product of two matrices and a
-// per-row factor): G blocks each sum a fixed, strided subset of rows into partials[G, C], then one
-// pass adds the G partials per column in order. No atomics, so the result never varies.
+// per-row factor): G blocks each sum a fixed, strided subset of rows into partials[G, C], then a
+// second pass adds the G partials per column with a fixed tree (32 strided lanes per column, then
+// the 32 lane sums in order). No atomics, so the result never varies; G is a constant, not a
+// function of the GPU, so it does not vary across GPUs either.
 #pragma once
 
 #include "cuda/kernel_utils.cuh"
 
 namespace qtrain::cuda {
 
-constexpr int kColumnSumBlocks = 128;
+constexpr int kColumnSumBlocks = 1024;
+
+inline int column_sum_blocks(int N) { return N < kColumnSumBlocks ? (N > 0 ? N : 1) : kColumnSumBlocks; }
 
 // partial[b, c] = sum over rows r = b, b + G, ... of a[r, c] * (b_mat ? b_mat[r, c] : 1) * (row ? row[r] : 1)
 template <class T>
@@ -27,17 +31,26 @@ __global__ void column_partials_kernel(float* partial, const T* a, const T* b_ma
     partial[static_cast<int64_t>(blk) * C + c] = acc;
 }
 
-// out[c] += sum_b partial[b, c], b in order.
+// out[c] += sum_b partial[b, c]. Block (32, 32): x = column within a tile of 32, y = lane over b.
 template <class Unused = void>
 __global__ void column_reduce_kernel(float* out, const float* partial, int G, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float lanes[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.0f;
-    for (int b = 0; b < G; ++b) acc += partial[static_cast<int64_t>(b) * C + c];
-    out[c] += acc;
+    if (c < C)
+        for (int b = threadIdx.y; b < G; b += 32) acc += partial[static_cast<int64_t>(b) * C + c];
+    lanes[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float total = 0.0f;
+        for (int y = 0; y < 32; ++y) total += lanes[y][threadIdx.x];
+        out[c] += total;
+    }
 }
 
-inline int column_sum_blocks(int N) { return N < kColumnSumBlocks ? (N > 0 ? N : 1) : kColumnSumBlocks; }
+inline void column_reduce(float* out, const float* partial, int G, int C, cudaStream_t s) {
+    column_reduce_kernel<><<<ceil_div(C, 32), dim3(32, 32), 0, s>>>(out, partial, G, C);
+}
 
 template <class T>
 inline void column_sums(float* out, float* scratch, const T* a, const T* b_mat, const float* row, int N, int C,
@@ -45,7 +58,7 @@ inline void column_sums(float* out, float* scratch, const T* a, const T* b_mat, 
     const int G = column_sum_blocks(N);
     dim3 grid(ceil_div(C, 128), G);
     column_partials_kernel<T><<<grid, 128, 0, s>>>(scratch, a, b_mat, row, N, C);
-    column_reduce_kernel<><<<ceil_div(C, 128), 128, 0, s>>>(out, scratch, G, C);
+    column_reduce(out, scratch, G, C, s);
 }
 
 }  // namespace qtrain::cuda

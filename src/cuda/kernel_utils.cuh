@@ -57,3 +57,34 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 }  // namespace qtrain::cuda
+
+namespace qtrain::cuda {
+
+// 16 bytes of elements (8 bf16 or 4 fp32) moved with one vector load/store and handled as floats.
+template <class T>
+struct Pack {
+    static constexpr int N = 16 / sizeof(T);
+    float v[N];
+
+    __device__ __forceinline__ void load(const T* p) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) v[i] = to_float(e[i]);
+    }
+    __device__ __forceinline__ void store(T* p) const {
+        uint4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) e[i] = from_float<T>(v[i]);
+        *reinterpret_cast<uint4*>(p) = raw;
+    }
+};
+
+// true when every row of `cols` elements of T starting at `base` is 16-byte aligned
+template <class T>
+inline bool rows_vectorizable(const void* base, int64_t cols) {
+    return (reinterpret_cast<uintptr_t>(base) % 16 == 0) && (cols % Pack<T>::N == 0);
+}
+
+}  // namespace qtrain::cuda

@@ -30,7 +30,9 @@ protected:
 }  // namespace
 
 TEST_P(KernelTest, ResidualRmsnormForward) {
-    const int N = 37, C = 200;
+  for (const int C : {200, 101, 896}) {  // vector path, scalar path, Qwen2.5-0.5B width
+    SCOPED_TRACE(C);
+    const int N = 37;
     auto a = in(random_vector(N * C, 1)), d = in(random_vector(N * C, 2)), w = in(random_vector(C, 3));
     DeviceArray ga(a, act()), gd(d, act()), gw(w, act()), gres(N * C, act()), gnorm(N * C, act()), grstd(N, DType::F32);
     cuda::residual_rmsnorm_forward(act(), gres.get(), gnorm.get(), grstd.f32(), ga.get(), gd.get(), gw.get(), N, C,
@@ -42,10 +44,13 @@ TEST_P(KernelTest, ResidualRmsnormForward) {
     EXPECT_LT(rel_max_error(gres.download(), res), tol(1e-6, 1e-6));
     EXPECT_LT(rel_max_error(grstd.download(), rstd), tol(1e-5, 1e-5));
     EXPECT_LT(rel_max_error(gnorm.download(), norm), tol(1e-5, 8e-3));
+  }
 }
 
 TEST_P(KernelTest, RmsnormBackward) {
-    const int N = 45, C = 136;
+  for (const int C : {136, 101}) {  // vector path, scalar path
+    SCOPED_TRACE(C);
+    const int N = 2100;  // more rows than column-sum blocks: each block walks several rows
     auto x = in(random_vector(N * C, 4)), w = in(random_vector(C, 5)), dy = in(random_vector(N * C, 6));
     auto dres0 = in(random_vector(N * C, 7)), dw0 = random_vector(C, 8);
     std::vector<float> rstd(N), tmp(N * C);
@@ -58,10 +63,13 @@ TEST_P(KernelTest, RmsnormBackward) {
     cpu::rmsnorm_backward(dres.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
     EXPECT_LT(rel_max_error(gdres.download(), dres), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdw.download(), dw), tol(1e-5, 1e-5));  // fp32 accumulation both ways
+  }
 }
 
 TEST_P(KernelTest, RopeForwardAndBackwardOnFusedQkv) {
-    const int B = 2, T = 7, Hq = 4, Hkv = 2, D = 64, stride = (Hq + 2 * Hkv) * D, N = B * T;
+  for (const int D : {64, 128, 20}) {  // vector paths, scalar path (D/2 not a multiple of the pack)
+    SCOPED_TRACE(D);
+    const int B = 2, T = 7, Hq = 4, Hkv = 2, stride = (Hq + 2 * Hkv) * D, N = B * T;
     auto qkv = in(random_vector(N * stride, 9));
     std::vector<float> cs(2 * T * D / 2);
     cpu::rope_tables(cs.data(), cs.data() + T * D / 2, T, D, 1e6);
@@ -88,10 +96,13 @@ TEST_P(KernelTest, RopeForwardAndBackwardOnFusedQkv) {
     for (int n = 0; n < N; ++n)
         std::copy_n(y.begin() + n * (Hq + Hkv) * D, (Hq + Hkv) * D, expect.begin() + n * stride);
     EXPECT_LT(rel_max_error(g.download(), expect), tol(1e-6, 8e-3));
+  }
 }
 
 TEST_P(KernelTest, SwigluForwardAndBackward) {
-    const int N = 19, I = 300;
+  for (const int I : {300, 256}) {  // scalar path for bf16 (300 % 8 != 0), vector path
+    SCOPED_TRACE(I);
+    const int N = 19;
     auto gu = in(random_vector(N * 2 * I, 11, 2.0f)), dout = in(random_vector(N * I, 12));
     DeviceArray ggu(gu, act()), gout(N * I, act()), gdout(dout, act()), gdgu(N * 2 * I, act());
     cuda::swiglu_forward(act(), gout.get(), ggu.get(), N, I, nullptr);
@@ -112,6 +123,7 @@ TEST_P(KernelTest, SwigluForwardAndBackward) {
         }
     EXPECT_LT(rel_max_error(gout.download(), out), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdgu.download(), dgu), tol(1e-5, 8e-3));
+  }
 }
 
 TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
@@ -160,9 +172,11 @@ TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
 }
 
 TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
-    const int n = 9, V = 3001;
+  for (const int V : {3001, 4096}) {  // scalar path, vector path
+    SCOPED_TRACE(V);
+    const int n = 9;
     auto logits = in(random_vector(n * V, 17, 3.0f));
-    std::vector<int32_t> tgt = {0, 5, -1, 3000, 17, -1, 2999, 1, 42};
+    std::vector<int32_t> tgt = {0, 5, -1, 3000, 17, -1, V - 2, 1, 42};
     int32_t* dt;
     CUDA_CHECK(cudaMalloc(&dt, n * 4));
     CUDA_CHECK(cudaMemcpy(dt, tgt.data(), n * 4, cudaMemcpyHostToDevice));
@@ -176,6 +190,7 @@ TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
     EXPECT_LT(rel_max_error(gl.download(), ref), tol(1e-5, 8e-3));
     EXPECT_NEAR(acc.download()[0], 0.5 * std::accumulate(loss.begin(), loss.end(), 0.0), 1e-4);
     cudaFree(dt);
+  }
 }
 
 TEST_P(KernelTest, BiasGradIsAColumnSum) {

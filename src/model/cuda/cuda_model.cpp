@@ -537,20 +537,22 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
-    auto t_ = timer_.scope("optimizer", stream_);
-    cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
-    cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
-                       buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
-                       buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out, args,
-                       stream_);
-    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    {
+        auto t_ = timer_.scope("optimizer", stream_);
+        cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
+        cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
+        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
+                           buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
+                           buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
+                           args, stream_);
+        CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    }
     float host[4] = {0, 0, 0, 0};
     CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
     sync();
-    timer_.collect();
+    timer_.collect();  // every scope of this step has ended (the optimizer's block above)
     return StepStats{host[2], host[0]};
 }
 
