@@ -13,8 +13,11 @@ UV=$(command -v uv || echo "$HOME/.local/bin/uv")
 # corpus, and qwen.tiktoken from the qwen-agent wheel. Needs ../shared/data (beside a developer's
 # checkout) and the network; without them the tests that need the data skip.
 REF="$BUILD_DIR/tokenizer-reference"
-SHARED_TOKENIZER=../shared/data/qwen2.5-tokenizer/tokenizer.json
-if [ -f "$SHARED_TOKENIZER" ] && [ ! -s "$REF/reference.bin" ]; then
+SHARED_TOKENIZER=""
+for d in "${QTRAIN_SHARED_DATA_DIR:-}" ../shared/data /work/shared/data; do  # same search as tests/CMakeLists.txt
+  if [ -n "$d" ] && [ -f "$d/qwen2.5-tokenizer/tokenizer.json" ]; then SHARED_TOKENIZER="$d/qwen2.5-tokenizer/tokenizer.json"; break; fi
+done
+if [ -n "$SHARED_TOKENIZER" ] && [ ! -s "$REF/reference.bin" ]; then
   "$UV" run --quiet --no-project --with tokenizers==0.23.3 python3 scripts/tokenizer_make_reference.py \
       --tokenizer "$SHARED_TOKENIZER" --out "$REF" \
     || echo "test.sh: warning: could not build the tokenizer reference (no network?); those tests will skip" >&2

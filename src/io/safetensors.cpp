@@ -4,7 +4,6 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -114,31 +113,12 @@ static SafeTensorInfo parse_tensor_entry(const std::string& name, const json& e,
     return info;
 }
 
-SafeTensorsFile::SafeTensorsFile(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    QT_CHECK(fd >= 0, "cannot open safetensors file '", path, "': ", std::strerror(errno));
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) {
-        int err = errno;
-        ::close(fd);
-        throw_error(cat("cannot stat '", path, "': ", std::strerror(err)));
-    }
-    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-    if (file_size < 8) {
-        ::close(fd);
-        throw_error(cat(path, ": not a safetensors file: ", file_size,
-                        " bytes, shorter than the 8-byte header length"));
-    }
-    void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);  // the mapping keeps the file alive
-    QT_CHECK(m != MAP_FAILED, "cannot mmap '", path, "': ", std::strerror(err));
-    map_ = m;
-    map_size_ = file_size;
-
-    // From here on a throw must unmap: the destructor does not run for a half-built object.
-    try {
-        const auto* bytes = static_cast<const unsigned char*>(map_);
+SafeTensorsFile::SafeTensorsFile(const std::string& path) : path_(path), file_(path, "safetensors file") {
+    const uint64_t file_size = file_.size();
+    QT_CHECK(file_size >= 8, path, ": not a safetensors file: ", file_size,
+             " bytes, shorter than the 8-byte header length");
+    {
+        const unsigned char* bytes = file_.data();
         uint64_t header_len = 0;
         std::memcpy(&header_len, bytes, 8);
         QT_CHECK(header_len <= kMaxHeaderBytes, path, ": header length ", header_len,
@@ -183,16 +163,10 @@ SafeTensorsFile::SafeTensorsFile(const std::string& path) : path_(path) {
                      prev ? prev->end : 0, "))");
             prev = &t;
         }
-    } catch (...) {
-        ::munmap(map_, map_size_);
-        map_ = nullptr;
-        throw;
     }
 }
 
-SafeTensorsFile::~SafeTensorsFile() {
-    if (map_) ::munmap(map_, map_size_);
-}
+SafeTensorsFile::~SafeTensorsFile() = default;
 
 const SafeTensorInfo* SafeTensorsFile::find(const std::string& name) const {
     for (const auto& t : tensors_)
@@ -201,9 +175,9 @@ const SafeTensorInfo* SafeTensorsFile::find(const std::string& name) const {
 }
 
 const void* SafeTensorsFile::data(const SafeTensorInfo& info) const {
-    QT_CHECK(info.file == path_ && info.end <= map_size_ - data_start_, path_, ": tensor '", info.name,
+    QT_CHECK(info.file == path_ && info.end <= file_.size() - data_start_, path_, ": tensor '", info.name,
              "' does not belong to this file (it is in '", info.file, "')");
-    return static_cast<const char*>(map_) + data_start_ + info.begin;
+    return reinterpret_cast<const char*>(file_.data()) + data_start_ + info.begin;
 }
 
 // ---------------------------------------------------------------------------------------------

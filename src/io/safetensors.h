@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 
 namespace qtrain {
@@ -52,8 +53,7 @@ public:
 
 private:
     std::string path_;
-    void* map_ = nullptr;
-    std::size_t map_size_ = 0;
+    MappedFile file_;
     std::size_t data_start_ = 0;
     std::vector<SafeTensorInfo> tensors_;
     std::map<std::string, std::string> metadata_;

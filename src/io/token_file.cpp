@@ -4,7 +4,6 @@
 #include "io/token_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,30 +28,12 @@ constexpr char kMagic[8] = {'B', 'I', 'N', '.', 'T', 'O', 'K', '\n'};
 uint64_t mask_bytes(int64_t n) { return static_cast<uint64_t>(n + 7) / 8; }
 }  // namespace
 
-TokenFile::TokenFile(const std::string& path) : path_(path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    QT_CHECK(fd >= 0, "cannot open token file '", path, "': ", std::strerror(errno));
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) {
-        int err = errno;
-        ::close(fd);
-        throw_error(cat("cannot stat '", path, "': ", std::strerror(err)));
-    }
-    const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-    if (file_size < kHeaderBytes) {
-        ::close(fd);
-        throw_error(cat(path, ": not a BIN.TOK token file: ", file_size, " bytes, shorter than the ", kHeaderBytes,
-                        "-byte header"));
-    }
-    void* m = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);
-    QT_CHECK(m != MAP_FAILED, "cannot mmap '", path, "': ", std::strerror(err));
-    map_ = m;
-    map_size_ = file_size;
-
-    try {
-        const auto* bytes = static_cast<const unsigned char*>(map_);
+TokenFile::TokenFile(const std::string& path) : path_(path), file_(path, "token file") {
+    const uint64_t file_size = file_.size();
+    QT_CHECK(file_size >= kHeaderBytes, path, ": not a BIN.TOK token file: ", file_size,
+             " bytes, shorter than the ", kHeaderBytes, "-byte header");
+    {
+        const unsigned char* bytes = file_.data();
         int32_t h[kHeaderInts];
         std::memcpy(h, bytes, kHeaderBytes);
         QT_CHECK(std::memcmp(bytes, kMagic, 8) == 0, path,
@@ -79,29 +60,11 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
                  file_size < expected ? "truncated?" : "trailing data?", ")");
         tokens_ = reinterpret_cast<const int32_t*>(bytes + kHeaderBytes);  // page-aligned + 1024: aligned
         if (header_.has_masks) masks_ = bytes + kHeaderBytes + 4 * n;
-    } catch (...) {
-        ::munmap(map_, map_size_);
-        map_ = nullptr;
-        throw;
     }
 }
 
-TokenFile::~TokenFile() {
-    if (map_) ::munmap(map_, map_size_);
-}
-
-TokenFile::TokenFile(TokenFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      header_(other.header_),
-      map_(other.map_),
-      map_size_(other.map_size_),
-      tokens_(other.tokens_),
-      masks_(other.masks_) {
-    other.map_ = nullptr;
-    other.map_size_ = 0;
-    other.tokens_ = nullptr;
-    other.masks_ = nullptr;
-}
+TokenFile::~TokenFile() = default;
+TokenFile::TokenFile(TokenFile&& other) noexcept = default;
 
 void TokenFile::validate_tokens(int vocab_size, const std::string& what) const {
     for (int64_t i = 0; i < header_.num_tokens; ++i) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_file.h"
+
 namespace qtrain {
 
 struct TokenFileHeader {
@@ -45,8 +47,7 @@ public:
 private:
     std::string path_;
     TokenFileHeader header_;
-    void* map_ = nullptr;
-    std::size_t map_size_ = 0;
+    MappedFile file_;
     const int32_t* tokens_ = nullptr;
     const uint8_t* masks_ = nullptr;
 };

@@ -82,9 +82,11 @@ int Trainer::run() {
 
     const MemoryPlan plan = plan_model(cfg, mopt, device);
     if (limit && plan.total_device() > limit) {
+        Logger("/dev/null", true).log_memory(plan, limit);  // show where the memory goes, then fail
         throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
-                        human_bytes(limit), "; reduce --batch-size or --seq-len, or use recompute/offload flags "
-                        "(--recompute-ffn --recompute-att, --offload-opt-m --offload-opt-v, --offload-master)"));
+                        human_bytes(limit), "; reduce --batch-size or --seq-len, or raise --lmhead-chunks "
+                        "(recompute and offload flags, which also shrink the plan, are not supported yet on --device=",
+                        device, ")"));
     }
     if (opt_.plan_only) {
         Logger plan_logger("/dev/null", true);

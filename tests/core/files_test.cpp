@@ -3,57 +3,19 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace qtrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test, removed afterwards.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        static std::atomic<int> counter{0};
-        path = fs::temp_directory_path() /
-               ("qtrain_files_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-void touch(const std::string& path, const std::string& text = "x") { std::ofstream(path) << text; }
-
-// Runs `f`, expecting a qtrain::Error whose message contains every one of `parts`.
-template <class F>
-void expect_error(F&& f, std::initializer_list<std::string> parts, const char* file, int line) {
-    try {
-        f();
-    } catch (const Error& e) {
-        const std::string m = e.what();
-        for (const auto& p : parts)
-            if (m.find(p) == std::string::npos) ADD_FAILURE_AT(file, line) << "'" << p << "' not in: " << m;
-        return;
-    } catch (const std::exception& e) {
-        ADD_FAILURE_AT(file, line) << "expected a qtrain::Error, got: " << e.what();
-        return;
-    }
-    ADD_FAILURE_AT(file, line) << "expected a qtrain::Error, nothing was thrown";
-}
-#define EXPECT_ERROR(stmt, ...) expect_error([&] { stmt; }, {__VA_ARGS__}, __FILE__, __LINE__)
+using test::TempDir;
 
 TEST(ParseBytes, Units) {
     EXPECT_EQ(parse_bytes("24GiB", "--memory-limit"), 24ull << 30);
@@ -76,9 +38,9 @@ TEST(ParseBytes, BadInputNamesFlag) {
 
 TEST(ExpandGlob, SortedFilesOnly) {
     TempDir d;
-    touch(d.file("b.bin"));
-    touch(d.file("a.bin"));
-    touch(d.file("c.txt"));
+    test::write_file(d.file("b.bin"), "x");
+    test::write_file(d.file("a.bin"), "x");
+    test::write_file(d.file("c.txt"), "x");
     fs::create_directory(d.path / "dir.bin");  // directories never count as data files
     auto files = expand_glob(d.file("*.bin"), "--train-file");
     ASSERT_EQ(files.size(), 2u);

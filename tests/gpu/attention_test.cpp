@@ -9,14 +9,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/rng.h"
 #include "cuda/attention.h"
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_ops.h"
@@ -25,7 +23,8 @@ namespace qtrain {
 namespace {
 
 using test::AllClose;
-using test::DeviceMemory;
+using test::DeviceBuffer;
+using test::random_vector;
 
 struct Case {
     int B, T, Hq, Hkv, D;
@@ -34,20 +33,13 @@ struct Case {
 
 AttentionShape shape_of(const Case& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
 
-std::vector<float> random_normal(std::size_t n, uint64_t seed, float std_dev = 1.0f) {
-    Rng rng(seed);
-    std::vector<float> v(n);
-    for (auto& x : v) x = std_dev * rng.normal();
-    return v;
-}
-
 std::size_t qkv_width(const AttentionShape& s) { return static_cast<std::size_t>(s.Hq + 2 * s.Hkv) * s.D; }
 std::size_t tokens(const AttentionShape& s) { return static_cast<std::size_t>(s.B) * s.T; }
 
 // Random fused qkv rows: q and k with std qk_std, v with std 1.
 std::vector<float> random_qkv(const Case& c, uint64_t seed) {
     const AttentionShape s = shape_of(c);
-    std::vector<float> qkv = random_normal(tokens(s) * qkv_width(s), seed);
+    std::vector<float> qkv = random_vector(tokens(s) * qkv_width(s), seed);
     const std::size_t qk_cols = static_cast<std::size_t>(s.Hq + s.Hkv) * s.D;
     for (std::size_t n = 0; n < tokens(s); ++n)
         for (std::size_t i = 0; i < qk_cols; ++i) qkv[n * qkv_width(s) + i] *= c.qk_std;
@@ -108,12 +100,12 @@ Result run_cpu(const std::vector<float>& qkv, const std::vector<float>& dout, co
 constexpr std::size_t kGuardBytes = 4096;
 
 // A buffer of `bytes` followed by a guard zone, all 0xFF (NaN in fp32 and bf16).
-DeviceMemory nan_buffer(std::size_t bytes) {
-    DeviceMemory m(bytes + kGuardBytes);
+DeviceBuffer nan_buffer(std::size_t bytes) {
+    DeviceBuffer m(bytes + kGuardBytes);
     m.fill_bytes(0xFF);
     return m;
 }
-::testing::AssertionResult GuardIntact(const char* what, const DeviceMemory& m) {
+::testing::AssertionResult GuardIntact(const char* what, const DeviceBuffer& m) {
     const auto all = test::to_host<uint8_t>(m.get(), m.bytes());
     for (std::size_t i = m.bytes() - kGuardBytes; i < m.bytes(); ++i)
         if (all[i] != 0xFF)
@@ -126,10 +118,10 @@ DeviceMemory nan_buffer(std::size_t bytes) {
 Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
     const std::size_t es = dtype_size(dtype);
     const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
-    DeviceMemory d_qkv = test::upload_as(dtype, qkv);
-    DeviceMemory d_dout = test::upload_as(dtype, dout);
-    DeviceMemory d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
-    DeviceMemory d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s));
+    DeviceBuffer d_qkv(qkv, dtype);
+    DeviceBuffer d_dout(dout, dtype);
+    DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
+    DeviceBuffer d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s));
 
     attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr);
     test::sync_device();
@@ -185,7 +177,7 @@ TEST_P(AttentionVsCpu, ForwardAndBackwardMatchReference) {
     const AttentionShape s = shape_of(c);
     const uint64_t seed = 1000003ull * c.B + 1009ull * c.T + 101ull * c.Hq + 11ull * c.Hkv + c.D;
     std::vector<float> qkv = random_qkv(c, seed);
-    std::vector<float> dout = random_normal(tokens(s) * s.Hq * s.D, seed + 1);
+    std::vector<float> dout = random_vector(tokens(s) * s.Hq * s.D, seed + 1);
     if (dtype == DType::BF16) {  // the reference sees exactly the GPU's inputs
         qkv = test::round_bf16(qkv);
         dout = test::round_bf16(dout);
@@ -239,7 +231,7 @@ TEST_P(AttentionDeterminism, RepeatedRunsAreBitIdentical) {
     const auto [dtype, c] = GetParam();
     const AttentionShape s = shape_of(c);
     const std::vector<float> qkv = random_qkv(c, 77);
-    const std::vector<float> dout = random_normal(tokens(s) * s.Hq * s.D, 78);
+    const std::vector<float> dout = random_vector(tokens(s) * s.Hq * s.D, 78);
     const Result a = run_gpu(dtype, qkv, dout, s);
     const Result b = run_gpu(dtype, qkv, dout, s);
     EXPECT_TRUE(a.out_bytes == b.out_bytes) << "forward out differs between runs";
@@ -270,24 +262,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDeterminism,
 
 // Argument validation happens on the host before anything touches the device, so this runs anywhere.
 TEST(AttentionArgs, RejectsUnsupportedShapesAndTypes) {
-    const auto expect_error = [](const std::function<void()>& f, const std::string& needle) {
-        try {
-            f();
-            ADD_FAILURE() << "expected an error mentioning \"" << needle << "\"";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-        }
-    };
     float dummy[4];
-    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 2, 2, 96}, nullptr); }, "head dim");
-    expect_error([&] { attention_forward(DType::F32, dummy, dummy, dummy, {1, 8, 2, 2, 32}, nullptr); }, "head dim");
-    expect_error([&] { attention_forward(DType::F16, dummy, dummy, dummy, {1, 8, 2, 2, 64}, nullptr); }, "dtype");
-    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 3, 2, 64}, nullptr); }, "multiple");
-    expect_error([&] { attention_forward(DType::BF16, dummy, dummy, dummy, {1, 0, 2, 2, 64}, nullptr); }, "bad shape");
-    expect_error([&] { attention_backward_workspace_bytes(DType::BF16, {1, 8, 2, 2, 80}); }, "head dim");
-    expect_error(
-        [&] { attention_backward(DType::BF16, dummy, dummy, dummy, dummy, dummy, dummy, {1, 8, 2, 2, 256}, nullptr); },
-        "head dim");
+    EXPECT_ERROR(attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 2, 2, 96}, nullptr), "head dim");
+    EXPECT_ERROR(attention_forward(DType::F32, dummy, dummy, dummy, {1, 8, 2, 2, 32}, nullptr), "head dim");
+    EXPECT_ERROR(attention_forward(DType::F16, dummy, dummy, dummy, {1, 8, 2, 2, 64}, nullptr), "dtype");
+    EXPECT_ERROR(attention_forward(DType::BF16, dummy, dummy, dummy, {1, 8, 3, 2, 64}, nullptr), "multiple");
+    EXPECT_ERROR(attention_forward(DType::BF16, dummy, dummy, dummy, {1, 0, 2, 2, 64}, nullptr), "bad shape");
+    EXPECT_ERROR(attention_backward_workspace_bytes(DType::BF16, {1, 8, 2, 2, 80}), "head dim");
+    EXPECT_ERROR(attention_backward(DType::BF16, dummy, dummy, dummy, dummy, dummy, dummy, {1, 8, 2, 2, 256}, nullptr),
+                 "head dim");
 }
 
 TEST(AttentionArgs, WorkspaceHoldsOneFloatPerQueryRow) {

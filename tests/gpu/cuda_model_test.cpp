@@ -5,13 +5,13 @@
 
 #include <cmath>
 
-#include "gpu_fixtures.h"
+#include "gpu_test_util.h"
 #include "model/cpu/cpu_model.h"
 #include "model/cuda/cuda_model.h"
 #include "model/model_config.h"
 
 using namespace qtrain;
-using namespace qtrain::gputest;
+using namespace qtrain::test;
 
 namespace {
 

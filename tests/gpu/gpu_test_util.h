@@ -1,6 +1,7 @@
-// Helpers shared by the GPU tests: skip cleanly without a GPU, move host vectors to and from the
-// device (converting through bf16 on the host with the reference conversions of core/dtype.h), and
-// compare a GPU result with the CPU reference, naming the worst element when they disagree.
+// Helpers shared by the GPU tests: skip cleanly without a GPU, an owning device buffer, moving host
+// vectors to and from the device (converting through bf16 on the host with the reference conversions
+// of core/dtype.h), and metrics comparing a GPU result with the CPU reference. The generic helpers
+// (random_vector, EXPECT_ERROR, TempDir, ...) come from tests/test_util.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "test_util.h"
 
 namespace qtrain::test {
 
@@ -28,54 +30,14 @@ inline bool has_gpu() { return cuda_device_count() > 0; }
 
 }  // namespace qtrain::test
 
-// First statement of every GPU test: skips (not fails) where no CUDA device is visible (CI).
-// (gpu_fixtures.h defines the same macro with the same meaning; whichever comes first wins.)
-#ifndef QTRAIN_REQUIRE_GPU
+// First statement of every GPU test (or of its fixture's SetUp): skips (not fails) where no CUDA
+// device is visible (CI).
 #define QTRAIN_REQUIRE_GPU()                                                     \
     do {                                                                         \
         if (!::qtrain::test::has_gpu()) GTEST_SKIP() << "no CUDA device found";  \
     } while (0)
-#endif
 
 namespace qtrain::test {
-
-// An owning device allocation (raw bytes; typed access through as<T>()).
-class DeviceMemory {
-public:
-    DeviceMemory() = default;
-    explicit DeviceMemory(std::size_t bytes) : bytes_(bytes) {
-        if (bytes_ > 0) CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
-    }
-    ~DeviceMemory() {
-        if (ptr_) cudaFree(ptr_);
-    }
-    DeviceMemory(DeviceMemory&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-    DeviceMemory& operator=(DeviceMemory&& o) noexcept {
-        if (this != &o) {
-            if (ptr_) cudaFree(ptr_);
-            ptr_ = std::exchange(o.ptr_, nullptr);
-            bytes_ = std::exchange(o.bytes_, 0);
-        }
-        return *this;
-    }
-    DeviceMemory(const DeviceMemory&) = delete;
-    DeviceMemory& operator=(const DeviceMemory&) = delete;
-
-    void* get() const { return ptr_; }
-    template <class T>
-    T* as() const {
-        return static_cast<T*>(ptr_);
-    }
-    std::size_t bytes() const { return bytes_; }
-    // Every byte set to `value` (0xFF makes every fp32/bf16 element a NaN: unwritten outputs show).
-    void fill_bytes(int value) const {
-        if (bytes_ > 0) CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
-    }
-
-private:
-    void* ptr_ = nullptr;
-    std::size_t bytes_ = 0;
-};
 
 // ---- host-side bf16 ----
 inline std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
@@ -93,28 +55,101 @@ inline std::vector<float> round_bf16(const std::vector<float>& x) { return from_
 
 // ---- transfers (synchronous) ----
 template <class T>
-DeviceMemory to_device(const std::vector<T>& host) {
-    DeviceMemory d(host.size() * sizeof(T));
-    if (!host.empty()) CUDA_CHECK(cudaMemcpy(d.get(), host.data(), d.bytes(), cudaMemcpyHostToDevice));
-    return d;
-}
-template <class T>
 std::vector<T> to_host(const void* device, std::size_t count) {
     std::vector<T> host(count);
     if (count > 0) CUDA_CHECK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
-}
-// fp32 values uploaded as `dtype` (F32 or BF16; bf16 rounds to nearest even).
-inline DeviceMemory upload_as(DType dtype, const std::vector<float>& host) {
-    if (dtype == DType::BF16) return to_device(to_bf16(host));
-    QT_CHECK(dtype == DType::F32, "upload_as: unsupported dtype ", dtype_name(dtype));
-    return to_device(host);
 }
 // `count` elements of `dtype` (F32 or BF16) read back as fp32.
 inline std::vector<float> download_as(DType dtype, const void* device, std::size_t count) {
     if (dtype == DType::BF16) return from_bf16(to_host<uint16_t>(device, count));
     QT_CHECK(dtype == DType::F32, "download_as: unsupported dtype ", dtype_name(dtype));
     return to_host<float>(device, count);
+}
+
+// An owning device allocation (nothing is allocated for 0 bytes; get() is then null).
+//  - raw: DeviceBuffer(bytes), uninitialised; typed access through as<T>() / f32().
+//  - typed: DeviceBuffer(n, dtype), n zeroed elements; DeviceBuffer(host, dtype), the fp32 host
+//    values stored as dtype. A typed F32 or BF16 buffer also upload()s / download()s whole fp32
+//    host vectors (bf16 rounds to nearest even on the way in).
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+        if (bytes_ > 0) CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
+    }
+    DeviceBuffer(std::size_t n, DType dtype) : DeviceBuffer(n * dtype_size(dtype)) {
+        dtype_ = dtype;
+        size_ = n;
+        fill_bytes(0);
+    }
+    DeviceBuffer(const std::vector<float>& host, DType dtype) : DeviceBuffer(host.size(), dtype) { upload(host); }
+    ~DeviceBuffer() {
+        if (ptr_) cudaFree(ptr_);
+    }
+    DeviceBuffer(DeviceBuffer&& o) noexcept
+        : ptr_(std::exchange(o.ptr_, nullptr)),
+          bytes_(std::exchange(o.bytes_, 0)),
+          size_(std::exchange(o.size_, 0)),
+          dtype_(o.dtype_) {}
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) {
+            if (ptr_) cudaFree(ptr_);
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            bytes_ = std::exchange(o.bytes_, 0);
+            size_ = std::exchange(o.size_, 0);
+            dtype_ = o.dtype_;
+        }
+        return *this;
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    void* get() const { return ptr_; }
+    template <class T>
+    T* as() const {
+        return static_cast<T*>(ptr_);
+    }
+    float* f32() const { return as<float>(); }
+    std::size_t bytes() const { return bytes_; }
+    std::size_t size() const { return size_; }  // elements of a typed buffer (0 for a raw one)
+    DType dtype() const { return dtype_; }
+
+    // Every byte set to `value` (0xFF makes every fp32/bf16 element a NaN: unwritten outputs show).
+    void fill_bytes(int value) const {
+        if (bytes_ > 0) CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+    }
+    // Typed buffers only: replaces the contents with `host` (size() values) converted to dtype().
+    void upload(const std::vector<float>& host) {
+        QT_CHECK(host.size() == size_, "DeviceBuffer::upload: ", host.size(), " values for ", size_, " elements");
+        if (size_ == 0) return;
+        if (dtype_ == DType::BF16) {
+            const std::vector<uint16_t> raw = to_bf16(host);
+            CUDA_CHECK(cudaMemcpy(ptr_, raw.data(), bytes_, cudaMemcpyHostToDevice));
+        } else {
+            QT_CHECK(dtype_ == DType::F32, "DeviceBuffer::upload: unsupported dtype ", dtype_name(dtype_));
+            CUDA_CHECK(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice));
+        }
+    }
+    // Typed buffers only: waits for the device, then reads the contents back as fp32.
+    std::vector<float> download() const {
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return download_as(dtype_, ptr_, size_);
+    }
+
+private:
+    void* ptr_ = nullptr;
+    std::size_t bytes_ = 0;
+    std::size_t size_ = 0;
+    DType dtype_ = DType::F32;
+};
+
+// A raw buffer holding a copy of `host`.
+template <class T>
+DeviceBuffer to_device(const std::vector<T>& host) {
+    DeviceBuffer d(host.size() * sizeof(T));
+    if (!host.empty()) CUDA_CHECK(cudaMemcpy(d.get(), host.data(), d.bytes(), cudaMemcpyHostToDevice));
+    return d;
 }
 
 // Waits for the device and surfaces any asynchronous kernel error as a qtrain::Error.
@@ -124,6 +159,33 @@ inline void sync_device() {
 }
 
 // ---- comparison ----
+
+// max |a - b| / max |b| (b the reference): one number per tensor, robust to tiny reference values.
+// Any NaN/inf on either side (or a size mismatch) gives +inf, so such outputs always fail.
+inline double rel_max_error(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
+    double diff = 0, ref = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        // a NaN or inf on either side is a failure, never skipped by max()
+        if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+        diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+        ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
+    }
+    return ref > 0 ? diff / ref : diff;
+}
+
+// Cosine similarity: 1 when both are all zero, NaN when only one is.
+inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+    double ab = 0, aa = 0, bb = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        ab += static_cast<double>(a[i]) * b[i];
+        aa += static_cast<double>(a[i]) * a[i];
+        bb += static_cast<double>(b[i]) * b[i];
+    }
+    if (aa == 0 && bb == 0) return 1.0;
+    return ab / std::sqrt(aa * bb);
+}
+
 struct Comparison {
     double max_abs_err = 0.0;  // max |actual - expected| (inf if actual has a non-finite value)
     double max_abs_ref = 0.0;  // max |expected|

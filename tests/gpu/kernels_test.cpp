@@ -9,11 +9,11 @@
 
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
-#include "gpu_fixtures.h"
+#include "gpu_test_util.h"
 #include "model/cpu/cpu_ops.h"
 
 using namespace qtrain;
-using namespace qtrain::gputest;
+using namespace qtrain::test;
 
 namespace {
 
@@ -24,7 +24,7 @@ protected:
     // the tolerance for the current activation type
     double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
     // inputs as the GPU sees them
-    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? bf16_rounded(std::move(v)) : v; }
+    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
 };
 
 }  // namespace
@@ -34,7 +34,7 @@ TEST_P(KernelTest, ResidualRmsnormForward) {
     SCOPED_TRACE(C);
     const int N = 37;
     auto a = in(random_vector(N * C, 1)), d = in(random_vector(N * C, 2)), w = in(random_vector(C, 3));
-    DeviceArray ga(a, act()), gd(d, act()), gw(w, act()), gres(N * C, act()), gnorm(N * C, act()), grstd(N, DType::F32);
+    DeviceBuffer ga(a, act()), gd(d, act()), gw(w, act()), gres(N * C, act()), gnorm(N * C, act()), grstd(N, DType::F32);
     cuda::residual_rmsnorm_forward(act(), gres.get(), gnorm.get(), grstd.f32(), ga.get(), gd.get(), gw.get(), N, C,
                                    1e-6f, nullptr);
     std::vector<float> res(N * C), norm(N * C), rstd(N);
@@ -55,7 +55,7 @@ TEST_P(KernelTest, RmsnormBackward) {
     auto dres0 = in(random_vector(N * C, 7)), dw0 = random_vector(C, 8);
     std::vector<float> rstd(N), tmp(N * C);
     cpu::rmsnorm_forward(tmp.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-    DeviceArray gx(x, act()), gw(w, act()), gdy(dy, act()), gdres(dres0, act()), gdw(dw0, DType::F32),
+    DeviceBuffer gx(x, act()), gw(w, act()), gdy(dy, act()), gdres(dres0, act()), gdw(dw0, DType::F32),
         grstd(rstd, DType::F32), scratch(cuda::rmsnorm_backward_scratch_floats(N, C), DType::F32);
     cuda::rmsnorm_backward(act(), gdres.get(), gdw.f32(), scratch.f32(), gdy.get(), gx.get(), gw.get(), grstd.f32(), N,
                            C, nullptr);
@@ -73,7 +73,7 @@ TEST_P(KernelTest, RopeForwardAndBackwardOnFusedQkv) {
     auto qkv = in(random_vector(N * stride, 9));
     std::vector<float> cs(2 * T * D / 2);
     cpu::rope_tables(cs.data(), cs.data() + T * D / 2, T, D, 1e6);
-    DeviceArray g(qkv, act()), gcs(cs, DType::F32);
+    DeviceBuffer g(qkv, act()), gcs(cs, DType::F32);
     cuda::rope_forward(act(), g.get(), gcs.f32(), B, T, Hq, Hkv, D, nullptr);
     auto out = g.download();
     // reference: rotate the q and k parts (heads 0..Hq+Hkv-1 of each row are contiguous)
@@ -104,7 +104,7 @@ TEST_P(KernelTest, SwigluForwardAndBackward) {
     SCOPED_TRACE(I);
     const int N = 19;
     auto gu = in(random_vector(N * 2 * I, 11, 2.0f)), dout = in(random_vector(N * I, 12));
-    DeviceArray ggu(gu, act()), gout(N * I, act()), gdout(dout, act()), gdgu(N * 2 * I, act());
+    DeviceBuffer ggu(gu, act()), gout(N * I, act()), gdout(dout, act()), gdgu(N * 2 * I, act());
     cuda::swiglu_forward(act(), gout.get(), ggu.get(), N, I, nullptr);
     cuda::swiglu_backward(act(), gdgu.get(), gdout.get(), ggu.get(), N, I, nullptr);
     std::vector<float> gate(N * I), up(N * I), out(N * I), dg(N * I, 0.0f), du(N * I, 0.0f);
@@ -153,9 +153,9 @@ TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
     CUDA_CHECK(cudaMemcpy(duniq, uniq.data(), uniq.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dpos, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
-    DeviceArray gtable(table, act()), gout(N * C, act()), gdout(dout, act());
+    DeviceBuffer gtable(table, act()), gout(N * C, act()), gdout(dout, act());
     auto dtable0 = random_vector(V * C, 16);
-    DeviceArray gdtable(dtable0, DType::F32);
+    DeviceBuffer gdtable(dtable0, DType::F32);
     cuda::embedding_forward(act(), gout.get(), dtok, gtable.get(), N, C, nullptr);
     cuda::embedding_backward(gdtable.f32(), act(), gdout.get(), duniq, doffs, dpos, static_cast<int>(uniq.size()), C,
                              nullptr);
@@ -180,7 +180,7 @@ TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
     int32_t* dt;
     CUDA_CHECK(cudaMalloc(&dt, n * 4));
     CUDA_CHECK(cudaMemcpy(dt, tgt.data(), n * 4, cudaMemcpyHostToDevice));
-    DeviceArray gl(logits, act()), gloss(n, DType::F32), acc(4, DType::F32);
+    DeviceBuffer gl(logits, act()), gloss(n, DType::F32), acc(4, DType::F32);
     cuda::softmax_cross_entropy(act(), gl.get(), gloss.f32(), dt, n, V, 0.25f, true, nullptr);
     cuda::accumulate_loss(acc.f32(), gloss.f32(), n, 0.5f, nullptr);
     std::vector<float> ref = logits, loss(n);
@@ -197,7 +197,7 @@ TEST_P(KernelTest, BiasGradIsAColumnSum) {
     const int N = 1000, C = 77;
     auto d = in(random_vector(N * C, 18));
     auto db0 = random_vector(C, 19);
-    DeviceArray gd(d, act()), gdb(db0, DType::F32), scratch(cuda::bias_grad_scratch_floats(N, C), DType::F32);
+    DeviceBuffer gd(d, act()), gdb(db0, DType::F32), scratch(cuda::bias_grad_scratch_floats(N, C), DType::F32);
     cuda::bias_grad(gdb.f32(), scratch.f32(), act(), gd.get(), N, C, nullptr);
     auto db = db0;
     for (int n = 0; n < N; ++n)
@@ -210,7 +210,7 @@ TEST_P(KernelTest, LinearForwardAndBackwardThroughCublasLt) {
     auto x = in(random_vector(N * IC, 20)), w = in(random_vector(OC * IC, 21, 0.1f)), b = in(random_vector(OC, 22));
     auto dy = in(random_vector(N * OC, 23));
     auto dw0 = random_vector(OC * IC, 24);
-    DeviceArray gx(x, act()), gw(w, act()), gb(b, act()), gy(N * OC, act()), gdy(dy, act()), gdx(N * IC, act()),
+    DeviceBuffer gx(x, act()), gw(w, act()), gb(b, act()), gy(N * OC, act()), gdy(dy, act()), gdx(N * IC, act()),
         gdw(dw0, DType::F32);
     GemmRunner gemm(16 << 20);
     gemm.linear_forward(gy.get(), act(), gx.get(), gw.get(), act(), gb.get(), N, IC, OC, nullptr);
@@ -239,7 +239,7 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     void* dsegs;
     CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 2));
     CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 2, cudaMemcpyHostToDevice));
-    DeviceArray gm(master0, DType::F32), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
+    DeviceBuffer gm(master0, DType::F32), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
         gw(total, DType::BF16), partials(cuda::norm_partials_count(), DType::F32), out(4, DType::F32);
 
     double ss = 0;
@@ -260,7 +260,7 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     EXPECT_LT(rel_max_error(gm.download(), master), 1e-6);
     EXPECT_LT(rel_max_error(gmm.download(), m), 1e-6);
     EXPECT_LT(rel_max_error(gvv.download(), v), 1e-6);
-    EXPECT_LT(rel_max_error(gw.download(), bf16_rounded(master)), 1e-6);  // weights = bf16(master)
+    EXPECT_LT(rel_max_error(gw.download(), round_bf16(master)), 1e-6);  // weights = bf16(master)
     cudaFree(dsegs);
 }
 
@@ -275,7 +275,7 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     void* dsegs;
     CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
     CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
-    DeviceArray gm(master, DType::F32), gg(grad, DType::F32), gmm(zero, DType::BF16), gvv(zero, DType::BF16),
+    DeviceBuffer gm(master, DType::F32), gg(grad, DType::F32), gmm(zero, DType::BF16), gvv(zero, DType::BF16),
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 99};
     cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), gmm.get(),

@@ -10,13 +10,13 @@
 #include <optional>
 #include <string>
 
-#include "test_helpers.h"
+#include "test_util.h"
 
 namespace qtrain {
 namespace {
 
-using testing::TempDir;
-using testing::write_bytes;
+using test::TempDir;
+using test::write_file;
 namespace fs = std::filesystem;
 
 // Sets (or unsets, with nullptr) an environment variable for the lifetime of the object.
@@ -49,14 +49,14 @@ protected:
     static fs::path make_snapshot(const fs::path& root, const std::string& repo, const std::string& rev) {
         fs::path snap = root / repo / "snapshots" / rev;
         fs::create_directories(snap);
-        write_bytes((snap / "config.json").string(), "{}");
+        write_file((snap / "config.json").string(), "{}");
         return snap;
     }
 };
 
 TEST_F(HfModelDir, LocalDirectory) {
     fs::create_directories(tmp.path / "local");
-    write_bytes(tmp.file("local/config.json"), "{}");
+    write_file(tmp.file("local/config.json"), "{}");
     EXPECT_EQ(find_model_dir(tmp.file("local")), tmp.file("local"));
     EXPECT_EQ(resolve_model_dir(tmp.file("local")), tmp.file("local"));
 }
@@ -74,13 +74,13 @@ TEST_F(HfModelDir, HubCacheFollowsRefsMain) {
     const fs::path other = make_snapshot(root, repo, "zzz999");
     fs::last_write_time(other, fs::last_write_time(wanted) + std::chrono::hours(1));  // newer, but not main
     fs::create_directories(root / repo / "refs");
-    write_bytes((root / repo / "refs" / "main").string(), "abc123");
+    write_file((root / repo / "refs" / "main").string(), "abc123");
     EXPECT_EQ(find_model_dir("Qwen/Qwen2.5-0.5B"), wanted.string());
     // A trailing newline (hand-written ref) still works.
-    write_bytes((root / repo / "refs" / "main").string(), "abc123\n");
+    write_file((root / repo / "refs" / "main").string(), "abc123\n");
     EXPECT_EQ(resolve_model_dir("Qwen/Qwen2.5-0.5B"), wanted.string());
     // refs/main naming a snapshot that is not there: fall back to the newest snapshot.
-    write_bytes((root / repo / "refs" / "main").string(), "gone");
+    write_file((root / repo / "refs" / "main").string(), "gone");
     EXPECT_EQ(find_model_dir("Qwen/Qwen2.5-0.5B"), other.string());
 }
 

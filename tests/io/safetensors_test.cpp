@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "core/files.h"
-#include "test_helpers.h"
+#include "test_util.h"
 
 namespace qtrain {
 namespace {
 
 using json = nlohmann::ordered_json;
-using testing::TempDir;
-using testing::write_bytes;
+using test::TempDir;
+using test::write_file;
 namespace fs = std::filesystem;
 
 // A safetensors file from a header text and a data blob; `len` overrides the length field.
@@ -258,7 +258,7 @@ TEST(SafeTensorsDir, ShardedIndex) {
     write_shard(d.file("model-00002-of-00002.safetensors"), {"c"}, 2.0f);
     // A stray single file must be ignored when the index exists (the index is authoritative).
     write_shard(d.file("model.safetensors"), {"zzz"}, 9.0f);
-    write_bytes(d.file("model.safetensors.index.json"), R"({"metadata": {"total_size": 48}, "weight_map": {
+    write_file(d.file("model.safetensors.index.json"), R"({"metadata": {"total_size": 48}, "weight_map": {
         "a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
         "c": "model-00002-of-00002.safetensors"}})");
     SafeTensorsReader r = SafeTensorsReader::open_dir(d.path.string());
@@ -280,21 +280,21 @@ TEST(SafeTensorsDir, BadIndexes) {
     const std::string index = d.file("model.safetensors.index.json");
     const std::string dir = d.path.string();
 
-    write_bytes(index, R"({"weight_map": {"a": "s1.safetensors", "b": "missing.safetensors"}})");
+    write_file(index, R"({"weight_map": {"a": "s1.safetensors", "b": "missing.safetensors"}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), "missing.safetensors", "'b'", index);
-    write_bytes(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors"}})");
+    write_file(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors"}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), "'b'", "s1.safetensors", "not in it");
-    write_bytes(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "x": "s2.safetensors"}})");
+    write_file(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "x": "s2.safetensors"}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), "'b'");
-    write_bytes(index, R"({"weight_map": {"a": "s2.safetensors", "b": "s1.safetensors"}})");
+    write_file(index, R"({"weight_map": {"a": "s2.safetensors", "b": "s1.safetensors"}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), "'a'", "s2.safetensors", "found in");
-    write_bytes(index, R"({"weight_map": {"a": "s1.safetensors",)");
+    write_file(index, R"({"weight_map": {"a": "s1.safetensors",)");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), index, "not valid JSON");
-    write_bytes(index, R"({"metadata": {}})");
+    write_file(index, R"({"metadata": {}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), index, "weight_map");
-    write_bytes(index, R"({"weight_map": {"a": 3}})");
+    write_file(index, R"({"weight_map": {"a": 3}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), index, "'a'");
-    write_bytes(index, R"({"weight_map": {}})");
+    write_file(index, R"({"weight_map": {}})");
     EXPECT_ERROR(SafeTensorsReader::open_dir(dir), index, "empty");
 }
 
@@ -321,12 +321,12 @@ protected:
     std::string path = dir.file("bad.safetensors");
     // Writes `bytes` and expects opening to fail with a message naming the file and `parts`.
     void expect_bad(const std::string& bytes, std::initializer_list<std::string> parts, int line) {
-        write_bytes(path, bytes);
+        write_file(path, bytes);
         SCOPED_TRACE("from line " + std::to_string(line));
-        std::string m = testing::expect_error([&] { SafeTensorsFile f(path); }, parts, __FILE__, line);
+        std::string m = test::expect_error([&] { SafeTensorsFile f(path); }, parts, __FILE__, line);
         EXPECT_NE(m.find(path), std::string::npos) << "file not named: " << m;
         // The reader must fail the same way.
-        testing::expect_error([&] { SafeTensorsReader r({path}); }, parts, __FILE__, line);
+        test::expect_error([&] { SafeTensorsReader r({path}); }, parts, __FILE__, line);
     }
 };
 #define EXPECT_BAD(bytes, ...) expect_bad(bytes, {__VA_ARGS__}, __LINE__)
@@ -398,7 +398,7 @@ TEST_F(SafeTensorsBad, Overlap) {
                            "b": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}})", data),
                "overlaps", "'a'", "'b'");
     // Touching is fine, and so is an empty tensor anywhere.
-    write_bytes(path, raw_file(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    write_file(path, raw_file(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
                                   "e": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
                                   "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", data));
     SafeTensorsFile f(path);

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "core/files.h"
-#include "test_helpers.h"
+#include "test_util.h"
 
 namespace qtrain {
 namespace {
 
-using testing::TempDir;
-using testing::write_bytes;
+using test::TempDir;
+using test::write_file;
 namespace fs = std::filesystem;
 
 // A hand-made file: header ints as given, then the token ints, then raw trailing bytes.
@@ -136,7 +136,7 @@ TEST(TokenFile, EmptyFileAndMove) {
 TEST(TokenFile, ReadsVersion1) {
     TempDir d;
     // v1: fields [5] and [6] did not exist; whatever is there is ignored.
-    write_bytes(d.file("v1.bin"), raw_token_file({0, 0, 1, 4, 3, 77, 1}, {5, 6, 7}));
+    write_file(d.file("v1.bin"), raw_token_file({0, 0, 1, 4, 3, 77, 1}, {5, 6, 7}));
     TokenFile f(d.file("v1.bin"));
     EXPECT_EQ(f.header().version, 1);
     EXPECT_EQ(f.header().vocab_size, 0);
@@ -148,7 +148,7 @@ TEST(TokenFile, ReadsVersion1) {
 TEST(TokenFile, ReadsHandMadeV2WithMasks) {
     TempDir d;
     // Written independently of our writer: 10 tokens, mask bytes 0xff, 0x02 (tokens 0-7 and 9).
-    write_bytes(d.file("v2.bin"), raw_token_file({0, 0, 2, 4, 10, 32000, 1}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
+    write_file(d.file("v2.bin"), raw_token_file({0, 0, 2, 4, 10, 32000, 1}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9},
                                                  std::string("\xff\x02", 2)));
     TokenFile f(d.file("v2.bin"));
     EXPECT_EQ(f.header().vocab_size, 32000);
@@ -159,7 +159,7 @@ TEST(TokenFile, BadFilesNameTheFile) {
     TempDir d;
     const std::string p = d.file("bad.bin");
     auto bad = [&](const std::string& bytes) {
-        write_bytes(p, bytes);
+        write_file(p, bytes);
         TokenFile f(p);
     };
     EXPECT_ERROR(bad(raw_token_file({0, 0, 2, 4, 1, 10, 0}, {1}, "", "BIN.TOX\n")), p, "BIN.TOK");

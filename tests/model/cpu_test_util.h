@@ -1,4 +1,5 @@
-// Helpers shared by the CPU reference model tests: tiny configs, random data, finite differences.
+// Helpers shared by the CPU reference model tests: tiny configs, random batches, finite differences
+// (random_vector and the generic helpers are in tests/test_util.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include "core/rng.h"
 #include "model/cpu/cpu_model.h"
 #include "model/model_config.h"
+#include "test_util.h"  // random_vector, TempDir, ...
 
 namespace qtrain::test {
 
@@ -32,13 +34,6 @@ inline ModelConfig tiny_config(bool tied) {
     c.initializer_range = 0.02;
     c.max_position_embeddings = 128;
     return c;
-}
-
-inline std::vector<float> random_vector(size_t n, uint64_t seed, float scale = 1.0f) {
-    Rng rng(seed);
-    std::vector<float> v(n);
-    for (auto& x : v) x = scale * rng.normal();
-    return v;
 }
 
 // A micro-batch that owns its tokens.

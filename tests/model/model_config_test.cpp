@@ -5,16 +5,13 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace qtrain {
 namespace {
@@ -47,24 +44,6 @@ constexpr const char* kQwen25_05B = R"({
   "use_sliding_window": false,
   "vocab_size": 151936
 })";
-
-// Runs `f`, expecting a qtrain::Error whose message contains every one of `parts`.
-template <class F>
-void expect_error(F&& f, std::initializer_list<std::string> parts, const char* file, int line) {
-    try {
-        f();
-    } catch (const Error& e) {
-        const std::string m = e.what();
-        for (const auto& p : parts)
-            if (m.find(p) == std::string::npos) ADD_FAILURE_AT(file, line) << "'" << p << "' not in: " << m;
-        return;
-    } catch (const std::exception& e) {
-        ADD_FAILURE_AT(file, line) << "expected a qtrain::Error, got: " << e.what();
-        return;
-    }
-    ADD_FAILURE_AT(file, line) << "expected a qtrain::Error, nothing was thrown";
-}
-#define EXPECT_ERROR(stmt, ...) expect_error([&] { stmt; }, {__VA_ARGS__}, __FILE__, __LINE__)
 
 // The 0.5B config with one field replaced (or removed, with a null json and remove=true).
 std::string edited(const char* key, const json& value, bool remove = false) {
@@ -274,14 +253,13 @@ TEST(ModelConfigJson, RoundTrips) {
 }
 
 TEST(ModelConfigJson, LoadFromFile) {
-    const auto dir = std::filesystem::temp_directory_path() / ("qtrain_cfg_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    const std::string path = (dir / "config.json").string();
-    std::ofstream(path) << kQwen25_05B;
+    test::TempDir dir;
+    const std::string path = dir.file("config.json");
+    test::write_file(path, kQwen25_05B);
     EXPECT_EQ(load_model_config(path).hidden_size, 896);
-    std::ofstream(path) << "{";
+    test::write_file(path, "{");
     EXPECT_ERROR(load_model_config(path), path, "not valid JSON");
-    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir.path);
     EXPECT_ERROR(load_model_config(path), path);
 }
 

@@ -1,9 +1,7 @@
 // build/tokenize end to end: small inputs -> token files read back with qtrain::TokenFile. Uses the
 // tiny tokenizer.json the tests write themselves (so it runs everywhere), plus the real Qwen2.5
 // tokenizer where ../shared data is present.
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -16,31 +14,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-    int status;
-    std::string output;  // stdout and stderr
-};
+using test::RunResult;
+using test::write_file;
 
+// Runs the tokenize app (stdout and stderr in .output).
 RunResult run_tokenize(const std::string& args, const std::string& env = "") {
-    const std::string cmd = env + " " + QTRAIN_TOKENIZE_EXE + " --no-progress " + args + " 2>&1";
-    RunResult r{0, ""};
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (!pipe) return {-1, "popen failed"};
-    char buf[4096];
-    while (std::size_t n = fread(buf, 1, sizeof buf, pipe)) r.output.append(buf, n);
-    const int status = pclose(pipe);
-    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+    return test::run_command(env + " " + QTRAIN_TOKENIZE_EXE + " --no-progress " + args);
 }
-
-void write_file(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 std::vector<int32_t> tokens_of(const TokenFile& f) { return {f.tokens(), f.tokens() + f.size()}; }
 
 class TokenizeApp : public ::testing::Test {
 protected:
     void SetUp() override {
-        tokenizer_path_ = test::write_tiny_tokenizer_json(tok_dir_.path(), {{"h", "e"}, {"l", "l"}, {"o", " "}}, false);
+        tokenizer_path_ = test::write_tiny_tokenizer_json(tok_dir_.str(), {{"h", "e"}, {"l", "l"}, {"o", " "}}, false);
         tok_ = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path_));
         eos_ = *tok_->token_id("<|endoftext|>");
     }
@@ -54,7 +41,7 @@ protected:
         return ids;
     }
     std::string args(const std::string& rest) const {
-        return "--tokenizer=" + tokenizer_path_ + " --out-dir=" + out_.path() + " " + rest;
+        return "--tokenizer=" + tokenizer_path_ + " --out-dir=" + out_.str() + " " + rest;
     }
 
     test::TempDir tok_dir_, in_, out_;
@@ -66,8 +53,8 @@ protected:
 TEST_F(TokenizeApp, OneDocumentPerTextFileWithEos) {
     write_file(in_.file("a.txt"), "hello world\n");
     write_file(in_.file("b.txt"), "second <|endoftext|> file");
-    const RunResult r = run_tokenize(args("--input=" + in_.path() + "/*.txt --threads=2"));
-    ASSERT_EQ(r.status, 0) << r.output;
+    const RunResult r = run_tokenize(args("--input=" + in_.str() + "/*.txt --threads=2"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("2 documents"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("MB/s"), std::string::npos) << r.output;
     const TokenFile f(out_.file("train.bin"));
@@ -79,16 +66,16 @@ TEST_F(TokenizeApp, OneDocumentPerTextFileWithEos) {
 
 TEST_F(TokenizeApp, DocumentSeparators) {
     write_file(in_.file("t.txt"), "para one\nstill one\n\n \npara two\r\nline\n\nthree");
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("t.txt") + " --doc-separator=blank-line")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("t.txt") + " --doc-separator=blank-line")).exit_code, 0);
     EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))),
               expected({"para one\nstill one", "para two\r\nline", "three"}));
 
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("t.txt") + " --doc-separator=line")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("t.txt") + " --doc-separator=line")).exit_code, 0);
     EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))),
               expected({"para one", "still one", " ", "para two", "line", "three"}));
 
     write_file(in_.file("s.txt"), "story one<|endoftext|>story two\n<|endoftext|>");
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("s.txt") + " '--doc-separator=<|endoftext|>'")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("s.txt") + " '--doc-separator=<|endoftext|>'")).exit_code, 0);
     EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), expected({"story one", "story two\n"}));
 }
 
@@ -100,7 +87,7 @@ TEST_F(TokenizeApp, EvalSplitTakesWholeDocumentsFromTheStart) {
         text += docs.back() + "\n";
     }
     write_file(in_.file("d.txt"), text);
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --eval-tokens=50")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --eval-tokens=50")).exit_code, 0);
     const auto eval = tokens_of(TokenFile(out_.file("eval.bin")));
     const auto train = tokens_of(TokenFile(out_.file("train.bin")));
     std::size_t n_eval = 0;
@@ -108,7 +95,7 @@ TEST_F(TokenizeApp, EvalSplitTakesWholeDocumentsFromTheStart) {
     EXPECT_EQ(eval, expected(std::vector<std::string>(docs.begin(), docs.begin() + n_eval)));
     EXPECT_EQ(train, expected(std::vector<std::string>(docs.begin() + n_eval, docs.end())));
 
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --eval-fraction=0.25")).status,
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --eval-fraction=0.25")).exit_code,
               0);
     // Documents starting in the first 25% of the bytes: 5 of 20 equal-ish lines (0..4 start below).
     std::size_t offset = 0, k = 0;
@@ -120,11 +107,11 @@ TEST_F(TokenizeApp, EvalSplitTakesWholeDocumentsFromTheStart) {
 TEST_F(TokenizeApp, JsonLinesTextAndMasks) {
     write_file(in_.file("d.jsonl"),
                "{\"text\": \"hello one\", \"meta\": {\"body\": \"nested\"}}\n\n{\"text\": \"two\"}\n");
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.jsonl"))).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.jsonl"))).exit_code, 0);
     EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), expected({"hello one", "two"}));
 
     write_file(in_.file("p.jsonl"), "{\"q\": \"hello?\", \"a\": \"world\"}\n{\"q\": \"x\", \"a\": \"yo\"}\n");
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("p.jsonl") + " --prompt-field=q --response-field=a")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("p.jsonl") + " --prompt-field=q --response-field=a")).exit_code, 0);
     const TokenFile f(out_.file("train.bin"));
     ASSERT_TRUE(f.has_masks());
     std::vector<int32_t> want;
@@ -151,7 +138,7 @@ TEST_F(TokenizeApp, ShardsAndStaleFiles) {
     }
     write_file(in_.file("d.txt"), text);
     write_file(out_.file("train-099.bin"), "left over");
-    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --shard-tokens=40")).status, 0);
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=line --shard-tokens=40")).exit_code, 0);
     EXPECT_FALSE(fs::exists(out_.file("train-099.bin")));
     EXPECT_FALSE(fs::exists(out_.file("train.bin")));
     std::vector<int32_t> all;
@@ -167,30 +154,30 @@ TEST_F(TokenizeApp, ShardsAndStaleFiles) {
 
 TEST_F(TokenizeApp, ClearErrors) {
     RunResult r = run_tokenize(args("--input=" + in_.file("missing.txt")));
-    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("missing.txt"), std::string::npos) << r.output;
 
     write_file(in_.file("a.txt"), "x");
     r = run_tokenize("--tokenizer=" + in_.file("no-such-tokenizer.json") + " --input=" + in_.file("a.txt") +
-                     " --out-dir=" + out_.path());
-    EXPECT_NE(r.status, 0);
+                     " --out-dir=" + out_.str());
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("no-such-tokenizer.json"), std::string::npos) << r.output;
 
     write_file(in_.file("bad.jsonl"), "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
     r = run_tokenize(args("--input=" + in_.file("bad.jsonl")));
-    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("bad.jsonl:2: no field 'text' (top-level fields: body)"), std::string::npos) << r.output;
 
     r = run_tokenize(args("--dataset=no-such-set"));
-    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("tiny-shakespeare"), std::string::npos) << r.output;
 }
 
 TEST_F(TokenizeApp, NamedDatasetFromTheDownloadDirectoryOrAClearError) {
     // Without the file and without curl: the error names the URL and where to put the file.
     const RunResult r =
-        run_tokenize(args("--dataset=tiny-shakespeare --download-dir=" + in_.path()), "PATH=/nonexistent");
-    EXPECT_NE(r.status, 0);
+        run_tokenize(args("--dataset=tiny-shakespeare --download-dir=" + in_.str()), "PATH=/nonexistent");
+    EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find("https://raw.githubusercontent.com/karpathy/char-rnn"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(in_.file("tiny-shakespeare.txt")), std::string::npos) << r.output;
 
@@ -198,8 +185,8 @@ TEST_F(TokenizeApp, NamedDatasetFromTheDownloadDirectoryOrAClearError) {
     std::string text;
     for (int i = 0; i < 40; ++i) text += "Speaker " + std::to_string(i) + ":\nhello there.\n\n";
     write_file(in_.file("tiny-shakespeare.txt"), text);
-    const RunResult ok = run_tokenize(args("--dataset=tiny-shakespeare --download-dir=" + in_.path()));
-    ASSERT_EQ(ok.status, 0) << ok.output;
+    const RunResult ok = run_tokenize(args("--dataset=tiny-shakespeare --download-dir=" + in_.str()));
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
     EXPECT_NE(ok.output.find("40 documents"), std::string::npos) << ok.output;
     EXPECT_TRUE(fs::exists(out_.file("eval.bin")));
     EXPECT_TRUE(fs::exists(out_.file("train.bin")));
@@ -211,9 +198,9 @@ TEST(TokenizeAppQwen, EndOfTextIs151643AndIdsMatchTheLibrary) {
     const std::string docs[] = {"Hello, world! 你好，世界。", "def f(x):\r\n    return x ** 2  # 🙂\n"};
     write_file(in.file("a.txt"), docs[0]);
     write_file(in.file("b.txt"), docs[1]);
-    const RunResult r = run_tokenize("--tokenizer=" + test::qwen_tokenizer_json() + " --input=" + in.path() +
-                                     "/*.txt --out-dir=" + out.path());
-    ASSERT_EQ(r.status, 0) << r.output;
+    const RunResult r = run_tokenize("--tokenizer=" + test::qwen_tokenizer_json() + " --input=" + in.str() +
+                                     "/*.txt --out-dir=" + out.str());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
     const TokenFile f(out.file("train.bin"));
     std::vector<int32_t> want;
     for (const std::string& d : docs) {

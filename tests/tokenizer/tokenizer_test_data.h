@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"  // TempDir and the other shared helpers
 #include "tokenizer/tokenizer.h"
 
 namespace qtrain::test {
@@ -37,24 +38,6 @@ inline const Tokenizer* qwen_tokenizer() {
 #define QTRAIN_REQUIRE_QWEN_TOKENIZER(var)                                                      \
     const ::qtrain::Tokenizer* var = ::qtrain::test::qwen_tokenizer();                          \
     if (!var) GTEST_SKIP() << "no " << ::qtrain::test::qwen_tokenizer_json() << " (../shared data)"
-
-// A fresh temporary directory, removed when the object dies.
-class TempDir {
-public:
-    TempDir() {
-        std::string pattern = (std::filesystem::temp_directory_path() / "qtrain-tok-XXXXXX").string();
-        path_ = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    ~TempDir() {
-        std::error_code ec;
-        if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-    }
-    const std::string& path() const { return path_; }
-    std::string file(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
 
 // Writes a small byte-level BPE tokenizer.json with the Qwen2 pipeline: the 256 byte tokens, then
 // the merges given as (left, right) spellings, in either of the two tokenizer.json merge forms, and
