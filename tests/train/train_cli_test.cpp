@@ -149,6 +149,22 @@ TEST(TrainCli, PlanOnlyNeedsNoData) {
     EXPECT_TRUE(Contains(r.output, "Adam M"));
 }
 
+TEST(TrainCli, GpuPlanOnlyNeedsNoGpu) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) +
+                         " --device=cuda --model=Qwen2.5-1.5B --from-scratch --plan-only --batch-size=8");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "[Allocator State] (cuda)"));
+    EXPECT_TRUE(Contains(r.output, "Activations"));
+    // a plan over --memory-limit fails before allocating, naming both numbers
+    auto over = run_command(std::string(QTRAIN_TRAIN_EXE) +
+                            " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --memory-limit=24GiB");
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    EXPECT_TRUE(Contains(over.output, "--memory-limit is 24.00 GiB"));
+}
+
 TEST(TrainCli, BadInputsGiveClearErrors) {
     Fixture f;
     struct Case {
