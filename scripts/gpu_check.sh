@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [tests] [train] [bench] [attbench] [ref]   (default: tests train)
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp]
+#        (default: tests train)
+# Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
+# .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
+#   mkdir -p .refdata && cp demo-run/data/train.bin demo-run/data/eval.bin .refdata/
+# (both folders are git-ignored via .git/info/exclude: echo /.refdata/ >> .git/info/exclude).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
