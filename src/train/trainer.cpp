@@ -66,6 +66,45 @@ void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir
     }
 }
 
+// The first of a ladder of memory-saving flag sets (each saving more than the one before, at more
+// recomputation) with which the plan fits `limit`; empty when none does or the backend refuses them.
+std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::string& device, uint64_t limit) {
+    struct Step {
+        const char* flags;
+        void (*apply)(ModelOptions&);
+    };
+    static const Step ladder[] = {
+        {"--recompute-swiglu", [](ModelOptions& o) { o.recompute_swiglu = true; }},
+        {"--recompute-ffn", [](ModelOptions& o) { o.recompute_ffn = o.recompute_swiglu = true; }},
+        {"--recompute-ffn --recompute-norm", [](ModelOptions& o) { o.recompute_norm = true; }},
+        {"--recompute-ffn --recompute-norm --recompute-att",
+         [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
+        {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+    };
+    const int chunks[] = {m.lmhead_chunks, std::max(m.lmhead_chunks, 8)};
+    for (int ci = 0; ci < 2; ++ci) {
+        if (ci == 1 && chunks[1] == chunks[0]) break;
+        ModelOptions t = m;
+        t.lmhead_chunks = chunks[ci];
+        const std::string extra = ci == 1 ? cat(" --lmhead-chunks=", chunks[1]) : std::string();
+        if (ci == 1) {
+            try {
+                if (plan_model(cfg, t, device).total_device() <= limit) return extra.substr(1);
+            } catch (const Error&) {
+            }
+        }
+        for (const Step& s : ladder) {
+            s.apply(t);
+            try {
+                if (plan_model(cfg, t, device).total_device() <= limit) return s.flags + extra;
+            } catch (const Error&) {
+                break;  // this backend does not take these flags
+            }
+        }
+    }
+    return {};
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::string command_line)
@@ -83,10 +122,11 @@ int Trainer::run() {
     const MemoryPlan plan = plan_model(cfg, mopt, device);
     if (limit && plan.total_device() > limit) {
         Logger("/dev/null", true).log_memory(plan, limit);  // show where the memory goes, then fail
+        const std::string fit = flags_that_fit(cfg, mopt, device, limit);
         throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
-                        human_bytes(limit), "; reduce --batch-size or --seq-len, or raise --lmhead-chunks "
-                        "(recompute and offload flags, which also shrink the plan, are not supported yet on --device=",
-                        device, ")"));
+                        human_bytes(limit), "; ",
+                        fit.empty() ? std::string("no recompute setting makes it fit: reduce --batch-size or --seq-len")
+                                    : cat("it fits with ", fit, " (or reduce --batch-size or --seq-len)")));
     }
     if (opt_.plan_only) {
         Logger plan_logger("/dev/null", true);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_model.h"
@@ -175,3 +176,62 @@ TEST(CudaModel, TrainingReducesLoss) {
     }
     EXPECT_LT(last, 0.5f * first) << first << " -> " << last;
 }
+
+// Every combination of the six --recompute-* flags (deduplicated by what they actually recompute)
+// must give bit-identical losses, gradient norms and final weights to keeping every activation:
+// recomputation reruns the same deterministic kernels on the same inputs.
+class Recompute : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Recompute, EveryFlagCombinationIsBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    const DType act = GetParam();
+    ModelConfig cfg = make_config(kShapes[1]);
+    const int B = 2, T = 64;
+    struct Result {
+        std::vector<float> stats, weights;
+    };
+    auto run = [&](const ModelOptions& o) {
+        CudaModel m(cfg, o);
+        m.init_random(21);
+        Result r;
+        for (int step = 1; step <= 10; ++step) {
+            for (int micro = 0; micro < 2; ++micro) {
+                Data d = make_batch(B, T, cfg.vocab_size, 1000 * step + micro);
+                m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 0.5f);
+            }
+            StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+            r.stats.push_back(s.loss);
+            r.stats.push_back(s.grad_norm);
+        }
+        for (const ParamSpec& s : m.layout().specs) {
+            auto w = m.download(s.name, CudaModel::Which::Master);
+            r.weights.insert(r.weights.end(), w.begin(), w.end());
+        }
+        return r;
+    };
+    const Result base = run(options(act, B, T));
+    std::set<std::vector<bool>> seen;
+    int runs = 0;
+    for (int mask = 1; mask < 64; ++mask) {
+        ModelOptions o = options(act, B, T);
+        o.recompute_swiglu = mask & 1, o.recompute_norm = mask & 2, o.recompute_qkv = mask & 4;
+        o.recompute_ffn = mask & 8, o.recompute_att = mask & 16, o.recompute_block = mask & 32;
+        const RecomputeSet rc = recompute_set(o);
+        if (!seen.insert({rc.ln1, rc.ln2, rc.qkv, rc.att, rc.res_mid, rc.gate_up, rc.swi}).second) continue;
+        ++runs;
+        const Result r = run(o);
+        ASSERT_EQ(r.stats.size(), base.stats.size());
+        for (std::size_t i = 0; i < r.stats.size(); ++i)
+            ASSERT_EQ(r.stats[i], base.stats[i]) << "recompute mask " << mask << ", step " << i / 2 + 1
+                                                 << (i % 2 ? " grad norm" : " loss");
+        ASSERT_EQ(r.weights, base.weights) << "recompute mask " << mask << ": final weights differ";
+        // and the plan really is smaller
+        EXPECT_LT(gpu_memory_plan(cfg, o, "cuda").total_device(),
+                  gpu_memory_plan(cfg, options(act, B, T), "cuda").total_device())
+            << "recompute mask " << mask;
+    }
+    EXPECT_EQ(runs, 19);  // distinct recompute sets: 2 (norm) x 3 (qkv, att) x 3 (swiglu, ffn) + block
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Recompute, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });

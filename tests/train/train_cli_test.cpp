@@ -165,6 +165,40 @@ TEST(TrainCli, GpuPlanOnlyNeedsNoGpu) {
     EXPECT_TRUE(Contains(over.output, "--memory-limit is 24.00 GiB"));
 }
 
+// The Activations line of [Allocator State] in MiB (-1 when absent).
+long activations_mib(const std::string& out) {
+    const auto pos = out.find("Activations");
+    if (pos == std::string::npos) return -1;
+    return std::stol(out.substr(pos + std::string("Activations").size()));
+}
+
+TEST(TrainCli, GpuRecomputeFlagsShrinkThePlanAndAreSuggestedWhenItDoesNotFit) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    const std::string base =
+        std::string(QTRAIN_TRAIN_EXE) + " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16";
+    auto none = run_command(base);
+    ASSERT_EQ(none.exit_code, 0) << none.output;
+    const long full = activations_mib(none.output);
+    ASSERT_GT(full, 0) << none.output;
+    long previous = full;
+    // each step of this ladder recomputes a superset of the one before
+    for (const char* flags : {"--recompute-swiglu", "--recompute-ffn", "--recompute-ffn --recompute-norm",
+                              "--recompute-ffn --recompute-norm --recompute-att", "--recompute-block"}) {
+        auto r = run_command(base + " " + flags);
+        ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+        const long mib = activations_mib(r.output);
+        EXPECT_LT(mib, previous) << flags;
+        previous = mib;
+    }
+    EXPECT_LT(previous, full / 5);  // --recompute-block keeps only each layer's input residual
+    // over the limit: the error names the flags that make it fit, found from the same plans
+    auto over = run_command(base + " --memory-limit=20GiB");
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    EXPECT_TRUE(Contains(over.output, "it fits with --recompute-")) << over.output;
+}
+
 TEST(TrainCli, BadInputsGiveClearErrors) {
     Fixture f;
     struct Case {

@@ -38,12 +38,6 @@ void CudaModel::check_options(const ModelOptions& o) {
              " is not supported yet on --device=cuda (gradients use the model dtype, ", dtype_name(o.model_dtype), ")");
     QT_CHECK(o.master_dtype == DType::F32, "--master-dtype=", dtype_name(o.master_dtype),
              " is not supported yet on --device=cuda");
-    unsupported(o.recompute_swiglu, "--recompute-swiglu");
-    unsupported(o.recompute_norm, "--recompute-norm");
-    unsupported(o.recompute_qkv, "--recompute-qkv");
-    unsupported(o.recompute_ffn, "--recompute-ffn");
-    unsupported(o.recompute_att, "--recompute-att");
-    unsupported(o.recompute_block, "--recompute-block");
     unsupported(o.offload_residual, "--offload-residual");
     unsupported(o.offload_master, "--offload-master");
     unsupported(o.offload_opt_m, "--offload-opt-m");
@@ -399,6 +393,43 @@ void CudaModel::forward(int B, int T) {
     }
 }
 
+// Regenerates the activations of layer l that the recompute flags did not keep, with the same
+// kernels on the same inputs as the forward, so the backward sees bit-identical values.
+void CudaModel::recompute_layer(int l, int B, int T) {
+    const RecomputeSet rc = recompute_set(opt_);
+    if (!rc.any()) return;
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    const GpuLayerOffsets& o = layout_.layers[l];
+    GpuLayerActivations& x = buf_.layers[l];
+    auto t_ = timer_.scope("recompute", stream_);
+    // The forward computes each norm from the stored (rounded) residual, so renormalising the stored
+    // residual (no delta) gives the same output and rstd.
+    if (rc.ln1)
+        cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_);
+    if (rc.qkv) {
+        gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
+        cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                           stream_);
+    }
+    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+    if (rc.res_mid) {
+        gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
+                                       stream_);
+    } else if (rc.ln2) {
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_);
+    }
+    if (rc.gate_up) gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
+    if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
+}
+
 void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads) {
     const ModelConfig& c = config_;
     const DType A = opt_.model_dtype;
@@ -456,6 +487,7 @@ void CudaModel::backward(int B, int T) {
     for (int l = L - 1; l >= 0; --l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
+        recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
         {
             auto t_ = timer_.scope("gemm bwd dx", stream_);

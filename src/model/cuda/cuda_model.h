@@ -61,6 +61,7 @@ private:
     // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
     void lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads);
     void backward(int B, int T);
+    void recompute_layer(int l, int B, int T);  // the activations the --recompute-* flags dropped
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
 

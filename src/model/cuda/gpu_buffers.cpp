@@ -15,6 +15,19 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     return a;
 }
 
+RecomputeSet recompute_set(const ModelOptions& o) {
+    RecomputeSet r;
+    const bool block = o.recompute_block;
+    const bool att = o.recompute_att || block, ffn = o.recompute_ffn || block;
+    r.ln1 = r.ln2 = o.recompute_norm || block;
+    r.qkv = o.recompute_qkv || att;
+    r.att = att;
+    r.res_mid = block;
+    r.gate_up = ffn;
+    r.swi = o.recompute_swiglu || ffn;
+    return r;
+}
+
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& c, const ModelOptions& opt,
                       const GpuParamLayout& layout) {
     Arena& weights = arenas[0];
@@ -38,20 +51,34 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.adam_m = am.take_typed(P, opt.opt_m_dtype);
     b.adam_v = av.take_typed(P, opt.opt_v_dtype);
 
+    // A recomputed activation gets one buffer for all layers (taken by its first layer; pointers are
+    // null while measuring, so "taken" is tracked separately).
+    const RecomputeSet rc = recompute_set(opt);
     b.layers.assign(L, {});
+    struct Shared {
+        void* p = nullptr;
+        bool taken = false;
+    };
+    Shared s_ln1, s_qkv, s_att, s_lse, s_res_mid, s_ln2, s_gate_up, s_swi;
+    auto slot = [&](bool recomputed, Shared& sh, std::size_t bytes) {
+        if (!recomputed) return act.take(bytes);
+        if (!sh.taken) sh.p = act.take(bytes), sh.taken = true;
+        return sh.p;
+    };
+    const std::size_t es = dtype_size(A);
     for (int l = 0; l < L; ++l) {
         GpuLayerActivations& x = b.layers[l];
         x.res_in = act.take_typed(N * h, A);
-        x.ln1 = act.take_typed(N * h, A);
+        x.ln1 = slot(rc.ln1, s_ln1, N * h * es);
         x.rstd1 = act.take_n<float>(N);
-        x.qkv = act.take_typed(N * qkvd, A);
-        x.att = act.take_typed(N * q, A);
-        x.lse = act.take_n<float>(static_cast<std::size_t>(N) * c.num_attention_heads);
-        x.res_mid = act.take_typed(N * h, A);
-        x.ln2 = act.take_typed(N * h, A);
+        x.qkv = slot(rc.qkv, s_qkv, N * qkvd * es);
+        x.att = slot(rc.att, s_att, N * q * es);
+        x.lse = static_cast<float*>(slot(rc.att, s_lse, static_cast<std::size_t>(N) * c.num_attention_heads * 4));
+        x.res_mid = slot(rc.res_mid, s_res_mid, N * h * es);
+        x.ln2 = slot(rc.ln2, s_ln2, N * h * es);
         x.rstd2 = act.take_n<float>(N);
-        x.gate_up = act.take_typed(N * 2 * I, A);
-        x.swi = act.take_typed(N * I, A);
+        x.gate_up = slot(rc.gate_up, s_gate_up, N * 2 * I * es);
+        x.swi = slot(rc.swi, s_swi, N * I * es);
     }
     b.res_final = act.take_typed(N * h, A);
     b.xf = act.take_typed(N * h, A);

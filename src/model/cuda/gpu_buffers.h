@@ -34,6 +34,20 @@ struct Arena {
     void* take_typed(std::size_t count, DType t) { return take(count * dtype_size(t)); }
 };
 
+// Which saved activations the backward recomputes instead of keeping one copy per layer (the
+// --recompute-* flags with their implications: ffn -> swiglu, att -> qkv, block -> everything but
+// the layer's input residual). A recomputed activation has one buffer shared by all layers.
+struct RecomputeSet {
+    bool ln1 = false, ln2 = false;  // RMSNorm outputs (--recompute-norm)
+    bool qkv = false;               // QKV projection + bias + RoPE
+    bool att = false;               // attention output and its log-sum-exp
+    bool res_mid = false;           // residual after the attention block (block only)
+    bool gate_up = false;           // gate|up projection
+    bool swi = false;               // SwiGLU output
+    bool any() const { return ln1 || ln2 || qkv || att || res_mid || gate_up || swi; }
+};
+RecomputeSet recompute_set(const ModelOptions& opt);
+
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
     float *rstd1, *rstd2, *lse;
