@@ -27,8 +27,9 @@ __device__ __forceinline__ void online_add(float& m, float& s, float v) {
 // kVec: rows are 16-byte aligned and V is a multiple of the pack size, so the row is read with
 // vector loads (8 bf16 at a time); otherwise element by element.
 template <class T, bool kVec>
-__global__ void softmax_cross_entropy_kernel(T* logits, float* losses, const int32_t* targets, int V, float dscale,
-                                             bool write_grad) {
+__global__ void softmax_cross_entropy_kernel(T* logits, float* losses, const int32_t* targets, int V,
+                                             const float* dscale_ptr, bool write_grad) {
+    const float dscale = *dscale_ptr;
     constexpr int P = Pack<T>::N;
     __shared__ float red[32];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * V;
@@ -76,18 +77,18 @@ __global__ void softmax_cross_entropy_kernel(T* logits, float* losses, const int
     }
 }
 
-__global__ void accumulate_loss_kernel(float* acc, const float* losses, int n, float scale) {
+__global__ void accumulate_loss_kernel(float* acc, const float* losses, int n, const float* scale) {
     __shared__ float red[32];
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += losses[i];
     s = block_sum(s, red);
-    if (threadIdx.x == 0) *acc += scale * s;
+    if (threadIdx.x == 0) *acc += *scale * s;
 }
 
 }  // namespace
 
-void softmax_cross_entropy(DType act, void* logits, float* losses, const int32_t* targets, int n, int V, float dscale,
-                           bool write_grad, cudaStream_t s) {
+void softmax_cross_entropy(DType act, void* logits, float* losses, const int32_t* targets, int n, int V,
+                           const float* dscale, bool write_grad, cudaStream_t s) {
     if (n == 0) return;
     QTRAIN_DISPATCH_ACT(act, T, {
         if (rows_vectorizable<T>(logits, V))
@@ -100,7 +101,7 @@ void softmax_cross_entropy(DType act, void* logits, float* losses, const int32_t
     CUDA_CHECK(cudaGetLastError());
 }
 
-void accumulate_loss(float* acc, const float* losses, int n, float scale, cudaStream_t s) {
+void accumulate_loss(float* acc, const float* losses, int n, const float* scale, cudaStream_t s) {
     accumulate_loss_kernel<<<1, 1024, 0, s>>>(acc, losses, n, scale);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -1,6 +1,8 @@
 // Embedding lookup and its gradient. The backward must be deterministic, so instead of atomics
 // (the usual scatter-add) the host groups positions by token once per micro-batch — it has the
 // tokens anyway — and one block per distinct token sums its rows in position order.
+#include <algorithm>
+
 #include "cuda/check.h"
 #include "cuda/dispatch.cuh"
 #include "cuda/kernel_utils.cuh"
@@ -18,13 +20,17 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
 
 template <class T>
 __global__ void embedding_backward_kernel(float* dtable, const T* dout, const int32_t* unique_tokens,
-                                          const int32_t* offsets, const int32_t* positions, int C) {
-    const int u = blockIdx.y;
+                                          const int32_t* offsets, const int32_t* positions,
+                                          const int32_t* num_unique, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float acc = 0.0f;
-    for (int p = offsets[u]; p < offsets[u + 1]; ++p) acc += to_float(dout[static_cast<int64_t>(positions[p]) * C + c]);
-    dtable[static_cast<int64_t>(unique_tokens[u]) * C + c] += acc;
+    const int n_u = *num_unique;
+    for (int u = blockIdx.y; u < n_u; u += gridDim.y) {  // one block row per token: no two blocks share a row
+        float acc = 0.0f;
+        for (int p = offsets[u]; p < offsets[u + 1]; ++p)
+            acc += to_float(dout[static_cast<int64_t>(positions[p]) * C + c]);
+        dtable[static_cast<int64_t>(unique_tokens[u]) * C + c] += acc;
+    }
 }
 
 void embedding_forward(DType act, void* out, const int32_t* tokens, const void* table, int N, int C, cudaStream_t s) {
@@ -35,11 +41,13 @@ void embedding_forward(DType act, void* out, const int32_t* tokens, const void* 
 }
 
 void embedding_backward(float* dtable, DType act, const void* dout, const int32_t* unique_tokens,
-                        const int32_t* offsets, const int32_t* positions, int num_unique, int C, cudaStream_t s) {
-    if (num_unique == 0) return;
-    dim3 grid(ceil_div(C, 128), num_unique);
+                        const int32_t* offsets, const int32_t* positions, const int32_t* num_unique, int max_unique,
+                        int C, cudaStream_t s) {
+    if (max_unique == 0) return;
+    dim3 grid(ceil_div(C, 128), std::min(max_unique, 65535));
     QTRAIN_DISPATCH_ACT(act, T, embedding_backward_kernel<T><<<grid, 128, 0, s>>>(
-                                    dtable, static_cast<const T*>(dout), unique_tokens, offsets, positions, C));
+                                    dtable, static_cast<const T*>(dout), unique_tokens, offsets, positions,
+                                    num_unique, C));
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -19,9 +19,11 @@ namespace qtrain::cuda {
 void embedding_forward(DType act, void* out, const int32_t* tokens, const void* table, int N, int C, cudaStream_t s);
 // dtable[tok, :] += sum over positions with that token of dout[pos, :], in increasing position
 // order. The host groups positions by token (embedding_backward_plan): unique_tokens[u] has its
-// positions at positions[offsets[u] .. offsets[u+1]).
+// positions at positions[offsets[u] .. offsets[u+1]). The count of distinct tokens is read on the
+// device (*num_unique <= max_unique), so a captured CUDA graph serves every micro-batch.
 void embedding_backward(float* dtable, DType act, const void* dout, const int32_t* unique_tokens,
-                        const int32_t* offsets, const int32_t* positions, int num_unique, int C, cudaStream_t s);
+                        const int32_t* offsets, const int32_t* positions, const int32_t* num_unique, int max_unique,
+                        int C, cudaStream_t s);
 
 // ---- rmsnorm.cu ----
 // res_out = res_in (+ delta when delta != null; res_out may alias res_in), then
@@ -54,11 +56,12 @@ void bias_grad(float* dbias, float* scratch, DType act, const void* d, int N, in
 
 // ---- cross_entropy.cu ----
 // Per row of logits [n, V] (act type): loss[i] = logsumexp(row) - row[target[i]]; when write_grad,
-// the row becomes (softmax - onehot(target)) * dscale (in act type). target < 0: loss 0, grad 0.
+// the row becomes (softmax - onehot(target)) * (*dscale) (in act type). target < 0: loss 0, grad 0.
+// Scales are device pointers (they change per micro-batch; a CUDA graph captures the pointer).
 void softmax_cross_entropy(DType act, void* logits, float* losses, const int32_t* targets, int n, int V,
-                           float dscale, bool write_grad, cudaStream_t s);
-// *acc += scale * sum(losses[0..n)) in a fixed order (one block).
-void accumulate_loss(float* acc, const float* losses, int n, float scale, cudaStream_t s);
+                           const float* dscale, bool write_grad, cudaStream_t s);
+// *acc += (*scale) * sum(losses[0..n)) in a fixed order (one block).
+void accumulate_loss(float* acc, const float* losses, int n, const float* scale, cudaStream_t s);
 
 // ---- optimizer.cu ----
 // A contiguous run of the flat parameter buffer with its weight-decay flag.

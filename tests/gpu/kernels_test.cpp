@@ -157,8 +157,12 @@ TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
     auto dtable0 = random_vector(V * C, 16);
     DeviceBuffer gdtable(dtable0, DType::F32);
     cuda::embedding_forward(act(), gout.get(), dtok, gtable.get(), N, C, nullptr);
-    cuda::embedding_backward(gdtable.f32(), act(), gdout.get(), duniq, doffs, dpos, static_cast<int>(uniq.size()), C,
-                             nullptr);
+    // the count lives on the device; max_unique above it only adds idle blocks
+    DeviceBuffer count(std::vector<float>{0.0f}, DType::F32);
+    const int32_t n_uniq = static_cast<int32_t>(uniq.size());
+    CUDA_CHECK(cudaMemcpy(count.get(), &n_uniq, 4, cudaMemcpyHostToDevice));
+    cuda::embedding_backward(gdtable.f32(), act(), gdout.get(), duniq, doffs, dpos,
+                             static_cast<const int32_t*>(count.get()), n_uniq + 7, C, nullptr);
     std::vector<float> out(N * C);
     cpu::embedding_forward(out.data(), tok.data(), table.data(), N, C);
     auto dtable = dtable0;
@@ -181,8 +185,9 @@ TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
     CUDA_CHECK(cudaMalloc(&dt, n * 4));
     CUDA_CHECK(cudaMemcpy(dt, tgt.data(), n * 4, cudaMemcpyHostToDevice));
     DeviceBuffer gl(logits, act()), gloss(n, DType::F32), acc(4, DType::F32);
-    cuda::softmax_cross_entropy(act(), gl.get(), gloss.f32(), dt, n, V, 0.25f, true, nullptr);
-    cuda::accumulate_loss(acc.f32(), gloss.f32(), n, 0.5f, nullptr);
+    DeviceBuffer scales(std::vector<float>{0.25f, 0.5f}, DType::F32);
+    cuda::softmax_cross_entropy(act(), gl.get(), gloss.f32(), dt, n, V, scales.f32(), true, nullptr);
+    cuda::accumulate_loss(acc.f32(), gloss.f32(), n, scales.f32() + 1, nullptr);
     std::vector<float> ref = logits, loss(n);
     cpu::softmax_cross_entropy(ref.data(), loss.data(), tgt.data(), n, V, 0.25f, true);
     auto gpu_loss = gloss.download();

@@ -49,7 +49,6 @@ void CudaModel::check_options(const ModelOptions& o) {
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
     unsupported(o.shard_gradients, "--shard-gradients (or --zero-level=2)");
-    unsupported(o.use_cuda_graphs, "--use-cuda-graphs");
     unsupported(o.attn_bwd_chunks != 1, "--attn-bwd-chunks");
     QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported yet (one GPU)");
 }
@@ -126,6 +125,8 @@ CudaModel::~CudaModel() {
         if (a.pinned_host) cudaFreeHost(a.base);
         else cudaFree(a.base);
     }
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (graph_) cudaGraphDestroy(graph_);
     if (staging_free_) cudaEventDestroy(staging_free_);
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -278,7 +279,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
 // the step
 // ---------------------------------------------------------------------------------------------
 
-void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan) {
+void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale) {
     const int B = batch.batch_size, T = batch.seq_len;
     QT_CHECK(B == opt_.batch_size && T == opt_.seq_len, "GPU model: batch of ", B, "x", T,
              " does not match the planned --batch-size=", opt_.batch_size, " --seq-len=", opt_.seq_len);
@@ -313,11 +314,16 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan) {
             h_pos[i] = order[i];
         }
         h_off[u] = N;
-        num_unique_tokens_ = u;
+        int32_t* h_scalars = st + 5 * N + 1;
+        h_scalars[2] = u;
         CUDA_CHECK(cudaMemcpyAsync(buf_.emb_unique, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaMemcpyAsync(buf_.emb_offsets, h_off, (u + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaMemcpyAsync(buf_.emb_positions, h_pos, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     }
+    int32_t* h_scalars = st + 5 * N + 1;
+    std::memcpy(h_scalars, &loss_scale, 4);
+    std::memcpy(h_scalars + 1, &grad_dscale, 4);
+    CUDA_CHECK(cudaMemcpyAsync(buf_.step_scalars, h_scalars, 3 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
 }
 
@@ -430,7 +436,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
 }
 
-void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads) {
+void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     const ModelConfig& c = config_;
     const DType A = opt_.model_dtype;
     const int h = c.hidden_size, V = c.vocab_size;
@@ -446,8 +452,8 @@ void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dsc
         }
         {
             auto t_ = timer_.scope("cross entropy", stream_);
-            cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V, grad_dscale,
-                                        with_grads, stream_);
+            cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V,
+                                        buf_.step_scalars + 1, with_grads, stream_);
         }
         if (with_grads) {
             void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
@@ -463,7 +469,7 @@ void CudaModel::lm_head(int N, float* loss_acc, float loss_scale, float grad_dsc
     }
     {
         auto t_ = timer_.scope("cross entropy", stream_);
-        cuda::accumulate_loss(loss_acc, buf_.losses, N, loss_scale, stream_);
+        cuda::accumulate_loss(loss_acc, buf_.losses, N, buf_.step_scalars, stream_);
     }
 }
 
@@ -553,19 +559,47 @@ void CudaModel::backward(int B, int T) {
     {
         auto t_ = timer_.scope("embedding", stream_);
         cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
-                                 num_unique_tokens_, h, stream_);
+                                 reinterpret_cast<const int32_t*>(buf_.step_scalars + 2), N, h, stream_);
     }
 }
 
+void CudaModel::forward_backward_ops(int B, int T) {
+    forward(B, T);
+    lm_head(B * T, buf_.loss_acc, true);
+    backward(B, T);
+}
+
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
-    const int N = batch.batch_size * batch.seq_len;
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T;
     const int valid = cpu::count_valid_targets(batch.targets, N);
-    upload_batch(batch, true);
-    forward(batch.batch_size, batch.seq_len);
-    if (valid == 0) return;  // nothing to learn from: no loss, no gradient
-    const float dscale = grad_scale / static_cast<float>(valid);
-    lm_head(N, buf_.loss_acc, dscale, dscale, true);
-    backward(batch.batch_size, batch.seq_len);
+    const float dscale = valid ? grad_scale / static_cast<float>(valid) : 0.0f;
+    upload_batch(batch, true, dscale, dscale);
+    if (valid == 0) {  // nothing to learn from: no loss, no gradient
+        forward(B, T);
+        return;
+    }
+    // The per-op timer records events between ops, which a graph would hide: it runs eagerly.
+    if (!opt_.use_cuda_graphs || timer_.enabled()) {
+        forward_backward_ops(B, T);
+        return;
+    }
+    if (!graph_exec_) {
+        // Capture once. Every pointer and shape is fixed by the plan, and everything that changes
+        // per micro-batch (tokens, the embedding grouping, the scales) is read from device memory
+        // that upload_batch refreshes before each launch.
+        CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+            forward_backward_ops(B, T);
+        } catch (...) {
+            cudaGraph_t g = nullptr;
+            cudaStreamEndCapture(stream_, &g);
+            if (g) cudaGraphDestroy(g);
+            throw;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
@@ -592,7 +626,7 @@ std::vector<float> CudaModel::logits(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len, h = config_.hidden_size, V = config_.vocab_size;
     const DType A = opt_.model_dtype;
     const std::size_t es = dtype_size(A);
-    upload_batch(batch, false);
+    upload_batch(batch, false, 0.0f, 0.0f);
     forward(batch.batch_size, batch.seq_len);
     std::vector<float> out(static_cast<std::size_t>(N) * V);
     float* chunk_f32 = nullptr;
@@ -618,12 +652,12 @@ float CudaModel::evaluate(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len;
     const int valid = cpu::count_valid_targets(batch.targets, N);
     if (valid == 0) return 0.0f;
-    upload_batch(batch, false);
+    upload_batch(batch, false, 1.0f / static_cast<float>(valid), 0.0f);
     forward(batch.batch_size, batch.seq_len);
     // a separate accumulator, so a training step in progress keeps its loss
     float* eval_acc = buf_.loss_acc + 1;
     CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, sizeof(float), stream_));
-    lm_head(N, eval_acc, 1.0f / static_cast<float>(valid), 0.0f, false);
+    lm_head(N, eval_acc, false);
     float loss = 0;
     CUDA_CHECK(cudaMemcpyAsync(&loss, eval_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     sync();

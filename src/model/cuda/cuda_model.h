@@ -55,11 +55,15 @@ public:
     const GpuParamLayout& layout() const { return layout_; }
 
 private:
-    void upload_batch(const Batch& batch, bool with_embedding_plan);
+    // Copies the batch (and, for training, the embedding-gradient grouping) to the device with the
+    // micro-batch's loss and logit-gradient scales.
+    void upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale);
+    void forward_backward_ops(int B, int T);  // forward, LM head + loss, backward (graph-capturable)
     void forward(int B, int T);
     // LM head + loss over all rows: *loss_acc += loss_scale * sum of row losses; with grads, writes
     // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
-    void lm_head(int N, float* loss_acc, float loss_scale, float grad_dscale, bool with_grads);
+    // The scales come from step_scalars (set by upload_batch).
+    void lm_head(int N, float* loss_acc, bool with_grads);
     void backward(int B, int T);
     void recompute_layer(int l, int B, int T);  // the activations the --recompute-* flags dropped
     void refresh_weights();  // weights = (model dtype) master
@@ -75,7 +79,9 @@ private:
     std::unique_ptr<GemmRunner> gemm_;
     cudaStream_t stream_ = nullptr;
     cudaEvent_t staging_free_ = nullptr;
-    int num_unique_tokens_ = 0;
+    // --use-cuda-graphs: forward_backward_ops captured once, replayed for every micro-batch
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t graph_exec_ = nullptr;
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
 };

@@ -113,7 +113,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.num_segments = static_cast<int>(layout.specs.size());
     b.segments = ws.take(sizeof(cuda::ParamSegment) * b.num_segments);
 
-    b.host_staging = host.take_n<int32_t>(5 * N + 1);
+    b.step_scalars = ws.take_n<float>(4);
+    b.host_staging = host.take_n<int32_t>(5 * N + 1 + 4);
 }
 
 MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, const std::string& device_name) {

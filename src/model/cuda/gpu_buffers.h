@@ -73,7 +73,10 @@ struct GpuBuffers {
     void* segments = nullptr;  // ParamSegment table
     int num_segments = 0;
     // pinned host staging for the per-micro-batch uploads
-    int32_t* host_staging = nullptr;  // inputs | targets | unique | offsets | positions
+    int32_t* host_staging = nullptr;  // inputs | targets | unique | offsets | positions | scalars
+    // per-micro-batch scalars on the device, read by the kernels (so a CUDA graph can replay the
+    // step): [0] loss scale, [1] gradient scale of the logits (floats), [2] distinct tokens (int32)
+    float* step_scalars = nullptr;
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
