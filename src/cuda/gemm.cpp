@@ -35,7 +35,45 @@ cudaDataType_t cuda_type(DType t) {
 bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, bool,
-                       bool, int>;
+                       bool, int, bool>;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The rules cuBLASLt sets for FP8 matmuls (cuBLAS docs, cublasLtMatmul: "To use FP8 kernels, the
+// following set of requirements must be satisfied": TN format, 16-byte aligned pointers and matrix
+// dimensions, compute type 32F, scale type 32F; the FP8 type table: no e5m2 x e5m2, C = D type when D
+// is bf16/fp32, bias bf16), checked here so a violation names itself instead of surfacing as
+// CUBLAS_STATUS_NOT_SUPPORTED / "no algorithm".
+void check_fp8_op(const GemmOp& op) {
+    const auto where = [&] {
+        return cat(" (FP8 GEMM m=", op.m, " n=", op.n, " k=", op.k, " A ", dtype_name(op.a_type), " B ",
+                   dtype_name(op.b_type), " C ", dtype_name(op.c_type), ")");
+    };
+    QT_CHECK(is_fp8(op.a_type) && is_fp8(op.b_type),
+             "FP8 GEMM: both operands must be fp8 (e4m3/e5m2); quantize the other one too", where());
+    QT_CHECK(!(op.a_type == DType::E5M2 && op.b_type == DType::E5M2),
+             "FP8 GEMM: e5m2 x e5m2 is not supported by cuBLASLt; quantize one operand (weights or activations) "
+             "as e4m3", where());
+    QT_CHECK(op.trans_a && !op.trans_b,
+             "FP8 GEMM: cuBLASLt needs the TN layout (A transposed, B not: both operands K-major); make the "
+             "K-major copy with quantize_fp8_transpose", where());
+    QT_CHECK(op.c_type == DType::BF16 || op.c_type == DType::F32, "FP8 GEMM: output must be bf16 or fp32",
+             where());
+    QT_CHECK(op.bias == nullptr || op.bias_type == DType::BF16,
+             "FP8 GEMM: the bias must be bf16 (cuBLASLt's FP8 bias type for bf16 and fp32 outputs)", where());
+    QT_CHECK(op.a_scale != nullptr && op.b_scale != nullptr,
+             "FP8 GEMM: a_scale and b_scale (device pointers to the inverse scales) are required", where());
+    QT_CHECK(aligned16(op.a_scale) && aligned16(op.b_scale),
+             "FP8 GEMM: a_scale / b_scale must be 16-byte aligned (cuBLASLt 13 rejects others; give every scale "
+             "its own 16-byte slot)", where());
+    const int64_t c_size = static_cast<int64_t>(dtype_size(op.c_type));
+    QT_CHECK(op.k % 16 == 0 && op.m % 16 == 0, "FP8 GEMM: m and k must be multiples of 16", where());
+    QT_CHECK(op.lda % 16 == 0 && op.ldb % 16 == 0 && (op.ldc * c_size) % 16 == 0,
+             "FP8 GEMM: leading dimensions must be multiples of 16 bytes (lda=", op.lda, " ldb=", op.ldb,
+             " ldc=", op.ldc, ")", where());
+    QT_CHECK(aligned16(op.a) && aligned16(op.b) && aligned16(op.c) && (op.bias == nullptr || aligned16(op.bias)),
+             "FP8 GEMM: A, B, C and bias must be 16-byte aligned", where());
+}
 
 struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -67,7 +105,7 @@ struct GemmRunner::Impl {
         const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
         Key key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
                 static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
-                op.bias != nullptr, op.beta != 0.0f, fp8};
+                op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum};
         auto it = plans.find(key);
         if (it != plans.end()) return it->second;
 
@@ -85,9 +123,12 @@ struct GemmRunner::Impl {
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
         }
         if (fp8) {
-            // scale pointers are set per call (their addresses are stable, but set them anyway)
-            int8_t fast_accum = 0;
+            // Scale pointers are set again on every call (they may differ per call); set here too so the
+            // heuristic sees a scaled FP8 matmul.
+            int8_t fast_accum = op.fp8_fast_accum ? 1 : 0;
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.a_scale, sizeof op.a_scale));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.b_scale, sizeof op.b_scale));
         }
         const int64_t a_rows = op.trans_a ? op.k : op.m, a_cols = op.trans_a ? op.m : op.k;
         const int64_t b_rows = op.trans_b ? op.n : op.k, b_cols = op.trans_b ? op.k : op.n;
@@ -125,6 +166,7 @@ GemmRunner::~GemmRunner() = default;
 std::size_t GemmRunner::cached_shapes() const { return impl_->plans.size(); }
 
 void GemmRunner::run(const GemmOp& op, cudaStream_t stream) {
+    if (is_fp8(op.a_type) || is_fp8(op.b_type)) check_fp8_op(op);
     Plan& p = impl_->plan_for(op);
     if (op.bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
@@ -175,6 +217,58 @@ void GemmRunner::linear_backward_weight(void* dw, DType dw_type, const void* dy,
     op.b = dy; op.b_type = in_type; op.ldb = out_f;
     op.c = dw; op.c_type = dw_type; op.ldc = in_f;
     op.beta = accumulate ? 1.0f : 0.0f;
+    run(op, stream);
+}
+
+// ---- FP8 helpers: every operand K-major (TN), see gemm.h ----
+
+void GemmRunner::linear_forward_fp8(void* y, DType y_type, const void* xq, DType x_type, const float* x_inv_scale,
+                                    const void* wq, DType w_type, const float* w_inv_scale, const void* bias,
+                                    int64_t n_tokens, int64_t in_f, int64_t out_f, cudaStream_t stream, float beta,
+                                    bool fast_accum) {
+    GemmOp op;
+    op.trans_a = true;
+    op.trans_b = false;
+    op.m = out_f; op.n = n_tokens; op.k = in_f;
+    op.a = wq; op.a_type = w_type; op.lda = in_f; op.a_scale = w_inv_scale;
+    op.b = xq; op.b_type = x_type; op.ldb = in_f; op.b_scale = x_inv_scale;
+    op.c = y; op.c_type = y_type; op.ldc = out_f;
+    op.beta = beta;
+    op.bias = bias;
+    op.bias_type = DType::BF16;
+    op.fp8_fast_accum = fast_accum;
+    run(op, stream);
+}
+
+void GemmRunner::linear_backward_input_fp8(void* dx, DType dx_type, const void* dyq, DType dy_type,
+                                           const float* dy_inv_scale, const void* wTq, DType w_type,
+                                           const float* w_inv_scale, int64_t n_tokens, int64_t in_f, int64_t out_f,
+                                           cudaStream_t stream, float beta, bool fast_accum) {
+    GemmOp op;
+    op.trans_a = true;
+    op.trans_b = false;
+    op.m = in_f; op.n = n_tokens; op.k = out_f;
+    op.a = wTq; op.a_type = w_type; op.lda = out_f; op.a_scale = w_inv_scale;
+    op.b = dyq; op.b_type = dy_type; op.ldb = out_f; op.b_scale = dy_inv_scale;
+    op.c = dx; op.c_type = dx_type; op.ldc = in_f;
+    op.beta = beta;
+    op.fp8_fast_accum = fast_accum;
+    run(op, stream);
+}
+
+void GemmRunner::linear_backward_weight_fp8(void* dw, DType dw_type, const void* dyTq, DType dy_type,
+                                            const float* dy_inv_scale, const void* xTq, DType x_type,
+                                            const float* x_inv_scale, int64_t n_tokens, int64_t in_f, int64_t out_f,
+                                            bool accumulate, cudaStream_t stream, bool fast_accum) {
+    GemmOp op;
+    op.trans_a = true;
+    op.trans_b = false;
+    op.m = in_f; op.n = out_f; op.k = n_tokens;
+    op.a = xTq; op.a_type = x_type; op.lda = n_tokens; op.a_scale = x_inv_scale;
+    op.b = dyTq; op.b_type = dy_type; op.ldb = n_tokens; op.b_scale = dy_inv_scale;
+    op.c = dw; op.c_type = dw_type; op.ldc = in_f;
+    op.beta = accumulate ? 1.0f : 0.0f;
+    op.fp8_fast_accum = fast_accum;
     run(op, stream);
 }
 

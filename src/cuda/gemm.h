@@ -6,7 +6,17 @@
 //   forward       y[N,out]   = x[N,in] · W[out,in]^T (+ bias)   -> TN, m=out n=N k=in
 //   input grad    dx[N,in]   = dy[N,out] · W[out,in]            -> NN, m=in  n=N k=out
 //   weight grad   dW[out,in] (+)= dy[N,out]^T · x[N,in]         -> NT, m=in  n=out k=N
-// TN is also the layout cuBLASLt's FP8 kernels require.
+// TN is also the layout cuBLASLt's FP8 kernels require (A transposed, B not: both operands K-major),
+// so the FP8 helpers take operands already laid out that way (quantize_fp8_transpose makes them):
+//   forward       y[N,out]   = xq[N,in] · wq[out,in]^T (+ bias)     -> TN, m=out n=N  k=in
+//   input grad    dx[N,in]   = dyq[N,out] · wTq[in,out]^T          -> TN, m=in  n=N  k=out
+//   weight grad   dW[out,in] (+)= dyTq[out,N] · xTq[in,N]^T        -> TN, m=in  n=out k=N
+// FP8 operands come with device pointers to their fp32 dequantisation factors (cuda/fp8.h: inv =
+// amax / fmax, each in its own 16-byte slot); cuBLASLt computes D = a_scale * b_scale * (A·B)
+// (+ beta * C) (+ bias). Supported (cuBLASLt): e4m3×e4m3, e4m3×e5m2, e5m2×e4m3 (not e5m2×e5m2);
+// D bf16 (C bf16) or fp32 (C fp32, so beta = 1 accumulates into an fp32 weight gradient); bias bf16
+// for either output type. k, m, lda, ldb must be multiples of 16, ldc * sizeof(C) a multiple of 16
+// bytes, and A, B, C (bias) pointers 16-byte aligned: run() checks and says which one is off.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +47,9 @@ struct GemmOp {
     // FP8 only: device pointers to fp32 scale factors (each 16-byte aligned: cuBLASLt 13 insists)
     const float* a_scale = nullptr;
     const float* b_scale = nullptr;
+    // FP8 only: cuBLASLt's fast accumulation (no periodic promotion of the tensor-core partial sums
+    // to full fp32: faster, less accurate). Off by default.
+    bool fp8_fast_accum = false;
 };
 
 class GemmRunner {
@@ -59,6 +72,26 @@ public:
     void linear_backward_weight(void* dw, DType dw_type, const void* dy, const void* x, DType in_type,
                                 int64_t n_tokens, int64_t in_features, int64_t out_features, bool accumulate,
                                 cudaStream_t stream);
+
+    // ---- FP8 row-major helpers (see the FP8 table above) ----
+    // Operands are fp8 bytes (x_type etc. E4M3 or E5M2), each with its device inv-scale pointer.
+    // y_type / dx_type: BF16 or F32; bias: bf16 [out] or null. beta = 1 accumulates into y / dx.
+    void linear_forward_fp8(void* y, DType y_type, const void* xq, DType x_type, const float* x_inv_scale,
+                            const void* wq, DType w_type, const float* w_inv_scale, const void* bias,
+                            int64_t n_tokens, int64_t in_features, int64_t out_features, cudaStream_t stream,
+                            float beta = 0.0f, bool fast_accum = false);
+    // wTq: the weight quantised transposed, [in, out] (quantize_fp8_transpose of W[out, in]).
+    void linear_backward_input_fp8(void* dx, DType dx_type, const void* dyq, DType dy_type, const float* dy_inv_scale,
+                                   const void* wTq, DType w_type, const float* w_inv_scale, int64_t n_tokens,
+                                   int64_t in_features, int64_t out_features, cudaStream_t stream, float beta = 0.0f,
+                                   bool fast_accum = false);
+    // dyTq: [out, N] and xTq: [in, N] (both quantised transposed). dW is [out, in], F32 (or BF16);
+    // accumulated (beta = 1) unless `accumulate` is false.
+    void linear_backward_weight_fp8(void* dw, DType dw_type, const void* dyTq, DType dy_type,
+                                    const float* dy_inv_scale, const void* xTq, DType x_type,
+                                    const float* x_inv_scale, int64_t n_tokens, int64_t in_features,
+                                    int64_t out_features, bool accumulate, cudaStream_t stream,
+                                    bool fast_accum = false);
 
     std::size_t cached_shapes() const;
 

@@ -1,0 +1,220 @@
+// FP8 per-tensor current scaling: abs-max, quantise, quantise + transpose (fp8.h has the convention;
+// core/fp8_reference.h emulates it bit for bit on the host).
+// Shape: all three are memory bound, so they are grid-stride loops over 16-byte vector loads (8 bf16
+// or 4 fp32 per load) with a capped grid; the scale is computed by every thread from the device amax
+// (one broadcast load: no host round trip, CUDA-graph safe). The abs-max reduces on integer bit
+// patterns with one atomicMax per block (fp8_common.cuh): exact and order independent, so
+// deterministic. The transpose goes through a 64 x 64 shared-memory tile of already-quantised bytes
+// (4x less shared memory traffic than tiling the bf16/fp32 input), read back as 16-byte column
+// segments so both the global loads and the global stores are 16-byte vectors.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/dispatch.cuh"
+#include "cuda/fp8.h"
+#include "cuda/fp8_common.cuh"
+#include "cuda/kernel_utils.cuh"
+
+namespace qtrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 2048;  // ~2 waves of 256-thread blocks on an H100/H200; fewer atomics
+
+unsigned grid_for(int64_t items) {
+    return static_cast<unsigned>(std::clamp<int64_t>(ceil_div(items, kThreads), 1, kMaxBlocks));
+}
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// P values (P = 4 or 8) times `scale`, encoded as P fp8 bytes in P/4 little-endian words.
+template <bool kE4M3, int P>
+__device__ __forceinline__ void encode_pack(uint32_t (&words)[P / 4], const float* v, float scale) {
+#pragma unroll
+    for (int w = 0; w < P / 4; ++w) {
+        const uint32_t lo = fp8x2<kE4M3>(__fmul_rn(v[4 * w + 0], scale), __fmul_rn(v[4 * w + 1], scale));
+        const uint32_t hi = fp8x2<kE4M3>(__fmul_rn(v[4 * w + 2], scale), __fmul_rn(v[4 * w + 3], scale));
+        words[w] = lo | (hi << 16);
+    }
+}
+template <int P>
+__device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&words)[P / 4]) {
+    if constexpr (P == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+    else *reinterpret_cast<uint32_t*>(dst) = words[0];
+}
+
+// ---- abs max ----
+
+template <class T, bool kVec>
+__global__ void abs_max_kernel(float* amax, const T* x, int64_t n) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    unsigned m = 0;
+    int64_t done = 0;
+    if constexpr (kVec) {
+        constexpr int P = Pack<T>::N;
+        const int64_t nv = n / P;
+        for (int64_t i = gid; i < nv; i += stride) {
+            Pack<T> p;
+            p.load(x + i * P);
+#pragma unroll
+            for (int k = 0; k < P; ++k) m = abs_max_bits(m, p.v[k]);
+        }
+        done = nv * P;
+    }
+    for (int64_t i = done + gid; i < n; i += stride) m = abs_max_bits(m, to_float(x[i]));
+    reduce_abs_max(amax, m);
+}
+
+// ---- quantise ----
+
+template <class T, bool kE4M3, bool kVec>
+__global__ void quantize_kernel(uint8_t* out, const T* in, int64_t n, const float* amax, float* inv_out) {
+    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
+    if (inv_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *inv_out = fp8_inv_scale(scale);
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    int64_t done = 0;
+    if constexpr (kVec) {
+        constexpr int P = Pack<T>::N;
+        const int64_t nv = n / P;
+        for (int64_t i = gid; i < nv; i += stride) {
+            Pack<T> p;
+            p.load(in + i * P);
+            uint32_t words[P / 4];
+            encode_pack<kE4M3, P>(words, p.v, scale);
+            store_words<P>(out + i * P, words);
+        }
+        done = nv * P;
+    }
+    for (int64_t i = done + gid; i < n; i += stride) out[i] = fp8x1<kE4M3>(__fmul_rn(to_float(in[i]), scale));
+}
+
+// ---- quantise + transpose ----
+
+constexpr int kTile = 64;
+constexpr int kTileStride = kTile + 4;  // bytes per shared row (17 words): column reads at most 2-way conflicted
+
+// Block of 256 threads per 64 x 64 tile of `in`. Load phase: 16-byte packs of the input, quantised in
+// registers, written as bytes into tile[r][c] (and to `out` when given). Store phase: thread
+// (oc = tid / 4, seg = tid % 4) gathers tile[seg*16 .. seg*16+15][oc] and writes those 16 bytes of
+// output row c0 + oc (4 threads write one 64-byte run). rows, cols are multiples of 16, so every
+// pack and every 16-row segment is either wholly inside the matrix or wholly outside.
+template <class T, bool kE4M3>
+__global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t, uint8_t* out, const T* in,
+                                                                 int64_t rows, int64_t cols, const float* amax,
+                                                                 float* inv_out) {
+    __shared__ __align__(16) uint8_t tile[kTile * kTileStride];
+    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
+    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *inv_out = fp8_inv_scale(scale);
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+
+    constexpr int P = Pack<T>::N;
+    constexpr int kPacksPerRow = kTile / P;
+    for (int p = threadIdx.x; p < kTile * kPacksPerRow; p += blockDim.x) {
+        const int r = p / kPacksPerRow, c = (p % kPacksPerRow) * P;
+        const int64_t gr = r0 + r, gc = c0 + c;
+        if (gr < rows && gc < cols) {
+            Pack<T> v;
+            v.load(in + gr * cols + gc);
+            uint32_t words[P / 4];
+            encode_pack<kE4M3, P>(words, v.v, scale);
+#pragma unroll
+            for (int w = 0; w < P / 4; ++w) *reinterpret_cast<uint32_t*>(&tile[r * kTileStride + c + 4 * w]) = words[w];
+            if (out != nullptr) store_words<P>(out + gr * cols + gc, words);
+        }
+    }
+    __syncthreads();
+
+    const int oc = threadIdx.x >> 2, seg = threadIdx.x & 3;
+    const int64_t gc = c0 + oc, gr = r0 + seg * 16;
+    if (gc < cols && gr < rows) {
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+                word |= static_cast<uint32_t>(tile[(seg * 16 + q * 4 + b) * kTileStride + oc]) << (8 * b);
+            w[q] = word;
+        }
+        *reinterpret_cast<uint4*>(out_t + gc * rows + gr) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+bool is_e4m3(DType t, const char* what) {
+    QT_CHECK(t == DType::E4M3 || t == DType::E5M2, what, ": output dtype must be e4m3 or e5m2, got ",
+             dtype_name(t));
+    return t == DType::E4M3;
+}
+
+void check_scale_pointers(const float* amax, const float* inv_scale_out, const char* what) {
+    QT_CHECK(amax != nullptr, what, ": amax pointer is null");
+    QT_CHECK(aligned(amax, sizeof(float)), what, ": amax pointer is not 4-byte aligned");
+    QT_CHECK(inv_scale_out == nullptr || aligned(inv_scale_out, kFp8ScaleSlotBytes), what,
+             ": inv_scale_out must be 16-byte aligned (cuBLASLt rejects unaligned FP8 scale pointers; give every "
+             "scale its own 16-byte slot)");
+}
+
+}  // namespace
+
+void abs_max(float* amax, DType in_type, const void* x, int64_t n, cudaStream_t s, bool accumulate) {
+    QT_CHECK(amax != nullptr && aligned(amax, sizeof(float)), "abs_max: amax must be a 4-byte aligned device pointer");
+    QT_CHECK(n >= 0, "abs_max: negative element count ", n);
+    if (!accumulate) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
+    if (n == 0) return;
+    QTRAIN_DISPATCH_ACT(in_type, T, {
+        const T* xt = static_cast<const T*>(x);
+        if (aligned(x, 16)) abs_max_kernel<T, true><<<grid_for(ceil_div(n, Pack<T>::N)), kThreads, 0, s>>>(amax, xt, n);
+        else abs_max_kernel<T, false><<<grid_for(n), kThreads, 0, s>>>(amax, xt, n);
+    });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_fp8(void* out, DType out_type, const void* in, DType in_type, int64_t n, const float* amax,
+                  float* inv_scale_out, cudaStream_t s) {
+    const bool e4m3 = is_e4m3(out_type, "quantize_fp8");
+    check_scale_pointers(amax, inv_scale_out, "quantize_fp8");
+    QT_CHECK(n >= 0, "quantize_fp8: negative element count ", n);
+    auto* o = static_cast<uint8_t*>(out);
+    QTRAIN_DISPATCH_ACT(in_type, T, {
+        constexpr int P = Pack<T>::N;
+        const T* it = static_cast<const T*>(in);
+        const bool vec = aligned(in, 16) && aligned(out, P);
+        const unsigned grid = grid_for(vec ? ceil_div(n, P) : n);
+        if (e4m3) {
+            if (vec) quantize_kernel<T, true, true><<<grid, kThreads, 0, s>>>(o, it, n, amax, inv_scale_out);
+            else quantize_kernel<T, true, false><<<grid, kThreads, 0, s>>>(o, it, n, amax, inv_scale_out);
+        } else {
+            if (vec) quantize_kernel<T, false, true><<<grid, kThreads, 0, s>>>(o, it, n, amax, inv_scale_out);
+            else quantize_kernel<T, false, false><<<grid, kThreads, 0, s>>>(o, it, n, amax, inv_scale_out);
+        }
+    });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType in_type, int64_t rows, int64_t cols,
+                            const float* amax, float* inv_scale_out, cudaStream_t s, void* out) {
+    const bool e4m3 = is_e4m3(out_type, "quantize_fp8_transpose");
+    check_scale_pointers(amax, inv_scale_out, "quantize_fp8_transpose");
+    QT_CHECK(rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0, "quantize_fp8_transpose: rows (", rows,
+             ") and cols (", cols, ") must be positive multiples of 16");
+    QT_CHECK(aligned(in, 16) && aligned(out_t, 16) && (out == nullptr || aligned(out, 16)),
+             "quantize_fp8_transpose: in, out_t and out must be 16-byte aligned");
+    QT_CHECK(ceil_div(rows, kTile) <= 65535, "quantize_fp8_transpose: too many rows (", rows, ")");
+    const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
+    auto* ot = static_cast<uint8_t*>(out_t);
+    auto* o = static_cast<uint8_t*>(out);
+    QTRAIN_DISPATCH_ACT(in_type, T, {
+        const T* it = static_cast<const T*>(in);
+        if (e4m3) quantize_transpose_kernel<T, true><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
+        else quantize_transpose_kernel<T, false><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
+    });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qtrain::cuda
