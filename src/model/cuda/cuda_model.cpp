@@ -13,6 +13,7 @@
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/gemm.h"
+#include "cuda/fp8.h"
 #include "cuda/kernels.h"
 #include "io/safetensors.h"
 #include "model/cpu/cpu_ops.h"
@@ -32,10 +33,13 @@ void CudaModel::check_options(const ModelOptions& o) {
     };
     QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, "--model-dtype=", dtype_name(o.model_dtype),
              " is not supported on --device=cuda (fp32 or bf16)");
-    QT_CHECK(o.matmul_dtype == o.model_dtype, "--matmul-dtype=", dtype_name(o.matmul_dtype),
-             " is not supported yet on --device=cuda (matmuls run in the model dtype, ", dtype_name(o.model_dtype), ")");
-    QT_CHECK(o.gradient_dtype == o.model_dtype, "--gradient-dtype=", dtype_name(o.gradient_dtype),
-             " is not supported yet on --device=cuda (gradients use the model dtype, ", dtype_name(o.model_dtype), ")");
+    const bool fp8 = o.matmul_dtype == DType::E4M3;
+    QT_CHECK(o.matmul_dtype == o.model_dtype || (fp8 && o.model_dtype == DType::BF16), "--matmul-dtype=",
+             dtype_name(o.matmul_dtype), " is not supported on --device=cuda with --model-dtype=",
+             dtype_name(o.model_dtype), " (use the model dtype, or e4m3 with bf16)");
+    QT_CHECK(o.gradient_dtype == o.model_dtype || (fp8 && is_fp8(o.gradient_dtype)), "--gradient-dtype=",
+             dtype_name(o.gradient_dtype), " is not supported on --device=cuda with --matmul-dtype=",
+             dtype_name(o.matmul_dtype), " (use the model dtype, or e4m3|e5m2 with --matmul-dtype=e4m3)");
     QT_CHECK(o.master_dtype == DType::F32, "--master-dtype=", dtype_name(o.master_dtype),
              " is not supported yet on --device=cuda");
     unsupported(o.offload_residual, "--offload-residual");
@@ -53,6 +57,14 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported yet (one GPU)");
 }
 
+// FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 alignment rules).
+static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
+    const int64_t N = static_cast<int64_t>(o.batch_size) * o.seq_len;
+    for (auto [what, v] : {std::pair<const char*, int64_t>{"batch-size x seq-len", N}, {"hidden_size", c.hidden_size},
+                           {"q dim", c.q_dim()}, {"kv dim", c.kv_dim()}, {"intermediate_size", c.intermediate_size}})
+        QT_CHECK(v % 16 == 0, "--matmul-dtype=e4m3 needs ", what, " to be a multiple of 16 (got ", v, ")");
+}
+
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
     check_options(options);
     return gpu_memory_plan(config, options, "cuda");
@@ -61,6 +73,9 @@ MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& option
 CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     : config_(config), opt_(options), layout_(make_gpu_layout(config)) {
     check_options(opt_);
+    fp8_ = opt_.matmul_dtype == DType::E4M3;
+    fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
+    if (fp8_) check_fp8_shapes(config_, opt_);
     QT_CHECK(cuda_device_count() > 0, "--device=cuda: no GPU is visible");
     CUDA_CHECK(cudaSetDevice(0));
     const GpuInfo info = cuda_device_info(0);
@@ -136,6 +151,98 @@ void CudaModel::sync() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 void CudaModel::refresh_weights() {
     if (buf_.weights != buf_.master)
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
+    quantize_weights();
+}
+
+int64_t CudaModel::matrix_offset(int l, Matrix m) const {
+    const GpuLayerOffsets& o = layout_.layers[l];
+    switch (m) {
+        case kQkv: return o.qkv_w;
+        case kO: return o.o_w;
+        case kGateUp: return o.gate_up_w;
+        default: return o.down_w;
+    }
+}
+
+void CudaModel::quantize_weights() {
+    if (!fp8_) return;
+    auto t_ = timer_.scope("fp8 quantize", stream_);
+    const ModelConfig& c = config_;
+    const int64_t h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
+    const int64_t rows[4] = {qkvd, h, 2 * I, h}, cols[4] = {h, qd, h, I};  // W[out, in]
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+        for (int m = 0; m < 4; ++m) {
+            const int64_t off = matrix_offset(l, static_cast<Matrix>(m));
+            const void* w = static_cast<const char*>(buf_.weights) + off * es;
+            float* amax = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightAmax, m));
+            float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
+            cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream_);
+            if (fp8_grads_) {  // row-major copy and transpose in one pass
+                cuda::quantize_fp8_transpose(static_cast<char*>(buf_.wTq) + off, DType::E4M3, w, opt_.model_dtype,
+                                             rows[m], cols[m], amax, inv, stream_, static_cast<char*>(buf_.wq) + off);
+            } else {
+                cuda::quantize_fp8(static_cast<char*>(buf_.wq) + off, DType::E4M3, w, opt_.model_dtype,
+                                   rows[m] * cols[m], amax, inv, stream_);
+            }
+        }
+}
+
+void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out) {
+    const DType A = opt_.model_dtype;
+    const int64_t off = matrix_offset(l, m);
+    if (!fp8_) {
+        auto t_ = timer_.scope("gemm fwd", stream_);
+        gemm_->linear_forward(y, A, x, static_cast<const char*>(buf_.weights) + off * dtype_size(A), A, bias, N, in,
+                              out, stream_);
+        return;
+    }
+    float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
+    float* xi = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m));
+    {
+        auto t_ = timer_.scope("fp8 quantize", stream_);
+        cuda::abs_max(xa, A, x, static_cast<int64_t>(N) * in, stream_);
+        cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
+    }
+    auto t_ = timer_.scope("gemm fwd", stream_);
+    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, static_cast<const char*>(buf_.wq) + off, DType::E4M3,
+                              fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_);
+}
+
+void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out) {
+    const DType A = opt_.model_dtype;
+    const int64_t off = matrix_offset(l, m);
+    float* dw = buf_.grads + off;
+    if (!fp8_grads_) {
+        const void* w = static_cast<const char*>(buf_.weights) + off * dtype_size(A);
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
+        }
+        auto t_ = timer_.scope("gemm bwd dw", stream_);
+        gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, true, stream_);
+        return;
+    }
+    const DType gd = opt_.gradient_dtype;
+    const int L = config_.num_hidden_layers;
+    float* ga = fp8_slot_ptr(fp8_grad_amax_slot(L));
+    float* gi = fp8_slot_ptr(fp8_grad_inv_slot(L));
+    {
+        auto t_ = timer_.scope("fp8 quantize", stream_);
+        cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
+        cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
+        cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in, fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)),
+                                     nullptr, stream_);
+    }
+    {
+        auto t_ = timer_.scope("gemm bwd dx", stream_);
+        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, static_cast<const char*>(buf_.wTq) + off,
+                                         DType::E4M3, fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), N, in, out,
+                                         stream_);
+    }
+    auto t_ = timer_.scope("gemm bwd dw", stream_);
+    gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, buf_.xTq, DType::E4M3,
+                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -350,10 +457,7 @@ void CudaModel::forward(int B, int T) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
         // attention block
-        {
-            auto t_ = timer_.scope("gemm fwd", stream_);
-            gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
-        }
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
         {
             auto t_ = timer_.scope("rope", stream_);
             cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -363,28 +467,19 @@ void CudaModel::forward(int B, int T) {
             auto t_ = timer_.scope("attention fwd", stream_);
             attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
         }
-        {
-            auto t_ = timer_.scope("gemm fwd", stream_);
-            gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
-        }
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
                                            stream_);
         }
         // MLP block
-        {
-            auto t_ = timer_.scope("gemm fwd", stream_);
-            gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
-        }
+        linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
         {
             auto t_ = timer_.scope("swiglu", stream_);
             cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
         }
-        {
-            auto t_ = timer_.scope("gemm fwd", stream_);
-            gemm_->linear_forward(buf_.tmp_h, A, x.swi, W(o.down_w), A, nullptr, N, I, h, stream_);
-        }
+        linear_fwd(l, kDown, buf_.tmp_h, x.swi, nullptr, N, I, h);
         // residual add fused with the next norm (the next layer's input norm, or the final norm)
         const bool last = l + 1 == L;
         void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
@@ -420,19 +515,19 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     if (rc.ln1)
         cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_);
     if (rc.qkv) {
-        gemm_->linear_forward(x.qkv, A, x.ln1, W(o.qkv_w), A, W(o.qkv_b), N, h, qkvd, stream_);
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
         cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                            stream_);
     }
     if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
     if (rc.res_mid) {
-        gemm_->linear_forward(buf_.tmp_h, A, x.att, W(o.o_w), A, nullptr, N, qd, h, stream_);
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
                                        stream_);
     } else if (rc.ln2) {
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_);
     }
-    if (rc.gate_up) gemm_->linear_forward(x.gate_up, A, x.ln2, W(o.gate_up_w), A, nullptr, N, h, 2 * I, stream_);
+    if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
     if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
 }
 
@@ -495,40 +590,19 @@ void CudaModel::backward(int B, int T) {
         GpuLayerActivations& x = buf_.layers[l];
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
-        {
-            auto t_ = timer_.scope("gemm bwd dx", stream_);
-            gemm_->linear_backward_input(buf_.d_swi, A, buf_.d_res, W(o.down_w), A, N, I, h, stream_);
-        }
-        {
-            auto t_ = timer_.scope("gemm bwd dw", stream_);
-            gemm_->linear_backward_weight(G(o.down_w), DType::F32, buf_.d_res, x.swi, A, N, I, h, true, stream_);
-        }
+        linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h);
         {
             auto t_ = timer_.scope("swiglu", stream_);
             cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_);
         }
-        {
-            auto t_ = timer_.scope("gemm bwd dx", stream_);
-            gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_gu, W(o.gate_up_w), A, N, h, 2 * I, stream_);
-        }
-        {
-            auto t_ = timer_.scope("gemm bwd dw", stream_);
-            gemm_->linear_backward_weight(G(o.gate_up_w), DType::F32, buf_.d_gu, x.ln2, A, N, h, 2 * I, true, stream_);
-        }
+        linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I);
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
                                    h, stream_);
         }
         // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
-        {
-            auto t_ = timer_.scope("gemm bwd dx", stream_);
-            gemm_->linear_backward_input(buf_.d_att, A, buf_.d_res, W(o.o_w), A, N, qd, h, stream_);
-        }
-        {
-            auto t_ = timer_.scope("gemm bwd dw", stream_);
-            gemm_->linear_backward_weight(G(o.o_w), DType::F32, buf_.d_res, x.att, A, N, qd, h, true, stream_);
-        }
+        linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h);
         {
             auto t_ = timer_.scope("attention bwd", stream_);
             attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
@@ -542,14 +616,7 @@ void CudaModel::backward(int B, int T) {
             auto t_ = timer_.scope("bias grad", stream_);
             cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
         }
-        {
-            auto t_ = timer_.scope("gemm bwd dx", stream_);
-            gemm_->linear_backward_input(buf_.d_ln, A, buf_.d_qkv, W(o.qkv_w), A, N, h, qkvd, stream_);
-        }
-        {
-            auto t_ = timer_.scope("gemm bwd dw", stream_);
-            gemm_->linear_backward_weight(G(o.qkv_w), DType::F32, buf_.d_qkv, x.ln1, A, N, h, qkvd, true, stream_);
-        }
+        linear_bwd(l, kQkv, buf_.d_ln, buf_.d_qkv, x.ln1, N, h, qkvd);
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
@@ -613,6 +680,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
                            args, stream_);
         CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
     }
+    quantize_weights();
     float host[4] = {0, 0, 0, 0};
     CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));

@@ -66,6 +66,18 @@ private:
     void lm_head(int N, float* loss_acc, bool with_grads);
     void backward(int B, int T);
     void recompute_layer(int l, int B, int T);  // the activations the --recompute-* flags dropped
+    // The four matrices of a layer, in the order of the FP8 scale slots.
+    enum Matrix { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3 };
+    int64_t matrix_offset(int l, Matrix m) const;
+    // y[N,out] = x[N,in] W^T (+ bias) for matrix m of layer l: bf16 GEMM, or with --matmul-dtype=e4m3
+    // x quantised with its current amax (kept per layer for the backward) times the fp8 weight.
+    void linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out);
+    // dx = dy W and dW += dy^T x for matrix m of layer l (x: the forward's input activation). With
+    // fp8 gradients both run in fp8: dy quantised (and transposed) with its amax, x re-quantised
+    // transposed with the forward's scale (bit-identical codes), W^T from the quantised weights.
+    void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out);
+    void quantize_weights();  // fp8 weight copies (and transposes) from the model-dtype weights
+    float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
 
@@ -84,6 +96,7 @@ private:
     cudaGraphExec_t graph_exec_ = nullptr;
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
+    bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
 };
 
 }  // namespace qtrain

@@ -8,12 +8,16 @@
 namespace qtrain {
 
 std::vector<Arena> make_arenas(const ModelOptions& opt) {
+    // index order is what bind_gpu_buffers uses
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
     a.push_back(Arena{"Host staging", true, nullptr, 0});
+    a.push_back(Arena{"Quants", false, nullptr, 0});
     return a;
 }
+
+bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
     RecomputeSet r;
@@ -38,6 +42,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& act = arenas[5];
     Arena& ws = arenas[6];
     Arena& host = arenas[7];
+    Arena& quants = arenas[8];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -114,6 +119,21 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.segments = ws.take(sizeof(cuda::ParamSegment) * b.num_segments);
 
     b.step_scalars = ws.take_n<float>(4);
+
+    if (is_fp8(opt.matmul_dtype)) {
+        const bool fp8_grads = is_fp8(opt.gradient_dtype);
+        b.wq = quants.take(P);
+        if (fp8_grads) b.wTq = quants.take(P);
+        b.fp8_scales = ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2));
+        const int64_t x_max = std::max({h, q, I});
+        b.xq = ws.take(N * x_max);
+        if (fp8_grads) {
+            const int64_t dy_max = std::max({qkvd, h, 2 * I});
+            b.xTq = ws.take(N * x_max);
+            b.dyq = ws.take(N * dy_max);
+            b.dyTq = ws.take(N * dy_max);
+        }
+    }
     b.host_staging = host.take_n<int32_t>(5 * N + 1 + 4);
 }
 
@@ -125,6 +145,7 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     MemoryPlan plan;
     plan.device = device_name;
     for (const Arena& a : arenas) {
+        if (a.used == 0 && a.category == "Quants") continue;  // no FP8
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
     }

@@ -48,6 +48,17 @@ struct RecomputeSet {
 };
 RecomputeSet recompute_set(const ModelOptions& opt);
 
+// FP8 scale slots (each float in its own 16-byte slot: cuBLASLt wants aligned scale pointers).
+// Per layer and matrix m (0 qkv, 1 o, 2 gate_up, 3 down): the weight's amax and inverse scale and the
+// forward input activation's amax and inverse scale; then one amax / inverse-scale pair for the
+// gradient being quantised (used one GEMM at a time).
+enum class Fp8Slot { WeightAmax = 0, WeightInv = 4, ActAmax = 8, ActInv = 12 };
+constexpr int kFp8SlotsPerLayer = 16;
+inline int fp8_slot(int layer, Fp8Slot kind, int matrix) { return layer * kFp8SlotsPerLayer + static_cast<int>(kind) + matrix; }
+inline int fp8_grad_amax_slot(int layers) { return layers * kFp8SlotsPerLayer; }
+inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1; }
+bool is_fp8(DType t);
+
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
     float *rstd1, *rstd2, *lse;
@@ -77,6 +88,14 @@ struct GpuBuffers {
     // per-micro-batch scalars on the device, read by the kernels (so a CUDA graph can replay the
     // step): [0] loss scale, [1] gradient scale of the logits (floats), [2] distinct tokens (int32)
     float* step_scalars = nullptr;
+
+    // FP8 (--matmul-dtype=e4m3): quantised weights at the flat parameter offsets (1 byte per
+    // element; wTq transposed, only with fp8 gradients), per-tensor scale slots (fp8_slot()), and
+    // workspaces for one quantised activation (xq, its transpose xTq) and one quantised gradient
+    // (dyq, its transpose dyTq) at a time.
+    void *wq = nullptr, *wTq = nullptr;
+    float* fp8_scales = nullptr;
+    void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
