@@ -37,7 +37,10 @@ __device__ __forceinline__ void reduce_abs_max(float* amax, unsigned local_bits)
     if (warp == 0) {
         v = lane < (nthreads >> 5) ? warp_max[lane] : 0u;
         v = __reduce_max_sync(0xffffffffu, v);
-        if (lane == 0 && v != 0u) atomicMax(reinterpret_cast<unsigned*>(amax), v);
+        // skip the atomic when the running max is already as large (most blocks, once a large
+        // value has landed): the result is the same max either way
+        unsigned* target = reinterpret_cast<unsigned*>(amax);
+        if (lane == 0 && v != 0u && v > *reinterpret_cast<volatile unsigned*>(target)) atomicMax(target, v);
     }
 }
 

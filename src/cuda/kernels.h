@@ -45,9 +45,12 @@ void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, in
 
 // ---- swiglu.cu ----
 // gate_up rows are [gate (I) | up (I)]; out[n, i] = silu(gate) * up.
-void swiglu_forward(DType act, void* out, const void* gate_up, int N, int I, cudaStream_t s);
-// dgate_up[n, :] = [dout * up * silu'(gate) | dout * silu(gate)] (written, not accumulated).
-void swiglu_backward(DType act, void* dgate_up, const void* dout, const void* gate_up, int N, int I, cudaStream_t s);
+// amax (optional, FP8): set to max |out| of the stored values (the launcher zeroes it first).
+void swiglu_forward(DType act, void* out, const void* gate_up, int N, int I, cudaStream_t s, float* amax = nullptr);
+// dgate_up[n, :] = [dout * up * silu'(gate) | dout * silu(gate)] (written, not accumulated);
+// amax as in the forward, over all of dgate_up.
+void swiglu_backward(DType act, void* dgate_up, const void* dout, const void* gate_up, int N, int I, cudaStream_t s,
+                     float* amax = nullptr);
 
 // ---- bias_grad.cu ----
 // dbias[C] += column sums of d[N, C]; scratch: bias_grad_scratch_floats(N, C) floats.

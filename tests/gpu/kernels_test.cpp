@@ -123,6 +123,21 @@ TEST_P(KernelTest, SwigluForwardAndBackward) {
         }
     EXPECT_LT(rel_max_error(gout.download(), out), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdgu.download(), dgu), tol(1e-5, 8e-3));
+
+    // the fused abs-max (FP8) is exactly the max |x| of what was stored, and the outputs are the same
+    DeviceBuffer amax(std::vector<float>{123.0f, 0, 0, 0}, DType::F32), gout2(N * I, act()), gdgu2(N * 2 * I, act());
+    cuda::swiglu_forward(act(), gout2.get(), ggu.get(), N, I, nullptr, amax.f32());
+    const auto stored = gout.download();
+    float expect = 0;
+    for (float v : stored) expect = std::max(expect, std::fabs(v));
+    EXPECT_EQ(amax.download()[0], expect);
+    EXPECT_EQ(gout2.download(), stored);
+    cuda::swiglu_backward(act(), gdgu2.get(), gdout.get(), ggu.get(), N, I, nullptr, amax.f32());
+    const auto dstored = gdgu.download();
+    expect = 0;
+    for (float v : dstored) expect = std::max(expect, std::fabs(v));
+    EXPECT_EQ(amax.download()[0], expect);
+    EXPECT_EQ(gdgu2.download(), dstored);
   }
 }
 

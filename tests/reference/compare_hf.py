@@ -79,6 +79,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--work", default="/tmp/qtrain-ref")
+    ap.add_argument("--dtypes", default="fp32,bf16",
+                    help="qtrain modes to compare: fp32, bf16, e4m3 (bf16 model, e4m3 matmuls, e5m2 gradients)")
+    ap.add_argument("--flags", default="", help="extra qtrain_dump flags, e.g. '--recompute-block --use-cuda-graphs'")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -98,10 +101,10 @@ def main():
         write_tokens(tok_path, tokens, vocab)
         ref_loss, ref_logits, ref_grads = hf_reference(d, tokens)
 
-        for dtype in ("fp32", "bf16"):
+        for dtype in a.dtypes.split(","):
             out = os.path.join(d, f"qtrain_{dtype}.safetensors")
             run([f"{a.build}/qtrain_dump", "--model", d, "--tokens", tok_path, "--batch", str(B), "--seq-len", str(T),
-                 "--dtype", dtype, "--out", out])
+                 "--dtype", dtype, "--out", out] + a.flags.split())
             q = load_file(out)
             loss = float(q["loss_and_norm"][0])
             errs = {"loss": abs(loss - ref_loss) / abs(ref_loss), "logits": rel_err(q["logits"], ref_logits)}
@@ -117,6 +120,15 @@ def main():
             med_cos = statistics.median(coss.values())
             if dtype == "fp32":
                 passed = worst_err[1] < 1e-4
+            elif dtype == "e4m3":
+                # FP8 noise (3 and 2 mantissa bits per operand): loss within 1%, gradients by cosine.
+                # k_proj.bias is left out: its exact gradient is zero (a bias shared by every key
+                # shifts all of a query's scores equally; softmax ignores it), so both sides hold
+                # only rounding noise there.
+                fcos = {k: v for k, v in coss.items() if not k.endswith("k_proj.bias")}
+                worst_cos = min(fcos.items(), key=lambda kv: kv[1])
+                med_cos = statistics.median(fcos.values())
+                passed = worst_cos[1] >= 0.95 and med_cos >= 0.99 and errs["loss"] < 1e-2
             else:
                 passed = worst_cos[1] >= 0.995 and med_cos >= 0.999 and errs["loss"] < 1e-2
             ok &= passed

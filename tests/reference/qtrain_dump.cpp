@@ -2,8 +2,10 @@
 // batch read from a BIN.TOK file, and writes loss, logits and every parameter gradient (HF names,
 // fp32) into one safetensors file — the qtrain side of tests/reference/compare_hf.py.
 //
-// usage: qtrain_dump --model DIR --tokens FILE.bin --batch B --seq-len T --dtype fp32|bf16 --out OUT
+// usage: qtrain_dump --model DIR --tokens FILE.bin --batch B --seq-len T --dtype fp32|bf16|e4m3 --out OUT
 //        [--steps K --lr LR]   (K optimizer steps on the same batch first, then the dump)
+//        [--recompute-block] [--use-cuda-graphs]
+// --dtype e4m3 is FP8 training: bf16 model, e4m3 matmuls, e5m2 activation gradients.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -29,7 +31,10 @@ int main(int argc, char** argv) {
     app.add_option("--out", out_path)->required();
     app.add_option("--batch", B);
     app.add_option("--seq-len", T);
-    app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+    app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16", "e4m3"}));
+    bool recompute_block = false, graphs = false;
+    app.add_flag("--recompute-block", recompute_block);
+    app.add_flag("--use-cuda-graphs", graphs);
     app.add_option("--steps", steps);
     app.add_option("--lr", lr);
     CLI11_PARSE(app, argc, argv);
@@ -38,7 +43,15 @@ int main(int argc, char** argv) {
         ModelOptions opt;
         opt.batch_size = B;
         opt.seq_len = T;
-        opt.model_dtype = opt.matmul_dtype = opt.gradient_dtype = parse_dtype(dtype, "--dtype", "fp32|bf16");
+        if (dtype == "e4m3") {
+            opt.model_dtype = DType::BF16;
+            opt.matmul_dtype = DType::E4M3;
+            opt.gradient_dtype = DType::E5M2;
+        } else {
+            opt.model_dtype = opt.matmul_dtype = opt.gradient_dtype = parse_dtype(dtype, "--dtype", "fp32|bf16");
+        }
+        opt.recompute_block = recompute_block;
+        opt.use_cuda_graphs = graphs;
         opt.lmhead_chunks = 2;
         CudaModel model(cfg, opt);
         model.load_hf(model_dir);

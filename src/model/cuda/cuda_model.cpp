@@ -188,7 +188,16 @@ void CudaModel::quantize_weights() {
         }
 }
 
-void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out) {
+float* CudaModel::act_amax(int l, Matrix m) const {
+    return fp8_ ? fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)) : nullptr;
+}
+
+float* CudaModel::grad_amax() const {
+    return fp8_grads_ ? fp8_slot_ptr(fp8_grad_amax_slot(config_.num_hidden_layers)) : nullptr;
+}
+
+void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out,
+                           bool amax_ready) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix_offset(l, m);
     if (!fp8_) {
@@ -201,7 +210,7 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     float* xi = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m));
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
-        cuda::abs_max(xa, A, x, static_cast<int64_t>(N) * in, stream_);
+        if (!amax_ready) cuda::abs_max(xa, A, x, static_cast<int64_t>(N) * in, stream_);
         cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
     }
     auto t_ = timer_.scope("gemm fwd", stream_);
@@ -209,7 +218,8 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
                               fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_);
 }
 
-void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out) {
+void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
+                           bool amax_ready) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix_offset(l, m);
     float* dw = buf_.grads + off;
@@ -229,7 +239,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     float* gi = fp8_slot_ptr(fp8_grad_inv_slot(L));
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
-        cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
+        if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
         cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
         cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in, fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)),
                                      nullptr, stream_);
@@ -477,9 +487,9 @@ void CudaModel::forward(int B, int T) {
         linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
         {
             auto t_ = timer_.scope("swiglu", stream_);
-            cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
+            cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
         }
-        linear_fwd(l, kDown, buf_.tmp_h, x.swi, nullptr, N, I, h);
+        linear_fwd(l, kDown, buf_.tmp_h, x.swi, nullptr, N, I, h, fp8_);
         // residual add fused with the next norm (the next layer's input norm, or the final norm)
         const bool last = l + 1 == L;
         void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
@@ -528,7 +538,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_);
     }
     if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
-    if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_);
+    if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
 }
 
 void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
@@ -593,9 +603,9 @@ void CudaModel::backward(int B, int T) {
         linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h);
         {
             auto t_ = timer_.scope("swiglu", stream_);
-            cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_);
+            cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
         }
-        linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I);
+        linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, fp8_grads_);
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,

@@ -71,11 +71,18 @@ private:
     int64_t matrix_offset(int l, Matrix m) const;
     // y[N,out] = x[N,in] W^T (+ bias) for matrix m of layer l: bf16 GEMM, or with --matmul-dtype=e4m3
     // x quantised with its current amax (kept per layer for the backward) times the fp8 weight.
-    void linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out);
+    // amax_ready: x's producer already wrote its amax into the layer's activation slot.
+    void linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out,
+                    bool amax_ready = false);
     // dx = dy W and dW += dy^T x for matrix m of layer l (x: the forward's input activation). With
     // fp8 gradients both run in fp8: dy quantised (and transposed) with its amax, x re-quantised
     // transposed with the forward's scale (bit-identical codes), W^T from the quantised weights.
-    void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out);
+    // amax_ready: dy's producer already wrote its amax into the gradient slot.
+    void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
+                    bool amax_ready = false);
+    // the amax slot a producer kernel fills for matrix m's forward input / for the gradient (null without FP8)
+    float* act_amax(int l, Matrix m) const;
+    float* grad_amax() const;
     void quantize_weights();  // fp8 weight copies (and transposes) from the model-dtype weights
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
     void refresh_weights();  // weights = (model dtype) master
