@@ -80,6 +80,10 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         {"--recompute-ffn --recompute-norm --recompute-att",
          [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
         {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+        {"--recompute-block --offload-opt-m --offload-opt-v",
+         [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
+        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master",
+         [](ModelOptions& o) { o.offload_master = true; }},
     };
     const int chunks[] = {m.lmhead_chunks, std::max(m.lmhead_chunks, 8)};
     for (int ci = 0; ci < 2; ++ci) {
@@ -125,7 +129,7 @@ int Trainer::run() {
         const std::string fit = flags_that_fit(cfg, mopt, device, limit);
         throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
                         human_bytes(limit), "; ",
-                        fit.empty() ? std::string("no recompute setting makes it fit: reduce --batch-size or --seq-len")
+                        fit.empty() ? std::string("no recompute or optimizer-offload setting makes it fit (gradient offload and weight streaming are not implemented yet): reduce --batch-size or --seq-len")
                                     : cat("it fits with ", fit, " (or reduce --batch-size or --seq-len)")));
     }
     if (opt_.plan_only) {

@@ -337,3 +337,45 @@ TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
         }
     }
 }
+
+// --offload-master/-opt-m/-opt-v keep that state in pinned host memory that the optimizer kernel
+// reads over PCIe: the same arithmetic, so bit-identical results; the plan moves those categories
+// from the device column to the pinned-host column.
+TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[2]);
+    const int B = 2, T = 64;
+    auto run = [&](bool offload, bool write_combined, DType moments) {
+        ModelOptions o = options(DType::BF16, B, T);
+        o.opt_m_dtype = o.opt_v_dtype = moments;
+        o.offload_master = o.offload_opt_m = o.offload_opt_v = offload;
+        o.write_combined = write_combined;
+        CudaModel m(cfg, o);
+        m.init_random(17);
+        std::vector<float> out;
+        for (int step = 1; step <= 5; ++step) {
+            Data d = make_batch(B, T, cfg.vocab_size, 40 + step);
+            m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
+            StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+            out.push_back(s.loss);
+            out.push_back(s.grad_norm);
+        }
+        for (const ParamSpec& s : m.layout().specs)
+            for (auto which : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV}) {
+                auto w = m.download(s.name, which);
+                out.insert(out.end(), w.begin(), w.end());
+            }
+        return out;
+    };
+    for (DType moments : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(std::string(dtype_name(moments)));
+        const auto base = run(false, false, moments);
+        EXPECT_EQ(run(true, false, moments), base);
+        EXPECT_EQ(run(true, true, moments), base);
+    }
+    ModelOptions o = options(DType::BF16, B, T);
+    o.offload_master = o.offload_opt_m = o.offload_opt_v = true;
+    const MemoryPlan on = gpu_memory_plan(cfg, o, "cuda"), off = gpu_memory_plan(cfg, options(DType::BF16, B, T), "cuda");
+    EXPECT_LT(on.total_device(), off.total_device());
+    EXPECT_EQ(on.total_device() + (on.total_pinned() - off.total_pinned()), off.total_device());
+}

@@ -43,13 +43,13 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.master_dtype == DType::F32, "--master-dtype=", dtype_name(o.master_dtype),
              " is not supported yet on --device=cuda");
     unsupported(o.offload_residual, "--offload-residual");
-    unsupported(o.offload_master, "--offload-master");
-    unsupported(o.offload_opt_m, "--offload-opt-m");
-    unsupported(o.offload_opt_v, "--offload-opt-v");
+    QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
+             "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
+    QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v,
+             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m or --offload-opt-v");
     unsupported(o.offload_quants, "--offload-quants");
     unsupported(o.offload_gradients, "--offload-gradients");
     unsupported(o.persistent_quants, "--persistent-quants");
-    unsupported(o.write_combined, "--write-combined");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
     unsupported(o.shard_gradients, "--shard-gradients (or --zero-level=2)");
@@ -95,8 +95,17 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
         a.used = 0;
         if (bytes == 0) continue;
         void* p = nullptr;
-        if (a.pinned_host) CUDA_CHECK(cudaMallocHost(&p, bytes));
-        else CUDA_CHECK(cudaMalloc(&p, bytes));
+        if (a.pinned_host) {
+            // mapped, so kernels can use it (zero-copy); write-combined only for the offloaded state
+            const bool wc = opt_.write_combined && a.category != "Host staging";
+            CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | (wc ? cudaHostAllocWriteCombined : 0)));
+            void* dev = nullptr;
+            CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
+            QT_CHECK(dev == p, "pinned host memory of category ", a.category,
+                     " is not mapped at the same address on the GPU (unified addressing is required)");
+        } else {
+            CUDA_CHECK(cudaMalloc(&p, bytes));
+        }
         a.base = static_cast<char*>(p);
     }
     bind_gpu_buffers(buf_, arenas_, config_, opt_, layout_);
@@ -107,12 +116,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes);
 
     // zero everything with state (padding stays zero forever)
-    CUDA_CHECK(cudaMemsetAsync(buf_.master, 0, layout_.total * sizeof(float), stream_));
+    zero(buf_.master, layout_.total * sizeof(float));
     if (buf_.weights != buf_.master)
         CUDA_CHECK(cudaMemsetAsync(buf_.weights, 0, layout_.total * dtype_size(opt_.model_dtype), stream_));
     CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
-    CUDA_CHECK(cudaMemsetAsync(buf_.adam_m, 0, layout_.total * dtype_size(opt_.opt_m_dtype), stream_));
-    CUDA_CHECK(cudaMemsetAsync(buf_.adam_v, 0, layout_.total * dtype_size(opt_.opt_v_dtype), stream_));
+    zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
+    zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
 
     // RoPE tables, computed on the host exactly as the CPU reference (and HF) does
@@ -147,6 +156,18 @@ CudaModel::~CudaModel() {
 }
 
 void CudaModel::sync() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+// Zeroes a buffer that may be device memory or offloaded (pinned host) memory.
+void CudaModel::zero(void* p, std::size_t bytes) {
+    cudaPointerAttributes attr{};
+    CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
+    if (attr.type == cudaMemoryTypeHost) {
+        sync();  // no kernel may be using it
+        std::memset(p, 0, bytes);
+    } else {
+        CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    }
+}
 
 void CudaModel::refresh_weights() {
     if (buf_.weights != buf_.master)
@@ -266,10 +287,10 @@ void CudaModel::init_random(uint64_t seed) {
         host.resize(s.numel());
         init_parameter(s, config_, seed, host.data());
         CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
-                              cudaMemcpyHostToDevice));
+                              cudaMemcpyDefault));
     }
-    CUDA_CHECK(cudaMemsetAsync(buf_.adam_m, 0, layout_.total * dtype_size(opt_.opt_m_dtype), stream_));
-    CUDA_CHECK(cudaMemsetAsync(buf_.adam_v, 0, layout_.total * dtype_size(opt_.opt_v_dtype), stream_));
+    zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
+    zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
     refresh_weights();
     sync();
 }
@@ -282,7 +303,7 @@ void CudaModel::load_hf(const std::string& model_dir) {
         host.resize(s.numel());
         reader.read_f32(s.name, s.shape, host.data());
         CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
-                              cudaMemcpyHostToDevice));
+                              cudaMemcpyDefault));
     }
     refresh_weights();
     sync();
@@ -296,11 +317,11 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     auto fetch = [&](const void* base, DType t) {
         if (t == DType::F32) {
             CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + off, n * sizeof(float),
-                                  cudaMemcpyDeviceToHost));
+                                  cudaMemcpyDefault));
         } else {
             std::vector<uint16_t> raw(n);
             CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const uint16_t*>(base) + off, n * sizeof(uint16_t),
-                                  cudaMemcpyDeviceToHost));
+                                  cudaMemcpyDefault));
             for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(raw[i]);
         }
     };
@@ -317,7 +338,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 void CudaModel::upload_master(const std::string& name, const float* data) {
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name);
-    CUDA_CHECK(cudaMemcpy(buf_.master + off, data, s.numel() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(buf_.master + off, data, s.numel() * sizeof(float), cudaMemcpyDefault));
     refresh_weights();
     sync();
 }
@@ -371,10 +392,10 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             const int64_t off = layout_.offsets[i], n = s.numel();
             host.resize(n);
             model_r.read_f32(s.name, s.shape, host.data());
-            CUDA_CHECK(cudaMemcpy(buf_.master + off, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(buf_.master + off, host.data(), n * sizeof(float), cudaMemcpyDefault));
             auto load_moment = [&](const std::string& key, void* base, DType t) {
                 opt_r.read_f32(key, s.shape, host.data());
-                CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyDefault));
                 cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
                 sync();
             };

@@ -87,6 +87,7 @@ private:
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
+    void zero(void* p, std::size_t bytes);  // device or offloaded host memory
 
     ModelConfig config_;
     ModelOptions opt_;
