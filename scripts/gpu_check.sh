@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp]
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp] [demo]
 #        (default: tests train)
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
@@ -52,6 +52,13 @@ for phase in $PHASES; do
     cmp)
       timeout 400 python3 tests/reference/compare_training.py --build build-gpu --train .refdata/train.bin \
         --eval .refdata/eval.bin 2>&1 | grep -vE "Loading|Writing|transformers" | tail -12 ;;
+    demo)  # scripts/demo.sh's GPU training step on the KJV token files in .refdata
+      timeout 300 build-gpu/train --device=cuda --model=configs/demo-gpu --from-scratch \
+        --train-file=.refdata/train.bin --eval-file=.refdata/eval.bin --final-lr-fraction=0.1 --weight-decay=0.1 \
+        --grad-clip=1.0 --out-dir=/tmp/qt-demo/output --checkpoint-dir=/tmp/qt-demo/ckpt --batch-size=16 \
+        --seq-len=512 --grad-accumulation=1 --steps=600 --learning-rate=1e-3 --warmup=50 --eval-every-n-steps=100 \
+        --eval-num-steps=20 > "$LOGS/demo.log" 2>&1
+      echo "demo exit $?"; grep -E "^\[V\]|error" "$LOGS/demo.log" | tail -4; grep -E "^\[T\] step +599" "$LOGS/demo.log" ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
   esac

@@ -379,3 +379,49 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
     EXPECT_LT(on.total_device(), off.total_device());
     EXPECT_EQ(on.total_device() + (on.total_pinned() - off.total_pinned()), off.total_device());
 }
+
+// The plan is what is allocated: the device memory the model takes (constructor plus a first
+// training step, which loads the kernels and lets cuBLASLt set up) is within 1% of the plan, for
+// plain bf16, FP8 with recompute, and with the optimizer state offloaded (which must not count).
+TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    const int B = 4, T = 1024;
+    struct Case {
+        const char* name;
+        void (*apply)(ModelOptions&);
+    };
+    const Case cases[] = {
+        {"bf16", [](ModelOptions&) {}},
+        {"fp8 + recompute-ffn", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.recompute_ffn = o.recompute_swiglu = true;
+         }},
+        {"offloaded optimizer state", [](ModelOptions& o) { o.offload_master = o.offload_opt_m = o.offload_opt_v = true; }},
+    };
+    CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        ModelOptions o = options(DType::BF16, B, T);
+        o.opt_m_dtype = o.opt_v_dtype = DType::BF16;
+        c.apply(o);
+        std::size_t free0 = 0, free1 = 0, total = 0;
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+        {
+            CudaModel m(cfg, o);
+            m.init_random(1);
+            Data d = make_batch(B, T, cfg.vocab_size, 3);
+            m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
+            m.optimizer_step({1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1});
+            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+            const double used = static_cast<double>(free0) - static_cast<double>(free1);
+            const double plan = static_cast<double>(m.memory_plan().total_device());
+            std::printf("[plan vs used] %s: plan %.1f MiB, used %.1f MiB (%+.2f%%)\n", c.name, plan / (1 << 20),
+                        used / (1 << 20), 100.0 * (used - plan) / plan);
+            EXPECT_NEAR(used, plan, 0.01 * plan);
+        }
+    }
+}
