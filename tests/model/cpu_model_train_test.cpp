@@ -354,7 +354,9 @@ TEST(CpuModelOptions, UnsupportedOptionsNameTheFlag) {
         edit(o);
         return o;
     };
-    expect_refused(with([](ModelOptions& o) { o.matmul_dtype = DType::E4M3; }), "--matmul-dtype=e4m3");
+    expect_refused(with([](ModelOptions& o) { o.matmul_dtype = DType::BF16; }), "--matmul-dtype=bf16");
+    // FP8 is emulated; fp8 gradients only with fp8 matmuls
+    EXPECT_NO_THROW(CpuModel(test::tiny_config(true), with([](ModelOptions& o) { o.matmul_dtype = DType::E4M3; })));
     expect_refused(with([](ModelOptions& o) { o.gradient_dtype = DType::E5M2; }), "--gradient-dtype=e5m2");
     expect_refused(with([](ModelOptions& o) { o.opt_m_dtype = DType::BF16; }), "--opt-m-dtype=bf16");
     expect_refused(with([](ModelOptions& o) { o.opt_v_dtype = DType::BF16; }), "--opt-v-dtype=bf16");
@@ -395,6 +397,69 @@ TEST(CpuModelOptions, MemoryPlanAndBadBatches) {
     tb.inputs[5] = 0;
     tb.targets[3] = cfg.vocab_size + 4;
     EXPECT_THROW(m.evaluate(tb.view()), Error);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// FP8 emulation (--matmul-dtype=e4m3, --gradient-dtype=e4m3|e5m2): the reference the GPU's FP8 path
+// is compared with (tests/gpu/cuda_model_test.cpp). Here: it is active, close to fp32 and learns.
+// ---------------------------------------------------------------------------------------------------
+
+double cosine_of(const std::vector<float>& a, const std::vector<float>& b) {
+    double ab = 0, aa = 0, bb = 0;
+    for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+    return ab / std::sqrt(aa * bb + 1e-300);
+}
+
+TEST(CpuModelFp8, EmulationIsActiveCloseToFp32AndDeterministic) {
+    ModelConfig cfg = test::tiny_config(false);
+    cfg.initializer_range = 0.2;  // gradients well above rounding noise in every tensor
+    const test::TokenBatch tb = cyclic_batch(2, 16, cfg.vocab_size);
+    auto grads = [&](DType matmul, DType grad) {
+        ModelOptions o = CpuModel::fp32_options(2, 16);
+        o.matmul_dtype = matmul;
+        o.gradient_dtype = grad;
+        CpuModel m(cfg, o);
+        m.init_random(5);
+        m.forward_backward(tb.view(), 1.0f);
+        std::vector<float> g;
+        for (const auto& s : m.params()) {
+            const float* p = m.grad(s.name);
+            g.insert(g.end(), p, p + s.numel());
+        }
+        g.push_back(static_cast<float>(m.step_loss()));
+        return g;
+    };
+    const auto ref = grads(DType::F32, DType::F32);
+    for (DType gd : {DType::BF16, DType::E4M3, DType::E5M2}) {
+        SCOPED_TRACE(std::string(dtype_name(gd)));
+        const auto g = grads(DType::E4M3, gd);
+        EXPECT_FALSE(bit_identical(g, ref)) << "the emulation changed nothing";
+        EXPECT_TRUE(bit_identical(g, grads(DType::E4M3, gd))) << "not deterministic";
+        EXPECT_NEAR(g.back(), ref.back(), 0.02 * ref.back()) << "loss";
+        EXPECT_GT(cosine_of(g, ref), 0.95) << "all gradients together";
+    }
+}
+
+TEST(CpuModelFp8, LearnsTheRepetitiveSequence) {
+    const ModelConfig cfg = test::tiny_config(true);
+    ModelOptions opt = CpuModel::fp32_options(4, 16);
+    opt.matmul_dtype = DType::E4M3;
+    opt.gradient_dtype = DType::E5M2;
+    CpuModel model(cfg, opt);
+    model.init_random(11);
+    const test::TokenBatch tb = cyclic_batch(4, 16, cfg.vocab_size);
+    const float initial = model.evaluate(tb.view());
+    OptimizerParams o;
+    o.learning_rate = 1e-2f;
+    o.weight_decay = 0.01f;
+    o.grad_clip = 1.0f;
+    for (int step = 1; step <= 60; ++step) {
+        model.forward_backward(tb.view(), 1.0f);
+        o.step = step;
+        const StepStats s = model.optimizer_step(o);
+        ASSERT_TRUE(std::isfinite(s.loss) && std::isfinite(s.grad_norm)) << "step " << step;
+    }
+    EXPECT_LT(model.evaluate(tb.view()), 0.1f * initial);
 }
 
 }  // namespace

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
+#include "core/fp8_reference.h"
 #include "model/cpu/cpu_ops.h"
 
 namespace qtrain {
@@ -27,11 +30,37 @@ void ensure(std::vector<float>& v, int64_t n) {
 
 void zero(std::vector<float>& v, int64_t n) { std::fill(v.begin(), v.begin() + n, 0.0f); }
 
+// Rounds the parts of one tensor (a fused group shares one per-tensor scale, from the amax over all
+// parts) through `type` and back: out = decode(quantize(in * scale)) / scale, as the GPU's FP8
+// GEMMs see their operands. out may alias in.
+struct Part {
+    const float* in;
+    float* out;
+    int64_t n;
+};
+void fake_quantize(std::initializer_list<Part> parts, DType type) {
+    float amax = 0.0f;
+    for (const Part& p : parts) amax = std::max(amax, fp8_abs_max(p.in, p.n));
+    const Fp8Scale s = fp8_scale_from_amax(amax, type);
+    for (const Part& p : parts) {
+#pragma omp parallel for schedule(static) if (p.n > (1 << 16))
+        for (int64_t i = 0; i < p.n; ++i) p.out[i] = fp8_decode(fp8_quantize_value(p.in[i], s.scale, type), type) * s.inv;
+    }
+}
+
 }  // namespace
 
 void CpuModel::check_options(const ModelOptions& o) {
+    // FP8 is emulated: e4m3 matmul inputs, optionally e4m3/e5m2 gradients (bf16 gradients with e4m3
+    // matmuls mean "not quantised" here, as the CPU keeps them in fp32)
+    const bool fp8 = o.matmul_dtype == DType::E4M3;
+    const bool fp8_grad = o.gradient_dtype == DType::E4M3 || o.gradient_dtype == DType::E5M2;
+    QT_CHECK(!fp8_grad || fp8, "--gradient-dtype=", dtype_name(o.gradient_dtype),
+             " needs --matmul-dtype=e4m3 on --device=cpu (the CPU model emulates FP8 matmuls)");
+    const DType matmul = fp8 ? DType::F32 : o.matmul_dtype;
+    const DType grad = (fp8 && (fp8_grad || o.gradient_dtype == DType::BF16)) ? DType::F32 : o.gradient_dtype;
     const std::pair<const char*, DType> dtypes[] = {
-        {"--model-dtype", o.model_dtype}, {"--matmul-dtype", o.matmul_dtype}, {"--gradient-dtype", o.gradient_dtype},
+        {"--model-dtype", o.model_dtype}, {"--matmul-dtype", matmul},         {"--gradient-dtype", grad},
         {"--opt-m-dtype", o.opt_m_dtype}, {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype}};
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
@@ -155,7 +184,9 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     }
     // tmp carries the attention / MLP output before the residual add in the forward too.
     ensure(a.tmp, N * C);
+    if (fp8()) ensure(a.fq_x, static_cast<int64_t>(N) * std::max({C, Q, I}));
     if (!backward) return;
+    if (fp8_grads()) ensure(a.fq_dy, static_cast<int64_t>(N) * std::max({C, Q, I}));
     for (auto* v : {&a.dresid, &a.dln}) ensure(*v, N * C);
     for (auto* v : {&a.dq, &a.datt}) ensure(*v, N * Q);
     for (auto* v : {&a.dk, &a.dv}) ensure(*v, N * KV);
@@ -186,8 +217,16 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
     const float eps = static_cast<float>(c.rms_norm_eps);
     Activations& a = acts_;
     cpu::embedding_forward(a.resid.data(), batch.inputs, params_.data(), N, C);
+    if (fp8()) quantize_weights();
+    // the input of a GEMM: itself, or (FP8) its e4m3 rounding in fq_x
+    auto in = [&](const float* x, int64_t n) -> const float* {
+        if (!fp8()) return x;
+        fake_quantize({{x, a.fq_x.data(), n}}, DType::E4M3);
+        return a.fq_x.data();
+    };
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-        const Layer w = layer(params_.data(), l);
+        const Layer w = layer(fp8() ? fq_params_.data() : params_.data(), l);
+        const Layer wp = layer(params_.data(), l);  // norms and biases are never quantised
         const int64_t nc = static_cast<int64_t>(l) * N * C, nq = static_cast<int64_t>(l) * N * Q,
                       nkv = static_cast<int64_t>(l) * N * KV, ni = static_cast<int64_t>(l) * N * I;
         const float* x = a.resid.data() + nc;
@@ -196,22 +235,24 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         float *gate = a.gate.data() + ni, *up = a.up.data() + ni, *act = a.act.data() + ni;
 
         // attention block: x + o_proj(attention(rope(q), rope(k), v))
-        cpu::rmsnorm_forward(ln1, a.rstd1.data() + static_cast<int64_t>(l) * N, x, w.ln1, N, C, eps);
-        cpu::matmul_forward(q, ln1, w.wq, w.bq, N, C, Q);
-        cpu::matmul_forward(k, ln1, w.wk, w.bk, N, C, KV);
-        cpu::matmul_forward(v, ln1, w.wv, w.bv, N, C, KV);
+        cpu::rmsnorm_forward(ln1, a.rstd1.data() + static_cast<int64_t>(l) * N, x, wp.ln1, N, C, eps);
+        const float* ln1_in = in(ln1, static_cast<int64_t>(N) * C);
+        cpu::matmul_forward(q, ln1_in, w.wq, wp.bq, N, C, Q);
+        cpu::matmul_forward(k, ln1_in, w.wk, wp.bk, N, C, KV);
+        cpu::matmul_forward(v, ln1_in, w.wv, wp.bv, N, C, KV);
         cpu::rope_forward(q, q, a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
         cpu::rope_forward(k, k, a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
         cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D);
-        cpu::matmul_forward(a.tmp.data(), att, w.wo, nullptr, N, Q, C);
+        cpu::matmul_forward(a.tmp.data(), in(att, static_cast<int64_t>(N) * Q), w.wo, nullptr, N, Q, C);
         cpu::residual_forward(mid, x, a.tmp.data(), static_cast<int64_t>(N) * C);
 
         // MLP block: mid + down(silu(gate(ln2)) * up(ln2))
-        cpu::rmsnorm_forward(ln2, a.rstd2.data() + static_cast<int64_t>(l) * N, mid, w.ln2, N, C, eps);
-        cpu::matmul_forward(gate, ln2, w.wg, nullptr, N, C, I);
-        cpu::matmul_forward(up, ln2, w.wu, nullptr, N, C, I);
+        cpu::rmsnorm_forward(ln2, a.rstd2.data() + static_cast<int64_t>(l) * N, mid, wp.ln2, N, C, eps);
+        const float* ln2_in = in(ln2, static_cast<int64_t>(N) * C);
+        cpu::matmul_forward(gate, ln2_in, w.wg, nullptr, N, C, I);
+        cpu::matmul_forward(up, ln2_in, w.wu, nullptr, N, C, I);
         cpu::swiglu_forward(act, gate, up, static_cast<int64_t>(N) * I);
-        cpu::matmul_forward(a.tmp.data(), act, w.wd, nullptr, N, I, C);
+        cpu::matmul_forward(a.tmp.data(), in(act, static_cast<int64_t>(N) * I), w.wd, nullptr, N, I, C);
         cpu::residual_forward(a.resid.data() + nc + static_cast<int64_t>(N) * C, mid, a.tmp.data(),
                               static_cast<int64_t>(N) * C);
     }
@@ -235,8 +276,23 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
     cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + offsets_[norm_index], a.dln.data(),
                           a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
                           params_.data() + offsets_[norm_index], a.rstd_final.data(), N, C);
+    // FP8 gradients: dX = q(dy) q(W), dW += q(dy)^T q(x) with x's forward scale (recomputed: the
+    // same amax of the same x), bias gradients from the unquantised dy, as on the GPU.
+    const bool fq = fp8_grads();
+    const DType gd = options_.gradient_dtype;
+    auto xin = [&](const float* x, int64_t n) -> const float* {
+        if (!fq) return x;
+        fake_quantize({{x, a.fq_x.data(), n}}, DType::E4M3);
+        return a.fq_x.data();
+    };
+    auto dyin = [&](const float* dy, int64_t n) -> const float* {
+        if (!fq) return dy;
+        fake_quantize({{dy, a.fq_dy.data(), n}}, gd);
+        return a.fq_dy.data();
+    };
     for (int l = c.num_hidden_layers - 1; l >= 0; --l) {
-        const Layer w = layer(params_.data(), l);
+        const Layer w = layer(fq ? fq_params_.data() : params_.data(), l);
+        const Layer wp = layer(params_.data(), l);
         const Layer g = layer(grads_.data(), l);
         const float* x = a.resid.data() + l * nC;
         const float *ln1 = a.ln1.data() + l * nC, *q = a.q.data() + l * nQ, *k = a.k.data() + l * nKV,
@@ -246,18 +302,28 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
 
         // MLP block
         zero(a.dact, nI);
-        cpu::matmul_backward(a.dact.data(), g.wd, nullptr, a.dresid.data(), act, w.wd, N, I, C);
+        {
+            const float* dy = dyin(a.dresid.data(), nC);
+            cpu::matmul_backward(a.dact.data(), g.wd, nullptr, dy, xin(act, nI), w.wd, N, I, C);
+        }
         zero(a.dgate, nI);
         zero(a.dup, nI);
         cpu::swiglu_backward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, nI);
         zero(a.dln, nC);
-        cpu::matmul_backward(a.dln.data(), g.wg, nullptr, a.dgate.data(), ln2, w.wg, N, C, I);
-        cpu::matmul_backward(a.dln.data(), g.wu, nullptr, a.dup.data(), ln2, w.wu, N, C, I);
-        cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, w.ln2, a.rstd2.data() + l * N, N, C);
+        if (fq) fake_quantize({{a.dgate.data(), a.dgate.data(), nI}, {a.dup.data(), a.dup.data(), nI}}, gd);
+        {
+            const float* x2 = xin(ln2, nC);
+            cpu::matmul_backward(a.dln.data(), g.wg, nullptr, a.dgate.data(), x2, w.wg, N, C, I);
+            cpu::matmul_backward(a.dln.data(), g.wu, nullptr, a.dup.data(), x2, w.wu, N, C, I);
+        }
+        cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, wp.ln2, a.rstd2.data() + l * N, N, C);
 
         // attention block
         zero(a.datt, nQ);
-        cpu::matmul_backward(a.datt.data(), g.wo, nullptr, a.dresid.data(), att, w.wo, N, Q, C);
+        {
+            const float* dy = dyin(a.dresid.data(), nC);
+            cpu::matmul_backward(a.datt.data(), g.wo, nullptr, dy, xin(att, nQ), w.wo, N, Q, C);
+        }
         zero(a.dq, nQ);
         zero(a.dk, nKV);
         zero(a.dv, nKV);
@@ -266,12 +332,36 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         cpu::rope_backward(a.dq.data(), a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
         cpu::rope_backward(a.dk.data(), a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
         zero(a.dln, nC);
-        cpu::matmul_backward(a.dln.data(), g.wq, g.bq, a.dq.data(), ln1, w.wq, N, C, Q);
-        cpu::matmul_backward(a.dln.data(), g.wk, g.bk, a.dk.data(), ln1, w.wk, N, C, KV);
-        cpu::matmul_backward(a.dln.data(), g.wv, g.bv, a.dv.data(), ln1, w.wv, N, C, KV);
-        cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, w.ln1, a.rstd1.data() + l * N, N, C);
+        if (fq) {
+            // bias gradients first, from the unquantised dy; then q|k|v share one gradient scale
+            for (auto [dy, db, width] : {std::tuple{a.dq.data(), g.bq, Q}, {a.dk.data(), g.bk, KV}, {a.dv.data(), g.bv, KV}})
+                for (int n = 0; n < N; ++n)
+                    for (int j = 0; j < width; ++j) db[j] += dy[static_cast<int64_t>(n) * width + j];
+            fake_quantize({{a.dq.data(), a.dq.data(), nQ}, {a.dk.data(), a.dk.data(), nKV}, {a.dv.data(), a.dv.data(), nKV}},
+                          gd);
+        }
+        {
+            const float* x1 = xin(ln1, nC);
+            cpu::matmul_backward(a.dln.data(), g.wq, fq ? nullptr : g.bq, a.dq.data(), x1, w.wq, N, C, Q);
+            cpu::matmul_backward(a.dln.data(), g.wk, fq ? nullptr : g.bk, a.dk.data(), x1, w.wk, N, C, KV);
+            cpu::matmul_backward(a.dln.data(), g.wv, fq ? nullptr : g.bv, a.dv.data(), x1, w.wv, N, C, KV);
+        }
+        cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }
     cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C);
+}
+
+void CpuModel::quantize_weights() {
+    if (fq_params_.size() != params_.size()) fq_params_.assign(params_.size(), 0.0f);
+    const ModelConfig& c = config_;
+    const int64_t C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), I = c.intermediate_size;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+        const Layer w = layer(params_.data(), l), o = layer(fq_params_.data(), l);
+        fake_quantize({{w.wq, o.wq, Q * C}, {w.wk, o.wk, KV * C}, {w.wv, o.wv, KV * C}}, DType::E4M3);
+        fake_quantize({{w.wo, o.wo, C * Q}}, DType::E4M3);
+        fake_quantize({{w.wg, o.wg, I * C}, {w.wu, o.wu, I * C}}, DType::E4M3);
+        fake_quantize({{w.wd, o.wd, C * I}}, DType::E4M3);
+    }
 }
 
 double CpuModel::mean_loss(const Batch& batch) const {

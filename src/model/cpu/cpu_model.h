@@ -88,6 +88,8 @@ private:
         std::vector<float> dq, datt;          // [N, Hq*D]
         std::vector<float> dk, dv;            // [N, Hkv*D]
         std::vector<float> dgate, dup, dact;  // [N, I]
+        // FP8 emulation (--matmul-dtype=e4m3): a fake-quantised GEMM input and gradient
+        std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
     int64_t offset(const std::string& name) const;
@@ -101,6 +103,13 @@ private:
     const float* lm_head() const;
     float* lm_head_grad();
     double mean_loss(const Batch& batch) const;
+    // FP8 emulation: the GEMM operands rounded through e4m3/e5m2 with the GPU model's per-tensor
+    // current scales (core/fp8_reference.h). fq_params_ holds the four matrices of every layer, each
+    // fused group (q|k|v, gate|up) sharing one scale as on the GPU.
+    bool fp8() const { return options_.matmul_dtype == DType::E4M3; }
+    bool fp8_grads() const { return fp8() && (options_.gradient_dtype == DType::E4M3 || options_.gradient_dtype == DType::E5M2); }
+    void quantize_weights();
+    std::vector<float> fq_params_;
 
     ModelConfig config_;
     ModelOptions options_;
