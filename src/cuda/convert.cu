@@ -20,7 +20,24 @@ __global__ void to_f32_kernel(float* dst, const T* src, int64_t n) {
         dst[i] = to_float(src[i]);
 }
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65535)); }
+
+// 16-byte stores for the aligned bulk (p is 16-byte aligned), single bytes for the tail.
+__global__ void fill_zero_kernel(unsigned char* p, int64_t bytes) {
+    const int64_t n16 = bytes / 16;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (int64_t i = first; i < n16; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+    for (int64_t i = n16 * 16 + first; i < bytes; i += stride) p[i] = 0;
+}
 }  // namespace
+
+void fill_zero(void* p, std::size_t bytes, cudaStream_t s) {
+    if (bytes == 0) return;
+    QT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, "fill_zero: the buffer must be 16-byte aligned");
+    fill_zero_kernel<<<grid_for(static_cast<int64_t>(bytes / 16) + 1), 256, 0, s>>>(static_cast<unsigned char*>(p),
+                                                                                     static_cast<int64_t>(bytes));
+    CUDA_CHECK(cudaGetLastError());
+}
 
 void convert_from_f32(void* dst, DType dst_type, const float* src, int64_t n, cudaStream_t s) {
     if (n == 0) return;

@@ -95,5 +95,8 @@ void adamw_update(const ParamSegment* segments_device, int num_segments, int64_t
 void convert_from_f32(void* dst, DType dst_type, const float* src, int64_t n, cudaStream_t s);
 // dst[i] = float(src[i]) for {fp32, bf16} -> fp32.
 void convert_to_f32(float* dst, const void* src, DType src_type, int64_t n, cudaStream_t s);
+// Zeroes `bytes` bytes at p (16-byte aligned) with a kernel: also for mapped pinned host memory
+// (offloaded buffers), where it writes over PCIe without stopping the host.
+void fill_zero(void* p, std::size_t bytes, cudaStream_t s);
 
 }  // namespace qtrain::cuda

@@ -84,6 +84,8 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
          [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
         {"--recompute-block --offload-opt-m --offload-opt-v --offload-master",
          [](ModelOptions& o) { o.offload_master = true; }},
+        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
+         [](ModelOptions& o) { o.offload_gradients = true; }},
     };
     const int chunks[] = {m.lmhead_chunks, std::max(m.lmhead_chunks, 8)};
     for (int ci = 0; ci < 2; ++ci) {
@@ -129,7 +131,7 @@ int Trainer::run() {
         const std::string fit = flags_that_fit(cfg, mopt, device, limit);
         throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
                         human_bytes(limit), "; ",
-                        fit.empty() ? std::string("no recompute or optimizer-offload setting makes it fit (gradient offload and weight streaming are not implemented yet): reduce --batch-size or --seq-len")
+                        fit.empty() ? std::string("no recompute or offload setting makes it fit (weight streaming is not implemented yet): reduce --batch-size or --seq-len")
                                     : cat("it fits with ", fit, " (or reduce --batch-size or --seq-len)")));
     }
     if (opt_.plan_only) {

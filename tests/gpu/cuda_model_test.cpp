@@ -371,17 +371,18 @@ TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
     }
 }
 
-// --offload-master/-opt-m/-opt-v keep that state in pinned host memory that the optimizer kernel
-// reads over PCIe: the same arithmetic, so bit-identical results; the plan moves those categories
-// from the device column to the pinned-host column.
+// --offload-master/-opt-m/-opt-v/-gradients keep that state in pinned host memory that the kernels
+// read and write over PCIe: the same arithmetic, so bit-identical results; the plan moves those
+// categories from the device column to the pinned-host column.
 TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     ModelConfig cfg = make_config(kShapes[2]);
     const int B = 2, T = 64;
-    auto run = [&](bool offload, bool write_combined, DType moments) {
+    auto run = [&](bool offload, bool write_combined, DType moments, bool grads = false) {
         ModelOptions o = options(DType::BF16, B, T);
         o.opt_m_dtype = o.opt_v_dtype = moments;
         o.offload_master = o.offload_opt_m = o.offload_opt_v = offload;
+        o.offload_gradients = grads;
         o.write_combined = write_combined;
         CudaModel m(cfg, o);
         m.init_random(17);
@@ -405,6 +406,8 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
         const auto base = run(false, false, moments);
         EXPECT_EQ(run(true, false, moments), base);
         EXPECT_EQ(run(true, true, moments), base);
+        EXPECT_EQ(run(true, false, moments, true), base) << "gradients offloaded too";
+        EXPECT_EQ(run(false, false, moments, true), base) << "only the gradients offloaded";
     }
     ModelOptions o = options(DType::BF16, B, T);
     o.offload_master = o.offload_opt_m = o.offload_opt_v = true;

@@ -45,10 +45,10 @@ void CudaModel::check_options(const ModelOptions& o) {
     unsupported(o.offload_residual, "--offload-residual");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
              "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
-    QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v,
-             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m or --offload-opt-v");
+    QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients,
+             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m, --offload-opt-v "
+             "or --offload-gradients");
     unsupported(o.offload_quants, "--offload-quants");
-    unsupported(o.offload_gradients, "--offload-gradients");
     unsupported(o.persistent_quants, "--persistent-quants");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
@@ -119,7 +119,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     zero(buf_.master, layout_.total * sizeof(float));
     if (buf_.weights != buf_.master)
         CUDA_CHECK(cudaMemsetAsync(buf_.weights, 0, layout_.total * dtype_size(opt_.model_dtype), stream_));
-    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    zero(buf_.grads, layout_.total * sizeof(float));
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
@@ -162,8 +162,7 @@ void CudaModel::zero(void* p, std::size_t bytes) {
     cudaPointerAttributes attr{};
     CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
     if (attr.type == cudaMemoryTypeHost) {
-        sync();  // no kernel may be using it
-        std::memset(p, 0, bytes);
+        cuda::fill_zero(p, bytes, stream_);  // stream-ordered, like the memset below
     } else {
         CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
     }
@@ -407,7 +406,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
         throw;
     }
     CUDA_CHECK(cudaFree(staging));
-    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    zero(buf_.grads, layout_.total * sizeof(float));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
     refresh_weights();
     sync();
@@ -709,7 +708,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
                            buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
                            buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
                            args, stream_);
-        CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+        zero(buf_.grads, layout_.total * sizeof(float));
     }
     quantize_weights();
     float host[4] = {0, 0, 0, 0};

@@ -9,12 +9,14 @@ namespace qtrain {
 
 std::vector<Arena> make_arenas(const ModelOptions& opt) {
     // index order is what bind_gpu_buffers uses
-    // --offload-master/-opt-m/-opt-v put those categories in pinned, device-mapped host memory: the
-    // optimizer kernel reads and writes them over PCIe (zero-copy), nothing else touches them.
+    // --offload-master/-opt-m/-opt-v/-gradients put those categories in pinned, device-mapped host
+    // memory that the kernels read and write over PCIe (zero-copy): master and moments only the
+    // optimizer touches; gradients every backward kernel that produces a weight gradient.
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
     a[1].pinned_host = opt.offload_master;
+    a[2].pinned_host = opt.offload_gradients;  // every gradient kernel writes over PCIe (zero-copy)
     a[3].pinned_host = opt.offload_opt_m;
     a[4].pinned_host = opt.offload_opt_v;
     a.push_back(Arena{"Host staging", true, nullptr, 0});
