@@ -142,6 +142,20 @@ TEST(TrainCli, SameSeedSameLosses) {
     EXPECT_EQ(step_losses(f.dir / "a/log.jsonl"), step_losses(f.dir / "b/log.jsonl"));
 }
 
+// The FP8 flags reach the model: on the CPU they select the FP8 emulation, which trains (the loss
+// falls) and differs from the fp32 run.
+TEST(TrainCli, Fp8FlagsTrainOnTheCpuEmulation) {
+    Fixture f;
+    auto fp8 = run_command(f.base_cmd("f") + " --steps=12 --eval-every-n-steps=0 --matmul-dtype=e4m3 --gradient-dtype=e5m2");
+    auto fp32 = run_command(f.base_cmd("g") + " --steps=12 --eval-every-n-steps=0");
+    ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+    ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+    const auto a = step_losses(f.dir / "f/log.jsonl"), b = step_losses(f.dir / "g/log.jsonl");
+    ASSERT_EQ(a.size(), 12u);
+    EXPECT_LT(a.back(), a.front());
+    EXPECT_NE(a, b);
+}
+
 TEST(TrainCli, PlanOnlyNeedsNoData) {
     auto r = run_command(std::string(QTRAIN_TRAIN_EXE) + " --device=cpu --model=Qwen2.5-0.5B --from-scratch --plan-only");
     ASSERT_EQ(r.exit_code, 0) << r.output;
