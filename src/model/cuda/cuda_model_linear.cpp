@@ -1,0 +1,116 @@
+// The model's linear layers: each of a layer's four matrices as a bf16 GEMM or, with
+// --matmul-dtype=e4m3, as an FP8 GEMM on operands quantised with their current per-tensor scale
+// (docs/design.md, "Precision"), and the per-step quantisation of the weights.
+#include "model/cuda/cuda_model.h"
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/fp8.h"
+#include "cuda/gemm.h"
+
+namespace qtrain {
+
+int64_t CudaModel::matrix_offset(int l, Matrix m) const {
+    const GpuLayerOffsets& o = layout_.layers[l];
+    switch (m) {
+        case kQkv: return o.qkv_w;
+        case kO: return o.o_w;
+        case kGateUp: return o.gate_up_w;
+        default: return o.down_w;
+    }
+}
+
+void CudaModel::quantize_weights() {
+    if (!fp8_) return;
+    auto t_ = timer_.scope("fp8 quantize", stream_);
+    const ModelConfig& c = config_;
+    const int64_t h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
+    const int64_t rows[4] = {qkvd, h, 2 * I, h}, cols[4] = {h, qd, h, I};  // W[out, in]
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+        for (int m = 0; m < 4; ++m) {
+            const int64_t off = matrix_offset(l, static_cast<Matrix>(m));
+            const void* w = static_cast<const char*>(buf_.weights) + off * es;
+            float* amax = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightAmax, m));
+            float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
+            cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream_);
+            if (fp8_grads_) {  // row-major copy and transpose in one pass
+                cuda::quantize_fp8_transpose(static_cast<char*>(buf_.wTq) + off, DType::E4M3, w, opt_.model_dtype,
+                                             rows[m], cols[m], amax, inv, stream_, static_cast<char*>(buf_.wq) + off);
+            } else {
+                cuda::quantize_fp8(static_cast<char*>(buf_.wq) + off, DType::E4M3, w, opt_.model_dtype,
+                                   rows[m] * cols[m], amax, inv, stream_);
+            }
+        }
+}
+
+float* CudaModel::act_amax(int l, Matrix m) const {
+    return fp8_ ? fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)) : nullptr;
+}
+
+float* CudaModel::grad_amax() const {
+    return fp8_grads_ ? fp8_slot_ptr(fp8_grad_amax_slot(config_.num_hidden_layers)) : nullptr;
+}
+
+void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out,
+                           bool amax_ready) {
+    const DType A = opt_.model_dtype;
+    const int64_t off = matrix_offset(l, m);
+    if (!fp8_) {
+        auto t_ = timer_.scope("gemm fwd", stream_);
+        gemm_->linear_forward(y, A, x, static_cast<const char*>(buf_.weights) + off * dtype_size(A), A, bias, N, in,
+                              out, stream_);
+        return;
+    }
+    float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
+    float* xi = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m));
+    {
+        auto t_ = timer_.scope("fp8 quantize", stream_);
+        if (!amax_ready) cuda::abs_max(xa, A, x, static_cast<int64_t>(N) * in, stream_);
+        cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
+    }
+    auto t_ = timer_.scope("gemm fwd", stream_);
+    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, static_cast<const char*>(buf_.wq) + off, DType::E4M3,
+                              fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_);
+}
+
+void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
+                           bool amax_ready) {
+    const DType A = opt_.model_dtype;
+    const int64_t off = matrix_offset(l, m);
+    float* dw = buf_.grads + off;
+    if (!fp8_grads_) {
+        const void* w = static_cast<const char*>(buf_.weights) + off * dtype_size(A);
+        {
+            auto t_ = timer_.scope("gemm bwd dx", stream_);
+            gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
+        }
+        auto t_ = timer_.scope("gemm bwd dw", stream_);
+        gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, true, stream_);
+        return;
+    }
+    const DType gd = opt_.gradient_dtype;
+    const int L = config_.num_hidden_layers;
+    float* ga = fp8_slot_ptr(fp8_grad_amax_slot(L));
+    float* gi = fp8_slot_ptr(fp8_grad_inv_slot(L));
+    {
+        auto t_ = timer_.scope("fp8 quantize", stream_);
+        if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
+        cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
+        cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in, fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)),
+                                     nullptr, stream_);
+    }
+    {
+        auto t_ = timer_.scope("gemm bwd dx", stream_);
+        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, static_cast<const char*>(buf_.wTq) + off,
+                                         DType::E4M3, fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), N, in, out,
+                                         stream_);
+    }
+    auto t_ = timer_.scope("gemm bwd dw", stream_);
+    gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, buf_.xTq, DType::E4M3,
+                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+}  // namespace qtrain

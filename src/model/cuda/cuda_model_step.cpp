@@ -1,0 +1,365 @@
+// The training step of the GPU model: batch upload, forward, LM head + loss, backward (with the
+// recompute flags and CUDA graph capture), the optimizer step, evaluation and logits.
+#include "model/cuda/cuda_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/attention.h"
+#include "cuda/check.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+
+void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale) {
+    const int B = batch.batch_size, T = batch.seq_len;
+    QT_CHECK(B == opt_.batch_size && T == opt_.seq_len, "GPU model: batch of ", B, "x", T,
+             " does not match the planned --batch-size=", opt_.batch_size, " --seq-len=", opt_.seq_len);
+    const int N = B * T;
+    // the previous upload out of the staging buffer must be done before it is overwritten
+    CUDA_CHECK(cudaEventSynchronize(staging_free_));
+    int32_t* st = buf_.host_staging;
+    int32_t *h_in = st, *h_tgt = st + N, *h_unique = st + 2 * N, *h_off = st + 3 * N, *h_pos = st + 4 * N + 1;
+    for (int i = 0; i < N; ++i) {
+        QT_CHECK(batch.inputs[i] >= 0 && batch.inputs[i] < config_.vocab_size, "GPU model: input token ",
+                 batch.inputs[i], " at position ", i, " is outside the vocabulary (", config_.vocab_size, ")");
+        QT_CHECK(batch.targets[i] < config_.vocab_size, "GPU model: target token ", batch.targets[i], " at position ", i,
+                 " is outside the vocabulary (", config_.vocab_size, ")");
+    }
+    std::memcpy(h_in, batch.inputs, N * sizeof(int32_t));
+    std::memcpy(h_tgt, batch.targets, N * sizeof(int32_t));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.inputs, h_in, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_tgt, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    if (with_embedding_plan) {
+        // group positions by token (stable: increasing position within a token) for the
+        // deterministic embedding backward
+        std::vector<int32_t> order(N);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return batch.inputs[a] < batch.inputs[b]; });
+        int u = 0;
+        for (int i = 0; i < N; ++i) {
+            if (i == 0 || batch.inputs[order[i]] != batch.inputs[order[i - 1]]) {
+                h_unique[u] = batch.inputs[order[i]];
+                h_off[u] = i;
+                ++u;
+            }
+            h_pos[i] = order[i];
+        }
+        h_off[u] = N;
+        int32_t* h_scalars = st + 5 * N + 1;
+        h_scalars[2] = u;
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_unique, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_offsets, h_off, (u + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.emb_positions, h_pos, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    }
+    int32_t* h_scalars = st + 5 * N + 1;
+    std::memcpy(h_scalars, &loss_scale, 4);
+    std::memcpy(h_scalars + 1, &grad_dscale, 4);
+    CUDA_CHECK(cudaMemcpyAsync(buf_.step_scalars, h_scalars, 3 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
+}
+
+void CudaModel::forward(int B, int T) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size, L = c.num_hidden_layers;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+
+    {
+        auto t_ = timer_.scope("embedding", stream_);
+        cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
+    }
+    {
+        auto t_ = timer_.scope("rmsnorm fwd", stream_);
+        cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
+                                       buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_);
+    }
+    for (int l = 0; l < L; ++l) {
+        const GpuLayerOffsets& o = layout_.layers[l];
+        GpuLayerActivations& x = buf_.layers[l];
+        // attention block
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
+        {
+            auto t_ = timer_.scope("rope", stream_);
+            cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                               stream_);
+        }
+        {
+            auto t_ = timer_.scope("attention fwd", stream_);
+            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+        }
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
+        {
+            auto t_ = timer_.scope("rmsnorm fwd", stream_);
+            cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
+                                           stream_);
+        }
+        // MLP block
+        linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
+        {
+            auto t_ = timer_.scope("swiglu", stream_);
+            cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
+        }
+        linear_fwd(l, kDown, buf_.tmp_h, x.swi, nullptr, N, I, h, fp8_);
+        // residual add fused with the next norm (the next layer's input norm, or the final norm)
+        const bool last = l + 1 == L;
+        void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
+        void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
+        float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
+        const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
+        {
+            auto t_ = timer_.scope("rmsnorm fwd", stream_);
+            cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
+                                           stream_);
+        }
+    }
+}
+
+// Regenerates the activations of layer l that the recompute flags did not keep, with the same
+// kernels on the same inputs as the forward, so the backward sees bit-identical values.
+void CudaModel::recompute_layer(int l, int B, int T) {
+    const RecomputeSet rc = recompute_set(opt_);
+    if (!rc.any()) return;
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    const GpuLayerOffsets& o = layout_.layers[l];
+    GpuLayerActivations& x = buf_.layers[l];
+    auto t_ = timer_.scope("recompute", stream_);
+    // The forward computes each norm from the stored (rounded) residual, so renormalising the stored
+    // residual (no delta) gives the same output and rstd.
+    if (rc.ln1)
+        cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_);
+    if (rc.qkv) {
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
+        cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                           stream_);
+    }
+    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+    if (rc.res_mid) {
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
+                                       stream_);
+    } else if (rc.ln2) {
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_);
+    }
+    if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
+    if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
+}
+
+void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int h = c.hidden_size, V = c.vocab_size;
+    const std::size_t es = dtype_size(A);
+    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
+    float* dw_lm = buf_.grads + layout_.lm_head;
+    for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
+        const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
+        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
+        {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        }
+        {
+            auto t_ = timer_.scope("cross entropy", stream_);
+            cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V,
+                                        buf_.step_scalars + 1, with_grads, stream_);
+        }
+        if (with_grads) {
+            void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
+            {
+                auto t_ = timer_.scope("lm head gemm", stream_);
+                gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
+            }
+            {
+                auto t_ = timer_.scope("lm head gemm", stream_);
+                gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
+            }
+        }
+    }
+    {
+        auto t_ = timer_.scope("cross entropy", stream_);
+        cuda::accumulate_loss(loss_acc, buf_.losses, N, buf_.step_scalars, stream_);
+    }
+}
+
+void CudaModel::backward(int B, int T) {
+    const ModelConfig& c = config_;
+    const DType A = opt_.model_dtype;
+    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
+              I = c.intermediate_size, L = c.num_hidden_layers;
+    const std::size_t es = dtype_size(A);
+    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    auto G = [&](int64_t off) { return buf_.grads + off; };
+    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+
+    // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
+    CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
+    {
+        auto t_ = timer_.scope("rmsnorm bwd", stream_);
+        cuda::rmsnorm_backward(A, buf_.d_res, G(layout_.final_norm), buf_.col_scratch, buf_.d_ln, buf_.res_final,
+                               W(layout_.final_norm), buf_.rstd_final, N, h, stream_);
+    }
+    for (int l = L - 1; l >= 0; --l) {
+        const GpuLayerOffsets& o = layout_.layers[l];
+        GpuLayerActivations& x = buf_.layers[l];
+        recompute_layer(l, B, T);
+        // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
+        linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h);
+        {
+            auto t_ = timer_.scope("swiglu", stream_);
+            cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
+        }
+        linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, fp8_grads_);
+        {
+            auto t_ = timer_.scope("rmsnorm bwd", stream_);
+            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
+                                   h, stream_);
+        }
+        // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
+        linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h);
+        {
+            auto t_ = timer_.scope("attention bwd", stream_);
+            attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
+        }
+        {
+            auto t_ = timer_.scope("rope", stream_);
+            cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
+                                c.head_dim, stream_);
+        }
+        {
+            auto t_ = timer_.scope("bias grad", stream_);
+            cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
+        }
+        linear_bwd(l, kQkv, buf_.d_ln, buf_.d_qkv, x.ln1, N, h, qkvd);
+        {
+            auto t_ = timer_.scope("rmsnorm bwd", stream_);
+            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
+                                   h, stream_);
+        }
+    }
+    {
+        auto t_ = timer_.scope("embedding", stream_);
+        cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
+                                 reinterpret_cast<const int32_t*>(buf_.step_scalars + 2), N, h, stream_);
+    }
+}
+
+void CudaModel::forward_backward_ops(int B, int T) {
+    forward(B, T);
+    lm_head(B * T, buf_.loss_acc, true);
+    backward(B, T);
+}
+
+void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
+    const int B = batch.batch_size, T = batch.seq_len, N = B * T;
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    const float dscale = valid ? grad_scale / static_cast<float>(valid) : 0.0f;
+    upload_batch(batch, true, dscale, dscale);
+    if (valid == 0) {  // nothing to learn from: no loss, no gradient
+        forward(B, T);
+        return;
+    }
+    // The per-op timer records events between ops, which a graph would hide: it runs eagerly.
+    if (!opt_.use_cuda_graphs || timer_.enabled()) {
+        forward_backward_ops(B, T);
+        return;
+    }
+    if (!graph_exec_) {
+        // Capture once. Every pointer and shape is fixed by the plan, and everything that changes
+        // per micro-batch (tokens, the embedding grouping, the scales) is read from device memory
+        // that upload_batch refreshes before each launch.
+        CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        try {
+            forward_backward_ops(B, T);
+        } catch (...) {
+            cudaGraph_t g = nullptr;
+            cudaStreamEndCapture(stream_, &g);
+            if (g) cudaGraphDestroy(g);
+            throw;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+}
+
+StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    {
+        auto t_ = timer_.scope("optimizer", stream_);
+        cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
+        cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
+        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
+                           buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
+                           buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
+                           args, stream_);
+        zero(buf_.grads, layout_.total * sizeof(float));
+    }
+    quantize_weights();
+    float host[4] = {0, 0, 0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+    sync();
+    timer_.collect();  // every scope of this step has ended (the optimizer's block above)
+    return StepStats{host[2], host[0]};
+}
+
+std::vector<float> CudaModel::logits(const Batch& batch) {
+    const int N = batch.batch_size * batch.seq_len, h = config_.hidden_size, V = config_.vocab_size;
+    const DType A = opt_.model_dtype;
+    const std::size_t es = dtype_size(A);
+    upload_batch(batch, false, 0.0f, 0.0f);
+    forward(batch.batch_size, batch.seq_len);
+    std::vector<float> out(static_cast<std::size_t>(N) * V);
+    float* chunk_f32 = nullptr;
+    CUDA_CHECK(cudaMalloc(&chunk_f32, static_cast<std::size_t>(buf_.lmhead_chunk_rows) * V * sizeof(float)));
+    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
+    for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
+        const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
+        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
+        {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
+        }
+        cuda::convert_to_f32(chunk_f32, buf_.logits, A, static_cast<int64_t>(rows) * V, stream_);
+        CUDA_CHECK(cudaMemcpyAsync(out.data() + static_cast<std::size_t>(r0) * V, chunk_f32,
+                                   static_cast<std::size_t>(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    sync();
+    CUDA_CHECK(cudaFree(chunk_f32));
+    return out;
+}
+
+float CudaModel::evaluate(const Batch& batch) {
+    const int N = batch.batch_size * batch.seq_len;
+    const int valid = cpu::count_valid_targets(batch.targets, N);
+    if (valid == 0) return 0.0f;
+    upload_batch(batch, false, 1.0f / static_cast<float>(valid), 0.0f);
+    forward(batch.batch_size, batch.seq_len);
+    // a separate accumulator, so a training step in progress keeps its loss
+    float* eval_acc = buf_.loss_acc + 1;
+    CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, sizeof(float), stream_));
+    lm_head(N, eval_acc, false);
+    float loss = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&loss, eval_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    return loss;
+}
+
+}  // namespace qtrain
