@@ -25,5 +25,6 @@ sol = next(e for e in ev if e["log"] == "sol")
 print(json.dumps({"system": "qtrain", "model": sys.argv[2], "batch": int(sys.argv[3]), "tokens_per_s": round(tps),
                   "mfu": round(tps * sol["flops_per_token"] / 989e12, 4),
                   "plan_gib": round(sum(s["device"] for s in alloc["stats"]) / 2**30, 2),
+                  "pinned_gib": round(sum(s.get("pinned", 0) for s in alloc["stats"]) / 2**30, 2),
                   "final_loss": steps[-1]["loss"] if steps else None}))
 PY

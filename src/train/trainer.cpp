@@ -87,25 +87,29 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
          [](ModelOptions& o) { o.offload_gradients = true; }},
     };
-    const int chunks[] = {m.lmhead_chunks, std::max(m.lmhead_chunks, 8)};
-    for (int ci = 0; ci < 2; ++ci) {
-        if (ci == 1 && chunks[1] == chunks[0]) break;
-        ModelOptions t = m;
-        t.lmhead_chunks = chunks[ci];
-        const std::string extra = ci == 1 ? cat(" --lmhead-chunks=", chunks[1]) : std::string();
-        if (ci == 1) {
-            try {
-                if (plan_model(cfg, t, device).total_device() <= limit) return extra.substr(1);
-            } catch (const Error&) {
-            }
+    // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
+    auto fits = [&](const ModelOptions& t) {
+        try {
+            return plan_model(cfg, t, device).total_device() <= limit;
+        } catch (const Error&) {
+            return false;  // this backend does not take these flags
         }
-        for (const Step& s : ladder) {
-            s.apply(t);
-            try {
-                if (plan_model(cfg, t, device).total_device() <= limit) return s.flags + extra;
-            } catch (const Error&) {
-                break;  // this backend does not take these flags
-            }
+    };
+    const int more_chunks = std::max(m.lmhead_chunks, 8);
+    const std::string chunk_flag = cat("--lmhead-chunks=", more_chunks);
+    ModelOptions t = m;
+    if (more_chunks != m.lmhead_chunks) {
+        t.lmhead_chunks = more_chunks;
+        if (fits(t)) return chunk_flag;
+        t.lmhead_chunks = m.lmhead_chunks;
+    }
+    for (const Step& s : ladder) {
+        s.apply(t);
+        if (fits(t)) return s.flags;
+        if (more_chunks != m.lmhead_chunks) {
+            ModelOptions c = t;
+            c.lmhead_chunks = more_chunks;
+            if (fits(c)) return cat(s.flags, " ", chunk_flag);
         }
     }
     return {};
