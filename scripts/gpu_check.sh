@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp] [demo]
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp] [demo] [rehearse]
 #        (default: tests train)
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
@@ -59,6 +59,8 @@ for phase in $PHASES; do
         --seq-len=512 --grad-accumulation=1 --steps=600 --learning-rate=1e-3 --warmup=50 --eval-every-n-steps=100 \
         --eval-num-steps=20 > "$LOGS/demo.log" 2>&1
       echo "demo exit $?"; grep -E "^\[V\]|error" "$LOGS/demo.log" | tail -4; grep -E "^\[T\] step +599" "$LOGS/demo.log" ;;
+    rehearse)  # issue 5's 24 GB rehearsal (1.5B, 3B, 7B bf16 and FP8 under --memory-limit=24GiB)
+      bench/rehearse_24gb.sh 2>&1 | tail -12 ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
   esac
