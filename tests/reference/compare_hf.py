@@ -7,10 +7,13 @@ forward+backward in qtrain (build/qtrain_dump) and in PyTorch (fp32, eager atten
 the loss, the logits and every parameter gradient:
   fp32 qtrain vs fp32 HF: max |a-b| / max |b| < 1e-4 for loss, logits and every gradient
   bf16 qtrain vs fp32 HF: cosine >= 0.995 for every tensor, median cosine >= 0.999
+  e4m3 qtrain (--dtypes e4m3: e4m3 matmuls, e5m2 gradients): loss within 1% of HF, and the gradients
+    nearer to the CPU reference emulating the same FP8 rounding than to HF's fp32 (see below)
 Then it trains 3 steps with build/train and checks that transformers loads qtrain's output/ and
 gives the same logits as qtrain on it (fp32: rel. error < 1e-4).
 
 usage: python3 tests/reference/compare_hf.py --build build-gpu [--work /tmp/qtrain-ref]
+       [--dtypes fp32,bf16,e4m3] [--flags "--recompute-block --use-cuda-graphs"]
 Exit code 0 only if every check passes; prints the worst numbers either way.
 """
 import argparse
@@ -103,8 +106,10 @@ def main():
 
         for dtype in a.dtypes.split(","):
             out = os.path.join(d, f"qtrain_{dtype}.safetensors")
+            emu_out = os.path.join(d, "qtrain_e4m3_cpu_emulation.safetensors")
             run([f"{a.build}/qtrain_dump", "--model", d, "--tokens", tok_path, "--batch", str(B), "--seq-len", str(T),
-                 "--dtype", dtype, "--out", out] + a.flags.split())
+                 "--dtype", dtype, "--out", out] + (["--emulate-out", emu_out] if dtype == "e4m3" else [])
+                + a.flags.split())
             q = load_file(out)
             loss = float(q["loss_and_norm"][0])
             errs = {"loss": abs(loss - ref_loss) / abs(ref_loss), "logits": rel_err(q["logits"], ref_logits)}
@@ -121,14 +126,27 @@ def main():
             if dtype == "fp32":
                 passed = worst_err[1] < 1e-4
             elif dtype == "e4m3":
-                # FP8 noise (3 and 2 mantissa bits per operand): loss within 1%, gradients by cosine.
-                # k_proj.bias is left out: its exact gradient is zero (a bias shared by every key
-                # shifts all of a query's scores equally; softmax ignores it), so both sides hold
-                # only rounding noise there.
+                # FP8 (e4m3 matmuls, e5m2 gradients) is compared with HF's fp32 AND with the CPU
+                # reference emulating the same FP8 rounding on the same weights (qtrain_dump
+                # --emulate-out). FP8's own noise is large on these random models: the exact CPU
+                # emulation against fp32 on these shapes measured worst gradient cosine 0.926-0.976
+                # and median 0.962-0.988 (k_proj weights lowest; 2026-11-30, CPU), so fixed bounds
+                # near 1 cannot tell a correct FP8 path from a wrong one. The test: loss within 1%
+                # of HF, and the GPU nearer to the emulation than to fp32, in the median and the
+                # worst tensor (as tests/gpu/cuda_model_test.cpp). k_proj.bias is left out: its
+                # exact gradient is zero (a bias shared by every key shifts all of a query's scores
+                # equally; softmax ignores it), so every side holds only rounding noise there.
+                e = load_file(emu_out)
                 fcos = {k: v for k, v in coss.items() if not k.endswith("k_proj.bias")}
+                ecos = {n: cosine(q["grad." + n], e["grad." + n]) for n in ref_grads
+                        if "grad." + n in q and not n.endswith("k_proj.bias")}
                 worst_cos = min(fcos.items(), key=lambda kv: kv[1])
                 med_cos = statistics.median(fcos.values())
-                passed = worst_cos[1] >= 0.95 and med_cos >= 0.99 and errs["loss"] < 1e-2
+                worst_e = min(ecos.items(), key=lambda kv: kv[1])
+                med_e = statistics.median(ecos.values())
+                print(f"{name:18s} e4m3 vs CPU FP8 emulation: loss {float(e['loss_and_norm'][0]):.6f}, "
+                      f"worst cos {worst_e[1]:.6f} ({worst_e[0]}), median cos {med_e:.6f}", flush=True)
+                passed = errs["loss"] < 1e-2 and med_e >= med_cos and worst_e[1] >= worst_cos[1]
             else:
                 passed = worst_cos[1] >= 0.995 and med_cos >= 0.999 and errs["loss"] < 1e-2
             ok &= passed

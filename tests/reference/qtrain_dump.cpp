@@ -4,8 +4,12 @@
 //
 // usage: qtrain_dump --model DIR --tokens FILE.bin --batch B --seq-len T --dtype fp32|bf16|e4m3 --out OUT
 //        [--steps K --lr LR]   (K optimizer steps on the same batch first, then the dump)
-//        [--recompute-block] [--use-cuda-graphs]
+//        [--recompute-block] [--use-cuda-graphs] [--emulate-out FILE]
+// --emulate-out (with --dtype e4m3): also run the CPU reference model, emulating the same FP8
+// rounding (core/fp8_reference.h), on the GPU's bf16 weights, and write its loss and gradients to
+// FILE in the same layout (no logits).
 // --dtype e4m3 is FP8 training: bf16 model, e4m3 matmuls, e5m2 activation gradients.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +19,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "io/token_file.h"
+#include "model/cpu/cpu_model.h"
 #include "model/cuda/cuda_model.h"
 #include "model/model_config.h"
 #include "model/parameters.h"
@@ -35,6 +40,8 @@ int main(int argc, char** argv) {
     bool recompute_block = false, graphs = false;
     app.add_flag("--recompute-block", recompute_block);
     app.add_flag("--use-cuda-graphs", graphs);
+    std::string emulate_out;
+    app.add_option("--emulate-out", emulate_out);
     app.add_option("--steps", steps);
     app.add_option("--lr", lr);
     CLI11_PARSE(app, argc, argv);
@@ -87,6 +94,33 @@ int main(int argc, char** argv) {
         w.add_f32("loss_and_norm", {2}, loss.data());
         w.write(out_path);
         std::printf("loss %.6f grad_norm %.6f -> %s\n", st.loss, st.grad_norm, out_path.c_str());
+
+        if (!emulate_out.empty()) {
+            QT_CHECK(dtype == "e4m3", "--emulate-out needs --dtype e4m3");
+            ModelOptions eo = CpuModel::fp32_options(B, T);
+            eo.matmul_dtype = opt.matmul_dtype;
+            eo.gradient_dtype = opt.gradient_dtype;
+            eo.lmhead_chunks = opt.lmhead_chunks;
+            CpuModel cpu(cfg, eo);
+            for (const ParamSpec& p : cpu.params()) {  // the bf16 weights the GPU computed with
+                auto wv = model.download(p.name, CudaModel::Which::Weights);
+                std::copy(wv.begin(), wv.end(), cpu.param(p.name));
+            }
+            cpu.forward_backward(batch, 1.0f);
+            SafeTensorsWriter ew;
+            std::vector<std::vector<float>> egrads;
+            egrads.reserve(specs.size());
+            for (const ParamSpec& p : specs) {
+                egrads.emplace_back(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
+                ew.add_f32("grad." + p.name, p.shape, egrads.back().data());
+            }
+            const StepStats es = cpu.optimizer_step({0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, 1});
+            std::vector<float> eloss = {es.loss, es.grad_norm};
+            ew.add_f32("loss_and_norm", {2}, eloss.data());
+            ew.write(emulate_out);
+            std::printf("CPU FP8 emulation: loss %.6f grad_norm %.6f -> %s\n", es.loss, es.grad_norm,
+                        emulate_out.c_str());
+        }
         return 0;
     } catch (const Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
