@@ -13,6 +13,7 @@ namespace qtrain {
 enum class DType : uint8_t { F32, BF16, F16, E4M3, E5M2, I32, U8 };
 
 std::size_t dtype_size(DType t);
+inline bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 // Short names used on the command line: fp32 bf16 fp16 e4m3 e5m2 int32 uint8.
 std::string_view dtype_name(DType t);
 // Parses a command-line dtype name; `what` names the flag in the error message. `allowed` (e.g.

@@ -51,7 +51,7 @@ uint8_t fp8_quantize_value(float x, float scale, DType t) {
 }
 
 float fp8_decode(uint8_t q, DType t) {
-    QT_CHECK(t == DType::E4M3 || t == DType::E5M2, "fp8_decode: not an fp8 dtype: ", dtype_name(t));
+    QT_CHECK(is_fp8(t), "fp8_decode: not an fp8 dtype: ", dtype_name(t));
     return t == DType::E4M3 ? e4m3_to_float(q) : e5m2_to_float(q);
 }
 

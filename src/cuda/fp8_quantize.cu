@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t,
 }
 
 bool is_e4m3(DType t, const char* what) {
-    QT_CHECK(t == DType::E4M3 || t == DType::E5M2, what, ": output dtype must be e4m3 or e5m2, got ",
+    QT_CHECK(is_fp8(t), what, ": output dtype must be e4m3 or e5m2, got ",
              dtype_name(t));
     return t == DType::E4M3;
 }

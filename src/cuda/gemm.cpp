@@ -32,7 +32,6 @@ cudaDataType_t cuda_type(DType t) {
     }
 }
 
-bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, bool,
                        bool, int, bool>;

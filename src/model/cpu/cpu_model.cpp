@@ -54,7 +54,7 @@ void CpuModel::check_options(const ModelOptions& o) {
     // FP8 is emulated: e4m3 matmul inputs, optionally e4m3/e5m2 gradients (bf16 gradients with e4m3
     // matmuls mean "not quantised" here, as the CPU keeps them in fp32)
     const bool fp8 = o.matmul_dtype == DType::E4M3;
-    const bool fp8_grad = o.gradient_dtype == DType::E4M3 || o.gradient_dtype == DType::E5M2;
+    const bool fp8_grad = is_fp8(o.gradient_dtype);
     QT_CHECK(!fp8_grad || fp8, "--gradient-dtype=", dtype_name(o.gradient_dtype),
              " needs --matmul-dtype=e4m3 on --device=cpu (the CPU model emulates FP8 matmuls)");
     const DType matmul = fp8 ? DType::F32 : o.matmul_dtype;

@@ -107,7 +107,7 @@ private:
     // current scales (core/fp8_reference.h). fq_params_ holds the four matrices of every layer, each
     // fused group (q|k|v, gate|up) sharing one scale as on the GPU.
     bool fp8() const { return options_.matmul_dtype == DType::E4M3; }
-    bool fp8_grads() const { return fp8() && (options_.gradient_dtype == DType::E4M3 || options_.gradient_dtype == DType::E5M2); }
+    bool fp8_grads() const { return fp8() && is_fp8(options_.gradient_dtype); }
     void quantize_weights();
     std::vector<float> fq_params_;
 

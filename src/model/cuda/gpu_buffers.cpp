@@ -8,23 +8,21 @@
 namespace qtrain {
 
 std::vector<Arena> make_arenas(const ModelOptions& opt) {
-    // index order is what bind_gpu_buffers uses
-    // --offload-master/-opt-m/-opt-v/-gradients put those categories in pinned, device-mapped host
-    // memory that the kernels read and write over PCIe (zero-copy): master and moments only the
-    // optimizer touches; gradients every backward kernel that produces a weight gradient.
+    // Index order is what bind_gpu_buffers uses. --offload-master/-opt-m/-opt-v/-gradients put those
+    // categories in pinned, device-mapped host memory that the kernels read and write over PCIe
+    // (zero-copy): master and moments only the optimizer touches; gradients every backward kernel
+    // that produces a weight gradient.
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
     a[1].pinned_host = opt.offload_master;
-    a[2].pinned_host = opt.offload_gradients;  // every gradient kernel writes over PCIe (zero-copy)
+    a[2].pinned_host = opt.offload_gradients;
     a[3].pinned_host = opt.offload_opt_m;
     a[4].pinned_host = opt.offload_opt_v;
     a.push_back(Arena{"Host staging", true, nullptr, 0});
     a.push_back(Arena{"Quants", false, nullptr, 0});
     return a;
 }
-
-bool is_fp8(DType t) { return t == DType::E4M3 || t == DType::E5M2; }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
     RecomputeSet r;

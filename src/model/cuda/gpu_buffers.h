@@ -57,7 +57,6 @@ constexpr int kFp8SlotsPerLayer = 16;
 inline int fp8_slot(int layer, Fp8Slot kind, int matrix) { return layer * kFp8SlotsPerLayer + static_cast<int>(kind) + matrix; }
 inline int fp8_grad_amax_slot(int layers) { return layers * kFp8SlotsPerLayer; }
 inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1; }
-bool is_fp8(DType t);
 
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
