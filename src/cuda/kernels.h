@@ -28,13 +28,16 @@ void embedding_backward(float* dtable, DType act, const void* dout, const int32_
 // ---- rmsnorm.cu ----
 // res_out = res_in (+ delta when delta != null; res_out may alias res_in), then
 // norm_out = weight * (res_out * rstd), rstd = 1/sqrt(mean(res_out^2) + eps) saved per row.
+// amax (optional, FP8): set to max |norm_out| of the stored values (the launcher zeroes it first).
 void residual_rmsnorm_forward(DType act, void* res_out, void* norm_out, float* rstd, const void* res_in,
-                              const void* delta, const void* weight, int N, int C, float eps, cudaStream_t s);
+                              const void* delta, const void* weight, int N, int C, float eps, cudaStream_t s,
+                              float* amax = nullptr);
 // dres[n,:] += d(norm)/d(inp) applied to dnorm; dweight[C] += sum_n dnorm * inp * rstd.
 // `scratch` needs rmsnorm_backward_scratch_floats(N, C) floats (per-block partial weight sums).
 std::size_t rmsnorm_backward_scratch_floats(int N, int C);
+// amax (optional, FP8): set to max |dres| of the stored (updated) values.
 void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, const void* dnorm, const void* inp,
-                      const void* weight, const float* rstd, int N, int C, cudaStream_t s);
+                      const void* weight, const float* rstd, int N, int C, cudaStream_t s, float* amax = nullptr);
 
 // ---- rope.cu ----
 // Rotate-half RoPE on the q and k heads of the fused qkv buffer [B*T, (Hq + 2 Hkv) * D], in place.

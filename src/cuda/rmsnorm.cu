@@ -8,7 +8,10 @@
 // rows: per row a block reduction gives the input gradient, and each thread keeps running weight-
 // gradient sums for its columns in registers; the G partial rows are then reduced in a fixed order.
 // A scalar path covers other widths.
+// With FP8 the norm output (forward) and the residual gradient (backward) feed quantised GEMMs: an
+// optional amax pointer folds their abs-max (of the stored values) into these kernels.
 #include "cuda/check.h"
+#include "cuda/fp8_common.cuh"
 #include "cuda/column_sums.cuh"
 #include "cuda/dispatch.cuh"
 #include "cuda/kernel_utils.cuh"
@@ -24,7 +27,7 @@ constexpr int kThreads = 256;
 
 template <class T>
 __global__ void residual_rmsnorm_forward_vec(T* res_out, T* norm_out, float* rstd_out, const T* res_in,
-                                             const T* delta, const T* weight, int C, float eps) {
+                                             const T* delta, const T* weight, int C, float eps, float* amax) {
     constexpr int P = Pack<T>::N;
     __shared__ float red[32];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * C;
@@ -46,18 +49,23 @@ __global__ void residual_rmsnorm_forward_vec(T* res_out, T* norm_out, float* rst
     ss = block_sum(ss, red);
     const float rstd = rsqrtf(ss / static_cast<float>(C) + eps);
     if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
+    unsigned m = 0;
     if (active) {
         Pack<T> w;
         w.load(weight + c);
-        for (int k = 0; k < P; ++k) x.v[k] = w.v[k] * (x.v[k] * rstd);
+        for (int k = 0; k < P; ++k) {
+            x.v[k] = w.v[k] * (x.v[k] * rstd);
+            m = abs_max_bits(m, to_float(from_float<T>(x.v[k])));
+        }
         x.store(norm_out + row + c);
     }
+    if (amax) reduce_abs_max(amax, m);  // uniform branch: every thread takes it
 }
 
 // dx = rstd * (w*dy) - rstd^3 / C * x * sum(w*dy*x), added into dres; dweight partials per block.
 template <class T>
 __global__ void rmsnorm_backward_vec(T* dres, float* partial, const T* dnorm, const T* inp, const T* weight,
-                                     const float* rstd, int N, int C) {
+                                     const float* rstd, int N, int C, float* amax) {
     constexpr int P = Pack<T>::N;
     __shared__ float red[32];
     const int c = threadIdx.x * P;
@@ -66,6 +74,7 @@ __global__ void rmsnorm_backward_vec(T* dres, float* partial, const T* dnorm, co
     float dw[P];
     for (int k = 0; k < P; ++k) dw[k] = 0.0f;
     if (active) w.load(weight + c);
+    unsigned m = 0;  // abs-max bits of the dres values this thread stored
     for (int r = blockIdx.x; r < N; r += gridDim.x) {
         const int64_t row = static_cast<int64_t>(r) * C;
         const float rs = rstd[r];
@@ -86,17 +95,19 @@ __global__ void rmsnorm_backward_vec(T* dres, float* partial, const T* dnorm, co
                 dw[k] += dy.v[k] * x.v[k] * rs;
             }
             d.store(dres + row + c);
+            for (int k = 0; k < P; ++k) m = abs_max_bits(m, to_float(from_float<T>(d.v[k])));
         }
     }
     if (active)
         for (int k = 0; k < P; ++k) partial[static_cast<int64_t>(blockIdx.x) * C + c + k] = dw[k];
+    if (amax) reduce_abs_max(amax, m);
 }
 
 // ---- scalar path ----
 
 template <class T>
 __global__ void residual_rmsnorm_forward_scalar(T* res_out, T* norm_out, float* rstd_out, const T* res_in,
-                                                const T* delta, const T* weight, int C, float eps) {
+                                                const T* delta, const T* weight, int C, float eps, float* amax) {
     __shared__ float red[32];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * C;
     float ss = 0.0f;
@@ -113,13 +124,18 @@ __global__ void residual_rmsnorm_forward_scalar(T* res_out, T* norm_out, float* 
     const float rstd = rsqrtf(ss / static_cast<float>(C) + eps);
     if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
     const T* src = delta ? res_out : res_in;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        norm_out[row + c] = from_float<T>(to_float(weight[c]) * (to_float(src[row + c]) * rstd));
+    unsigned m = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const T y = from_float<T>(to_float(weight[c]) * (to_float(src[row + c]) * rstd));
+        norm_out[row + c] = y;
+        m = abs_max_bits(m, to_float(y));
+    }
+    if (amax) reduce_abs_max(amax, m);
 }
 
 template <class T>
 __global__ void rmsnorm_backward_input_scalar(T* dres, const T* dnorm, const T* inp, const T* weight,
-                                              const float* rstd, int C) {
+                                              const float* rstd, int C, float* amax) {
     __shared__ float red[32];
     const int64_t row = static_cast<int64_t>(blockIdx.x) * C;
     const float r = rstd[blockIdx.x];
@@ -128,10 +144,14 @@ __global__ void rmsnorm_backward_input_scalar(T* dres, const T* dnorm, const T* 
         dot += to_float(weight[c]) * to_float(dnorm[row + c]) * to_float(inp[row + c]);
     dot = block_sum(dot, red);
     const float k = r * r * r * dot / static_cast<float>(C);
+    unsigned m = 0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         const float dx = r * to_float(weight[c]) * to_float(dnorm[row + c]) - k * to_float(inp[row + c]);
-        dres[row + c] = from_float<T>(to_float(dres[row + c]) + dx);
+        const T stored = from_float<T>(to_float(dres[row + c]) + dx);
+        dres[row + c] = stored;
+        m = abs_max_bits(m, to_float(stored));
     }
+    if (amax) reduce_abs_max(amax, m);
 }
 
 template <class T>
@@ -147,13 +167,15 @@ int threads_for(int packs) { return std::max(32, (packs + 31) / 32 * 32); }
 }  // namespace
 
 void residual_rmsnorm_forward(DType act, void* res_out, void* norm_out, float* rstd, const void* res_in,
-                              const void* delta, const void* weight, int N, int C, float eps, cudaStream_t s) {
+                              const void* delta, const void* weight, int N, int C, float eps, cudaStream_t s,
+                              float* amax) {
+    if (amax) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
     if (N == 0) return;
     QTRAIN_DISPATCH_ACT(act, T, {
         auto args = [&](auto kernel, int threads) {
             kernel<<<N, threads, 0, s>>>(static_cast<T*>(res_out), static_cast<T*>(norm_out), rstd,
                                          static_cast<const T*>(res_in), static_cast<const T*>(delta),
-                                         static_cast<const T*>(weight), C, eps);
+                                         static_cast<const T*>(weight), C, eps, amax);
         };
         if (vec_ok<T>(C, {res_out, norm_out, res_in, delta, weight}))
             args(residual_rmsnorm_forward_vec<T>, threads_for(C / Pack<T>::N));
@@ -168,19 +190,20 @@ std::size_t rmsnorm_backward_scratch_floats(int N, int C) {
 }
 
 void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, const void* dnorm, const void* inp,
-                      const void* weight, const float* rstd, int N, int C, cudaStream_t s) {
+                      const void* weight, const float* rstd, int N, int C, cudaStream_t s, float* amax) {
+    if (amax) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
     if (N == 0) return;
     QTRAIN_DISPATCH_ACT(act, T, {
         if (vec_ok<T>(C, {dres, dnorm, inp, weight})) {
             const int G = column_sum_blocks(N);
             rmsnorm_backward_vec<T><<<G, threads_for(C / Pack<T>::N), 0, s>>>(
                 static_cast<T*>(dres), scratch, static_cast<const T*>(dnorm), static_cast<const T*>(inp),
-                static_cast<const T*>(weight), rstd, N, C);
+                static_cast<const T*>(weight), rstd, N, C, amax);
             column_reduce(dweight, scratch, G, C, s);
         } else {
             rmsnorm_backward_input_scalar<T><<<N, kThreads, 0, s>>>(
                 static_cast<T*>(dres), static_cast<const T*>(dnorm), static_cast<const T*>(inp),
-                static_cast<const T*>(weight), rstd, C);
+                static_cast<const T*>(weight), rstd, C, amax);
             column_sums<T>(dweight, scratch, static_cast<const T*>(dnorm), static_cast<const T*>(inp), rstd, N, C, s);
         }
     });

@@ -44,6 +44,17 @@ TEST_P(KernelTest, ResidualRmsnormForward) {
     EXPECT_LT(rel_max_error(gres.download(), res), tol(1e-6, 1e-6));
     EXPECT_LT(rel_max_error(grstd.download(), rstd), tol(1e-5, 1e-5));
     EXPECT_LT(rel_max_error(gnorm.download(), norm), tol(1e-5, 8e-3));
+
+    // the fused abs-max (FP8) is exactly max |norm_out| as stored, and changes no output
+    DeviceBuffer amax(std::vector<float>{123.0f, 0, 0, 0}, DType::F32), gres2(N * C, act()), gnorm2(N * C, act());
+    cuda::residual_rmsnorm_forward(act(), gres2.get(), gnorm2.get(), grstd.f32(), ga.get(), gd.get(), gw.get(), N, C,
+                                   1e-6f, nullptr, amax.f32());
+    const auto stored = gnorm.download();
+    float expect = 0;
+    for (float v : stored) expect = std::max(expect, std::fabs(v));
+    EXPECT_EQ(amax.download()[0], expect);
+    EXPECT_EQ(gnorm2.download(), stored);
+    EXPECT_EQ(gres2.download(), gres.download());
   }
 }
 
@@ -63,6 +74,17 @@ TEST_P(KernelTest, RmsnormBackward) {
     cpu::rmsnorm_backward(dres.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
     EXPECT_LT(rel_max_error(gdres.download(), dres), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdw.download(), dw), tol(1e-5, 1e-5));  // fp32 accumulation both ways
+
+    // the fused abs-max (FP8) is exactly max |dres| as stored after the update, outputs unchanged
+    DeviceBuffer amax(std::vector<float>{123.0f, 0, 0, 0}, DType::F32), gdres2(dres0, act()), gdw2(dw0, DType::F32);
+    cuda::rmsnorm_backward(act(), gdres2.get(), gdw2.f32(), scratch.f32(), gdy.get(), gx.get(), gw.get(), grstd.f32(),
+                           N, C, nullptr, amax.f32());
+    const auto stored = gdres.download();
+    float expect = 0;
+    for (float v : stored) expect = std::max(expect, std::fabs(v));
+    EXPECT_EQ(amax.download()[0], expect);
+    EXPECT_EQ(gdres2.download(), stored);
+    EXPECT_EQ(gdw2.download(), gdw.download());
   }
 }
 

@@ -81,13 +81,14 @@ void CudaModel::forward(int B, int T) {
     {
         auto t_ = timer_.scope("rmsnorm fwd", stream_);
         cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
-                                       buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_);
+                                       buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_,
+                                       act_amax(0, kQkv));
     }
     for (int l = 0; l < L; ++l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
         // attention block
-        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
         {
             auto t_ = timer_.scope("rope", stream_);
             cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -101,10 +102,10 @@ void CudaModel::forward(int B, int T) {
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
-                                           stream_);
+                                           stream_, act_amax(l, kGateUp));
         }
         // MLP block
-        linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
+        linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I, fp8_);
         {
             auto t_ = timer_.scope("swiglu", stream_);
             cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
@@ -119,7 +120,7 @@ void CudaModel::forward(int B, int T) {
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
-                                           stream_);
+                                           stream_, last ? nullptr : act_amax(l + 1, kQkv));
         }
     }
 }
@@ -143,9 +144,10 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     // The forward computes each norm from the stored (rounded) residual, so renormalising the stored
     // residual (no delta) gives the same output and rstd.
     if (rc.ln1)
-        cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_);
+        cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_,
+                                       act_amax(l, kQkv));
     if (rc.qkv) {
-        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd);
+        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // the amax slot is current
         cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                            stream_);
     }
@@ -153,11 +155,12 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     if (rc.res_mid) {
         linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
-                                       stream_);
+                                       stream_, act_amax(l, kGateUp));
     } else if (rc.ln2) {
-        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_);
+        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_,
+                                       act_amax(l, kGateUp));
     }
-    if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I);
+    if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I, fp8_);
     if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
 }
 
@@ -213,14 +216,14 @@ void CudaModel::backward(int B, int T) {
     {
         auto t_ = timer_.scope("rmsnorm bwd", stream_);
         cuda::rmsnorm_backward(A, buf_.d_res, G(layout_.final_norm), buf_.col_scratch, buf_.d_ln, buf_.res_final,
-                               W(layout_.final_norm), buf_.rstd_final, N, h, stream_);
+                               W(layout_.final_norm), buf_.rstd_final, N, h, stream_, grad_amax());
     }
     for (int l = L - 1; l >= 0; --l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
-        linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h);
+        linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h, fp8_grads_);  // d_res amax: from its norm
         {
             auto t_ = timer_.scope("swiglu", stream_);
             cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
@@ -229,10 +232,10 @@ void CudaModel::backward(int B, int T) {
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
-                                   h, stream_);
+                                   h, stream_, grad_amax());
         }
         // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
-        linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h);
+        linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h, fp8_grads_);
         {
             auto t_ = timer_.scope("attention bwd", stream_);
             attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
@@ -250,7 +253,7 @@ void CudaModel::backward(int B, int T) {
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
-                                   h, stream_);
+                                   h, stream_, grad_amax());  // the next (lower) layer's down-projection dy
         }
     }
     {
