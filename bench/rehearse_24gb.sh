@@ -13,7 +13,7 @@ OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
 run() {
   local model=$1 batch=$2; shift 2
   echo "== $model batch $batch: $*"
-  timeout 600 bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
+  timeout 200 bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
 }
 run Qwen2.5-1.5B 8 --recompute-ffn --recompute-norm --recompute-att --lmhead-chunks=8
 run Qwen2.5-3B 4 --recompute-block $OFFLOAD --lmhead-chunks=8
