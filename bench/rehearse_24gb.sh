@@ -9,11 +9,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export STEPS=${1:-6}
 LIMIT=--memory-limit=24GiB
+n=0
 OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
 run() {
   local model=$1 batch=$2; shift 2
   echo "== $model batch $batch: $*"
   timeout 200 bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
+  n=$((n + 1)); [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$n.out" 2>/dev/null
 }
 run Qwen2.5-1.5B 8 --recompute-ffn --recompute-norm --recompute-att --lmhead-chunks=8
 run Qwen2.5-3B 4 --recompute-block $OFFLOAD --lmhead-chunks=8
