@@ -44,15 +44,26 @@ void attention_forward(DType dtype, void* out, float* lse, const void* qkv, cons
         detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream);
 }
 
-std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& s) {
+// The shape of one chunk of the backward (B / chunks sequences), after checking chunks divides B.
+static AttentionShape chunk_shape(const AttentionShape& s, int chunks, const char* what) {
+    QT_CHECK(chunks >= 1, what, ": chunks must be >= 1, got ", chunks);
+    QT_CHECK(s.B % chunks == 0, what, ": batch size ", s.B, " is not divisible by ", chunks, " chunks");
+    AttentionShape c = s;
+    c.B = s.B / chunks;
+    return c;
+}
+
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& s, int chunks) {
     check_shape(dtype, s, "attention_backward_workspace_bytes");
-    const std::size_t bytes = static_cast<std::size_t>(s.B) * s.Hq * s.T * sizeof(float);
+    const AttentionShape c = chunk_shape(s, chunks, "attention_backward_workspace_bytes");
+    const std::size_t bytes = static_cast<std::size_t>(c.B) * c.Hq * c.T * sizeof(float);
     return (bytes + 255) / 256 * 256;
 }
 
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream) {
+                        const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream, int chunks) {
     check_shape(dtype, s, "attention_backward");
+    const AttentionShape c = chunk_shape(s, chunks, "attention_backward");
     check_ptr(dqkv, 16, "attention_backward", "dqkv");
     check_ptr(dout, 16, "attention_backward", "dout");
     check_ptr(qkv, 16, "attention_backward", "qkv");
@@ -60,12 +71,27 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
     check_ptr(lse, 4, "attention_backward", "lse");
     check_ptr(workspace, 16, "attention_backward", "workspace");
     float* delta = static_cast<float*>(workspace);
-    if (dtype == DType::BF16)
-        detail::flash_attention_backward(dqkv, dout, qkv, out, lse, delta, s, stream);
-    else
-        detail::fp32_attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
-                                        static_cast<const float*>(qkv), static_cast<const float*>(out), lse, delta,
-                                        s, stream);
+    // Per chunk of c.B sequences: qkv/dqkv advance c.B*T rows of (Hq + 2*Hkv)*D elements, out/dout c.B*T
+    // rows of Hq*D, lse ([B, Hq, T]) c.B*Hq*T floats. Row widths are multiples of 64 elements, so the
+    // offset pointers keep the 16-byte alignment checked above.
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t rows = static_cast<std::size_t>(c.B) * c.T;
+    const std::size_t qkv_step = rows * static_cast<std::size_t>(c.Hq + 2 * c.Hkv) * c.D * es;
+    const std::size_t out_step = rows * static_cast<std::size_t>(c.Hq) * c.D * es;
+    const std::size_t lse_step = static_cast<std::size_t>(c.B) * c.Hq * c.T;
+    for (int i = 0; i < chunks; ++i) {
+        char* dqkv_i = static_cast<char*>(dqkv) + i * qkv_step;
+        const char* dout_i = static_cast<const char*>(dout) + i * out_step;
+        const char* qkv_i = static_cast<const char*>(qkv) + i * qkv_step;
+        const char* out_i = static_cast<const char*>(out) + i * out_step;
+        const float* lse_i = lse + i * lse_step;
+        if (dtype == DType::BF16)
+            detail::flash_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, delta, c, stream);
+        else
+            detail::fp32_attention_backward(reinterpret_cast<float*>(dqkv_i), reinterpret_cast<const float*>(dout_i),
+                                            reinterpret_cast<const float*>(qkv_i),
+                                            reinterpret_cast<const float*>(out_i), lse_i, delta, c, stream);
+    }
 }
 
 }  // namespace qtrain

@@ -35,12 +35,18 @@ struct AttentionShape {
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
                        cudaStream_t stream);
 
-// Bytes of scratch the backward needs (rowsum(dout * out) per query row, fp32); 0 if none.
-std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape);
+// Bytes of scratch the backward needs (rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats,
+// rounded up to 256 bytes); 0 if none. chunks must divide B (see attention_backward).
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape, int chunks = 1);
 
 // dqkv (same layout and dtype as qkv) from dout, qkv and the forward's out and lse.
+// chunks > 1 runs the backward over the batch in `chunks` consecutive groups of B/chunks sequences
+// (chunks must divide B), reusing one workspace sized by attention_backward_workspace_bytes(..., chunks).
+// Every sequence's attention is independent and the kernels index only within a sequence, so the
+// result is bit-identical to chunks = 1; only the workspace (and the launch count) differs.
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, void* workspace, const AttentionShape& shape, cudaStream_t stream);
+                        const float* lse, void* workspace, const AttentionShape& shape, cudaStream_t stream,
+                        int chunks = 1);
 
 // Implementation entry points (already validated arguments); the functions above dispatch to them.
 namespace detail {

@@ -62,7 +62,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g = app.add_option_group("Performance and memory");
     g->add_flag("--use-cuda-graphs", o.use_cuda_graphs, "Capture the steady-state step in a CUDA graph");
     g->add_option("--lmhead-chunks", o.lmhead_chunks, "Compute the LM head + loss in this many chunks of tokens");
-    g->add_option("--attn-bwd-chunks", o.attn_bwd_chunks, "Split the attention backward workspace into this many chunks");
+    g->add_option("--attn-bwd-chunks", o.attn_bwd_chunks,
+                  "Run the attention backward in this many chunks of sequences (must divide --batch-size); "
+                  "its workspace holds one chunk");
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
     g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU)");
 

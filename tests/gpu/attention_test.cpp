@@ -260,6 +260,74 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDeterminism,
                                             ::testing::ValuesIn(kDeterminismCases)),
                          case_name);
 
+// --attn-bwd-chunks: the backward over the batch in 1, 2 or 4 chunks of sequences (each with a
+// workspace sized for one chunk, NaN-filled with a guard zone) gives bit-identical dqkv; every
+// sequence's attention is independent, so chunking changes only which launch computes it.
+class AttentionBackwardChunks : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+
+TEST_P(AttentionBackwardChunks, ChunkedBackwardIsBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    const auto [dtype, c] = GetParam();
+    const AttentionShape s = shape_of(c);
+    const std::size_t es = dtype_size(dtype);
+    const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
+    const std::vector<float> qkv = random_qkv(c, 4242 + c.B + c.T);
+    const std::vector<float> dout = random_vector(n_out, 4343 + c.B + c.T);
+    DeviceBuffer d_qkv(qkv, dtype), d_dout(dout, dtype);
+    DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4);
+    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr);
+    test::sync_device();
+
+    auto backward = [&](int chunks) {
+        const std::size_t ws_bytes = attention_backward_workspace_bytes(dtype, s, chunks);
+        EXPECT_GE(ws_bytes, static_cast<std::size_t>(s.B / chunks) * s.Hq * s.T * sizeof(float));
+        DeviceBuffer d_ws = nan_buffer(ws_bytes), d_dqkv = nan_buffer(qkv.size() * es);
+        attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(),
+                           s, nullptr, chunks);
+        test::sync_device();
+        EXPECT_TRUE(GuardIntact("dqkv", d_dqkv)) << chunks << " chunks";
+        EXPECT_TRUE(GuardIntact("workspace", d_ws)) << chunks << " chunks";
+        return test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
+    };
+    const std::vector<uint8_t> whole = backward(1);
+    // complete (no NaN left from the 0xFF fill), so the comparisons below compare real values
+    std::size_t non_finite = 0;
+    for (std::size_t i = 0; i < qkv.size(); ++i) {
+        float v;
+        if (dtype == DType::BF16) {
+            uint16_t u;
+            std::memcpy(&u, whole.data() + 2 * i, 2);
+            v = bf16_to_float(u);
+        } else {
+            std::memcpy(&v, whole.data() + 4 * i, 4);
+        }
+        non_finite += !std::isfinite(v);
+    }
+    ASSERT_EQ(non_finite, 0u) << "dqkv with 1 chunk is incomplete";
+    for (int chunks : {2, 4}) {
+        if (s.B % chunks != 0) continue;
+        const std::vector<uint8_t> part = backward(chunks);
+        ASSERT_EQ(part.size(), whole.size());
+        std::size_t differing = 0, first = 0;
+        for (std::size_t i = 0; i < whole.size(); ++i)
+            if (whole[i] != part[i] && differing++ == 0) first = i;
+        EXPECT_EQ(differing, 0u) << chunks << " chunks: dqkv differs from 1 chunk in " << differing
+                                 << " bytes, first at byte " << first << " (token "
+                                 << first / es / qkv_width(s) << ")";
+    }
+}
+
+const Case kChunkCases[] = {
+    {4, 100, 14, 2, 64, 1.0f},   // 0.5B heads, T not a multiple of any tile
+    {4, 257, 12, 2, 128, 1.0f},  // 1.5B heads, D = 128
+    {2, 64, 4, 4, 64, 2.5f},     // B = 2 (chunks 2 only), ratio 1, sharp softmax
+};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackwardChunks,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::ValuesIn(kChunkCases)),
+                         case_name);
+
 // Argument validation happens on the host before anything touches the device, so this runs anywhere.
 TEST(AttentionArgs, RejectsUnsupportedShapesAndTypes) {
     float dummy[4];
@@ -277,6 +345,23 @@ TEST(AttentionArgs, WorkspaceHoldsOneFloatPerQueryRow) {
     const AttentionShape s{3, 100, 14, 2, 64};
     EXPECT_GE(attention_backward_workspace_bytes(DType::BF16, s), 3u * 14u * 100u * sizeof(float));
     EXPECT_GE(attention_backward_workspace_bytes(DType::F32, s), 3u * 14u * 100u * sizeof(float));
+}
+
+// The chunked backward's workspace holds one chunk (B / chunks sequences); chunks must divide B.
+TEST(AttentionArgs, ChunkedWorkspaceHoldsOneChunk) {
+    const AttentionShape s{8, 1024, 14, 2, 64};
+    const std::size_t row_bytes = 14u * 1024u * sizeof(float);  // one sequence's delta
+    for (DType dtype : {DType::BF16, DType::F32}) {
+        EXPECT_EQ(attention_backward_workspace_bytes(dtype, s), 8 * row_bytes);
+        EXPECT_EQ(attention_backward_workspace_bytes(dtype, s, 1), 8 * row_bytes);
+        EXPECT_EQ(attention_backward_workspace_bytes(dtype, s, 2), 4 * row_bytes);
+        EXPECT_EQ(attention_backward_workspace_bytes(dtype, s, 8), 1 * row_bytes);
+    }
+    EXPECT_ERROR(attention_backward_workspace_bytes(DType::BF16, s, 3), "batch size 8 is not divisible by 3 chunks");
+    EXPECT_ERROR(attention_backward_workspace_bytes(DType::BF16, s, 0), "chunks must be >= 1");
+    float dummy[4];
+    EXPECT_ERROR(attention_backward(DType::BF16, dummy, dummy, dummy, dummy, dummy, dummy, s, nullptr, 16),
+                 "not divisible by 16 chunks");
 }
 
 }  // namespace

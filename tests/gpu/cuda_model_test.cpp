@@ -239,6 +239,22 @@ TEST_P(Recompute, EveryFlagCombinationIsBitIdentical) {
     }
     // distinct non-empty recompute sets: 2 (norm) x 3 (-, qkv, att) x 3 (-, swiglu, ffn) - 1 (none), + block
     EXPECT_EQ(runs, 18);
+    // --attn-bwd-chunks=2 (the attention backward over the batch in two chunks of one sequence), alone
+    // and with --recompute-block: bit-identical too, and the plan's workspace is smaller
+    for (bool block : {false, true}) {
+        ModelOptions o = options(act, B, T);
+        o.attn_bwd_chunks = 2;
+        o.recompute_block = block;
+        const std::string what = block ? "--attn-bwd-chunks=2 --recompute-block" : "--attn-bwd-chunks=2";
+        const Result r = run(o);
+        ASSERT_EQ(r.stats, base.stats) << what << ": losses or gradient norms differ";
+        ASSERT_EQ(r.weights, base.weights) << what << ": final weights differ";
+        ModelOptions same_recompute = options(act, B, T);
+        same_recompute.recompute_block = block;
+        EXPECT_LT(gpu_memory_plan(cfg, o, "cuda").total_device(),
+                  gpu_memory_plan(cfg, same_recompute, "cuda").total_device())
+            << what;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Recompute, ::testing::Values(DType::F32, DType::BF16, DType::E4M3),

@@ -11,7 +11,11 @@
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "io/token_file.h"
+#include "model/memory_plan.h"
+#include "model/model_config.h"
 #include "test_util.h"
+#include "train/model_factory.h"
+#include "train/train_options.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -211,6 +215,63 @@ TEST(TrainCli, GpuRecomputeFlagsShrinkThePlanAndAreSuggestedWhenItDoesNotFit) {
     auto over = run_command(base + " --memory-limit=20GiB");
     EXPECT_EQ(over.exit_code, 1) << over.output;
     EXPECT_TRUE(Contains(over.output, "it fits with --recompute-")) << over.output;
+}
+
+// A number from the [Allocator State] table: the device MiB of `category` (-1 when absent).
+long plan_mib(const std::string& out, const std::string& category) {
+    const auto pos = out.find("  " + category + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stol(out.substr(pos + 2 + category.size()));
+}
+
+// --attn-bwd-chunks=N sizes the attention backward's workspace (delta: one fp32 per query row and
+// head) for B/N sequences and changes nothing else in the plan; N must divide --batch-size.
+TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#else
+    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    TrainOptions t;
+    t.batch_size = 16;
+    t.seq_len = 1024;
+    const ModelOptions one = t.model_options("cuda");
+    const MemoryPlan base = plan_model(cfg, one, "cuda");
+    const std::size_t row_bytes = static_cast<std::size_t>(cfg.num_attention_heads) * 1024 * sizeof(float);
+    for (int n : {2, 4, 16}) {
+        SCOPED_TRACE(cat("--attn-bwd-chunks=", n));
+        ModelOptions o = one;
+        o.attn_bwd_chunks = n;
+        const MemoryPlan p = plan_model(cfg, o, "cuda");
+        ASSERT_EQ(p.entries.size(), base.entries.size());
+        for (std::size_t i = 0; i < p.entries.size(); ++i) {
+            const auto &e = p.entries[i], &b = base.entries[i];
+            EXPECT_EQ(e.pinned_bytes, b.pinned_bytes) << e.category;
+            if (e.category == "Workspace")
+                EXPECT_EQ(b.device_bytes - e.device_bytes, (16 - 16 / n) * row_bytes);  // 16 -> 16/n sequences
+            else
+                EXPECT_EQ(e.device_bytes, b.device_bytes) << e.category;
+        }
+    }
+    ModelOptions bad = one;
+    bad.attn_bwd_chunks = 3;
+    EXPECT_ERROR(plan_model(cfg, bad, "cuda"), "--attn-bwd-chunks=3 must divide --batch-size=16");
+
+    // through the program: --plan-only prints the smaller workspace; a non-divisor is a clear error
+    const std::string cmd = std::string(QTRAIN_TRAIN_EXE) +
+                            " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16 "
+                            "--seq-len=8192";  // delta: 16 x 14 heads x 8192 x 4 bytes = 7 MiB
+    auto full = run_command(cmd), chunked = run_command(cmd + " --attn-bwd-chunks=8");
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+    const long ws_full = plan_mib(full.output, "Workspace"), ws_chunked = plan_mib(chunked.output, "Workspace");
+    ASSERT_GT(ws_full, 0) << full.output;
+    EXPECT_NEAR(ws_full - ws_chunked, 6, 1) << full.output << chunked.output;  // 7 MiB -> 0.875 MiB
+    EXPECT_EQ(plan_mib(chunked.output, "Activations"), plan_mib(full.output, "Activations"));
+    auto r = run_command(cmd + " --attn-bwd-chunks=3");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, "--attn-bwd-chunks=3 must divide --batch-size=16")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "internal error")) << r.output;
+#endif
 }
 
 TEST(TrainCli, BadInputsGiveClearErrors) {

@@ -53,7 +53,9 @@ void CudaModel::check_options(const ModelOptions& o) {
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
     unsupported(o.shard_gradients, "--shard-gradients (or --zero-level=2)");
-    unsupported(o.attn_bwd_chunks != 1, "--attn-bwd-chunks");
+    QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, "--attn-bwd-chunks=",
+             o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
+             " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
     QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported yet (one GPU)");
 }
 

@@ -238,7 +238,8 @@ void CudaModel::backward(int B, int T) {
         linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h, fp8_grads_);
         {
             auto t_ = timer_.scope("attention bwd", stream_);
-            attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_);
+            attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_,
+                               opt_.attn_bwd_chunks);
         }
         {
             auto t_ = timer_.scope("rope", stream_);
