@@ -2,7 +2,7 @@
 # Times qtrain on one GPU with the settings llm.q publishes its H100 numbers with:
 #   --from-scratch --seq-len=1024 --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16, random tokens.
 # usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]
-# Prints one JSON line: median tokens/s over steps after the first 3, and the plan's memory.
+# GA=n sets --grad-accumulation (default 1). Prints one JSON line: median tokens/s over steps after the first 3, and the plan's memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
@@ -12,7 +12,7 @@ mkdir -p "$WORK"
 [ -f "$WORK/random.bin" ] || python3 bench/make_random_tokens.py "$WORK/random.bin" --tokens 40000000 >/dev/null
 STEPS=${STEPS:-12}
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
-  --seq-len=1024 --batch-size="$BATCH" --grad-accumulation=1 --steps="$STEPS" --eval-every-n-steps=0 \
+  --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
   --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1
 python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" <<'PY'

@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
 # Issue 5's memory rehearsal: train models on the H200 as if it were a 24 GB card
-# (--memory-limit=24GiB fails before allocating when the plan is larger), with the recompute and
-# offload flags each needs. Prints one JSON line per configuration (bench/bench_qtrain.sh: tokens/s,
-# device plan, pinned host memory); the plan matches what is allocated within 0.2%
-# (CudaModel.PlanMatchesTheDeviceMemoryReallyUsed).
-# usage: bench/rehearse_24gb.sh [STEPS]   (default 6 steps per configuration; BUILD_DIR as bench_qtrain.sh)
+# (--memory-limit=24GiB fails before allocating when the plan is larger), with the recompute,
+# offload and streaming flags each needs. Prints one JSON line per configuration
+# (bench/bench_qtrain.sh: tokens/s, device plan, pinned host memory) and keeps each run's output
+# under $OUT. The plan matches what is allocated (CudaModel.PlanMatchesTheDeviceMemoryReallyUsed).
+# usage: bench/rehearse_24gb.sh [CONFIG...]   (default: 7b-bf16 7b-fp8-stream)
+#   configs: 1.5b 3b 7b-bf16 7b-bf16-stream 7b-fp8-stream 14b-fp8-stream (the last needs ~200 GB of
+#   host memory: the two-GPU machine). 7B with FP8 but without --shard-weights does not fit 24 GiB
+#   (bf16 weights + fp8 copies + resident embedding/LM-head gradients).
+#   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export STEPS=${1:-6}
+export STEPS=${STEPS:-6}
 LIMIT=--memory-limit=24GiB
-n=0
 OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
+STREAM="--shard-weights --offload-gradients --shard-gradients"
 run() {
-  local model=$1 batch=$2; shift 2
-  echo "== $model batch $batch: $*"
-  timeout 200 bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
-  n=$((n + 1)); [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$n.out" 2>/dev/null
+  local name=$1 model=$2 batch=$3 ga=$4; shift 4
+  echo "== $name: $model batch $batch grad-accumulation $ga: $*"
+  GA=$ga timeout "${TIMEOUT:-240}" bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
+  [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$name.out" 2>/dev/null
+  grep -E "^\[T\] step" /tmp/qtrain-bench/train.out | tail -2
 }
-run Qwen2.5-1.5B 8 --recompute-ffn --recompute-norm --recompute-att --lmhead-chunks=8
-run Qwen2.5-3B 4 --recompute-block $OFFLOAD --lmhead-chunks=8
-run Qwen2.5-7B 4 --recompute-block $OFFLOAD --offload-gradients --lmhead-chunks=8
-run Qwen2.5-7B 4 --recompute-block $OFFLOAD --offload-gradients --lmhead-chunks=8 --matmul-dtype=e4m3
+for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
+  case $cfg in
+    1.5b) run 1.5b Qwen2.5-1.5B 8 1 --recompute-ffn --recompute-norm --recompute-att --lmhead-chunks=8 ;;
+    3b) run 3b Qwen2.5-3B 4 1 --recompute-block $OFFLOAD --lmhead-chunks=8 ;;
+    7b-bf16) run 7b-bf16 Qwen2.5-7B 4 8 --recompute-block $OFFLOAD --offload-gradients --lmhead-chunks=8 ;;
+    7b-bf16-stream) run 7b-bf16-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 ;;
+    7b-fp8-stream) run 7b-fp8-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
+                     --matmul-dtype=e4m3 ;;
+    14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
+                      --matmul-dtype=e4m3 ;;
+    *) echo "unknown configuration $cfg" ;;
+  esac
+done

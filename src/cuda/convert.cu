@@ -29,7 +29,27 @@ __global__ void fill_zero_kernel(unsigned char* p, int64_t bytes) {
     for (int64_t i = first; i < n16; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
     for (int64_t i = n16 * 16 + first; i < bytes; i += stride) p[i] = 0;
 }
+// dst += src, four floats per thread (n a multiple of 4, both 16-byte aligned: checked by the launcher).
+__global__ void add_f32_kernel(float* dst, const float* src, int64_t n4) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 a = reinterpret_cast<const float4*>(src)[i];
+        float4 d = reinterpret_cast<float4*>(dst)[i];
+        d.x += a.x, d.y += a.y, d.z += a.z, d.w += a.w;
+        reinterpret_cast<float4*>(dst)[i] = d;
+    }
+}
 }  // namespace
+
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s) {
+    if (n == 0) return;
+    QT_CHECK(n % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+             "add_f32: n must be a multiple of 4 and both buffers 16-byte aligned");
+    // The host side makes this PCIe-bound: a few blocks keep enough loads in flight, and leave the
+    // SMs to the backward running next to it.
+    add_f32_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(n / 4, 256), 64)), 256, 0, s>>>(dst, src, n / 4);
+    CUDA_CHECK(cudaGetLastError());
+}
 
 void fill_zero(void* p, std::size_t bytes, cudaStream_t s) {
     if (bytes == 0) return;

@@ -101,5 +101,8 @@ void convert_to_f32(float* dst, const void* src, DType src_type, int64_t n, cuda
 // Zeroes `bytes` bytes at p (16-byte aligned) with a kernel: also for mapped pinned host memory
 // (offloaded buffers), where it writes over PCIe without stopping the host.
 void fill_zero(void* p, std::size_t bytes, cudaStream_t s);
+// dst[i] += src[i] (fp32, n a multiple of 4, 16-byte aligned): the offloaded gradients of a layer
+// accumulated from its device staging slot (dst in mapped pinned host memory).
+void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
 
 }  // namespace qtrain::cuda

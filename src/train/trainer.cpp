@@ -86,6 +86,8 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
          [](ModelOptions& o) { o.offload_master = true; }},
         {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
          [](ModelOptions& o) { o.offload_gradients = true; }},
+        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients --shard-weights",
+         [](ModelOptions& o) { o.shard_weights = true; }},
     };
     // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
     auto fits = [&](const ModelOptions& t) {
@@ -135,7 +137,7 @@ int Trainer::run() {
         const std::string fit = flags_that_fit(cfg, mopt, device, limit);
         throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
                         human_bytes(limit), "; ",
-                        fit.empty() ? std::string("no recompute or offload setting makes it fit (weight streaming is not implemented yet): reduce --batch-size or --seq-len")
+                        fit.empty() ? std::string("no recompute, offload or streaming setting makes it fit: reduce --batch-size or --seq-len")
                                     : cat("it fits with ", fit, " (or reduce --batch-size or --seq-len)")));
     }
     if (opt_.plan_only) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "gpu_test_util.h"
@@ -451,6 +452,11 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
              o.recompute_ffn = o.recompute_swiglu = true;
          }},
         {"offloaded optimizer state", [](ModelOptions& o) { o.offload_master = o.offload_opt_m = o.offload_opt_v = true; }},
+        {"fp8, streamed weights and gradients", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.shard_weights = o.offload_gradients = o.offload_master = true;
+         }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
     for (const Case& c : cases) {
@@ -476,4 +482,102 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
             EXPECT_NEAR(used, plan, 0.01 * plan);
         }
     }
+}
+
+// --shard-weights (layers streamed from host through two device slots) and --offload-gradients
+// (each layer's gradients staged on the device and added into host memory on a side stream) do
+// the same arithmetic as the flat buffers: losses, gradient norms, eval losses, gradients and final
+// weights must be bit-identical, with gradient accumulation (the add path), an eval between steps,
+// a micro-batch with every target masked, recompute and FP8 (weights quantised as they arrive).
+class Streaming : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    const DType act = GetParam();
+    const int B = 2, T = 64;
+    for (bool tied : {false, true}) {
+        const Shape shape{"four_layers", 97, 128, 96, 4, 2, 1, tied};
+        ModelConfig cfg = make_config(shape);
+        auto run = [&](const ModelOptions& o) {
+            CudaModel m(cfg, o);
+            m.init_random(5);
+            std::vector<float> out;
+            for (int step = 1; step <= 4; ++step) {
+                for (int micro = 0; micro < 3; ++micro) {
+                    Data d = make_batch(B, T, cfg.vocab_size, 100 * step + micro);
+                    if (step == 2 && micro == 1) std::fill(d.tgt.begin(), d.tgt.end(), -1);  // nothing to learn
+                    m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / 3);
+                }
+                if (step == 3) {  // the gradients so far, read mid-step
+                    for (const ParamSpec& s : m.layout().specs) {
+                        auto g = m.download(s.name, CudaModel::Which::Grad);
+                        out.insert(out.end(), g.begin(), g.end());
+                    }
+                }
+                StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+                out.push_back(s.loss);
+                out.push_back(s.grad_norm);
+                Data e = make_batch(B, T, cfg.vocab_size, 7);
+                out.push_back(m.evaluate(Batch{e.in.data(), e.tgt.data(), B, T}));
+            }
+            for (const ParamSpec& s : m.layout().specs)
+                for (auto which : {CudaModel::Which::Master, CudaModel::Which::Weights, CudaModel::Which::Grad}) {
+                    auto w = m.download(s.name, which);
+                    out.insert(out.end(), w.begin(), w.end());
+                }
+            return out;
+        };
+        const auto base = run(options(act == DType::F32 ? DType::BF16 : act, B, T));
+        struct Variant {
+            const char* name;
+            void (*apply)(ModelOptions&);
+        };
+        const Variant variants[] = {
+            {"shard-weights", [](ModelOptions& o) { o.shard_weights = true; }},
+            {"shard-weights + offload-master", [](ModelOptions& o) { o.shard_weights = o.offload_master = true; }},
+            {"offload-gradients", [](ModelOptions& o) { o.offload_gradients = true; }},
+            {"shard-weights + shard/offload-gradients + recompute-block",
+             [](ModelOptions& o) {
+                 o.shard_weights = o.offload_gradients = o.shard_gradients = o.recompute_block = true;
+             }},
+            {"everything offloaded + recompute-ffn + write-combined",
+             [](ModelOptions& o) {
+                 o.shard_weights = o.offload_gradients = o.offload_master = o.offload_opt_m = o.offload_opt_v = true;
+                 o.recompute_ffn = o.write_combined = true;
+             }},
+        };
+        for (const Variant& v : variants) {
+            SCOPED_TRACE(std::string(v.name) + (tied ? ", tied" : ", untied"));
+            ModelOptions o = options(act == DType::F32 ? DType::BF16 : act, B, T);
+            v.apply(o);
+            const auto got = run(o);
+            ASSERT_EQ(got.size(), base.size());
+            std::size_t first_diff = got.size();
+            for (std::size_t i = 0; i < got.size() && first_diff == got.size(); ++i)
+                if (std::memcmp(&got[i], &base[i], sizeof(float)) != 0) first_diff = i;
+            EXPECT_EQ(first_diff, got.size()) << "first difference at value " << first_diff;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Streaming, ::testing::Values(DType::BF16, DType::E4M3),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Streaming shrinks the device plan to the resident parameters and two layer slots.
+TEST(StreamingPlan, ShardedWeightsAndOffloadedGradientsLeaveTwoLayersOnTheDevice) {
+    ModelConfig cfg = preset_config("Qwen2.5-7B");
+    ModelOptions o = options(DType::E4M3, 4, 1024);
+    o.gradient_dtype = DType::BF16;
+    const MemoryPlan flat = gpu_memory_plan(cfg, o, "cuda");
+    o.shard_weights = o.offload_gradients = o.offload_master = true;
+    const MemoryPlan streamed = gpu_memory_plan(cfg, o, "cuda");
+    const GpuParamLayout layout = make_gpu_layout(cfg);
+    const double span = static_cast<double>(layout.layer_span);
+    const double non_layer = static_cast<double>(layout.total - (layout.layers_end() - layout.layer_begin(0)));
+    // device: bf16 slots + fp8 slots + fp32 gradient slots for two layers, plus the resident tensors
+    const double expected_params = 2 * span * (2 + 1 + 4) + non_layer * (2 + 4);
+    const double flat_params = static_cast<double>(layout.total) * (2 + 1 + 4 + 4);  // weights, wq, grads, master
+    const double saved = static_cast<double>(flat.total_device()) - static_cast<double>(streamed.total_device());
+    EXPECT_NEAR(saved, flat_params - expected_params, 0.001 * flat_params);
+    EXPECT_GT(streamed.total_pinned(), static_cast<std::size_t>(layout.total) * (2 + 4 + 4));
 }

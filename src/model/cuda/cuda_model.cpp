@@ -45,14 +45,21 @@ void CudaModel::check_options(const ModelOptions& o) {
     unsupported(o.offload_residual, "--offload-residual");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
              "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
-    QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients,
-             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m, --offload-opt-v "
-             "or --offload-gradients");
+    QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||
+                 o.shard_weights,
+             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m, --offload-opt-v, "
+             "--offload-gradients or --shard-weights");
     unsupported(o.offload_quants, "--offload-quants");
     unsupported(o.persistent_quants, "--persistent-quants");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
-    unsupported(o.shard_weights, "--shard-weights (or --zero-level=3)");
-    unsupported(o.shard_gradients, "--shard-gradients (or --zero-level=2)");
+    // On one GPU, sharding means streaming from host memory (cuda_model_stream.cpp).
+    QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
+             "--shard-weights needs --model-dtype=bf16 (it streams the bf16 weights from host memory)");
+    QT_CHECK(!o.shard_gradients || o.offload_gradients,
+             "--shard-gradients on one GPU streams the gradients to host memory: add --offload-gradients");
+    QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients),
+             "--use-cuda-graphs cannot be combined with --shard-weights or --offload-gradients yet (the streamed "
+             "step decides its copies on the host)");
     QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, "--attn-bwd-chunks=",
              o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
@@ -115,12 +122,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
+    create_streams();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes);
 
     // zero everything with state (padding stays zero forever)
     zero(buf_.master, layout_.total * sizeof(float));
-    if (buf_.weights != buf_.master)
-        CUDA_CHECK(cudaMemsetAsync(buf_.weights, 0, layout_.total * dtype_size(opt_.model_dtype), stream_));
+    if (buf_.weights != buf_.master) zero(buf_.weights, layout_.total * dtype_size(opt_.model_dtype));
     zero(buf_.grads, layout_.total * sizeof(float));
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
@@ -139,11 +146,13 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     CUDA_CHECK(cudaMemcpyAsync(buf_.segments, segs.data(), segs.size() * sizeof(cuda::ParamSegment),
                                cudaMemcpyHostToDevice, stream_));
+    weights_changed();
     sync();
 }
 
 CudaModel::~CudaModel() {
     if (stream_) cudaStreamSynchronize(stream_);
+    destroy_streams();
     if (timer_.enabled() && timer_.steps() > 0) std::fprintf(stderr, "%s", timer_.report().c_str());
     gemm_.reset();
     for (Arena& a : arenas_) {
@@ -157,7 +166,11 @@ CudaModel::~CudaModel() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaModel::sync() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaModel::sync() const {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (cudaStream_t s : {copy_stream_, grad_stream_})
+        if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+}
 
 // Zeroes a buffer that may be device memory or offloaded (pinned host) memory.
 void CudaModel::zero(void* p, std::size_t bytes) {
@@ -173,6 +186,7 @@ void CudaModel::zero(void* p, std::size_t bytes) {
 void CudaModel::refresh_weights() {
     if (buf_.weights != buf_.master)
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
+    weights_changed();
     quantize_weights();
 }
 
@@ -227,7 +241,10 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     switch (which) {
         case Which::Master: fetch(buf_.master, DType::F32); break;
         case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
-        case Which::Grad: fetch(buf_.grads, DType::F32); break;
+        case Which::Grad:  // offloaded gradients still holding the last step's are logically zero
+            if (stage_grads_ && host_grads_fresh_) break;
+            fetch(buf_.grads, DType::F32);
+            break;
         case Which::AdamM: fetch(buf_.adam_m, opt_.opt_m_dtype); break;
         case Which::AdamV: fetch(buf_.adam_v, opt_.opt_v_dtype); break;
     }
@@ -307,6 +324,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
     }
     CUDA_CHECK(cudaFree(staging));
     zero(buf_.grads, layout_.total * sizeof(float));
+    host_grads_fresh_ = true;
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
     refresh_weights();
     sync();

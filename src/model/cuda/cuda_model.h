@@ -84,6 +84,37 @@ private:
     float* act_amax(int l, Matrix m) const;
     float* grad_amax() const;
     void quantize_weights();  // fp8 weight copies (and transposes) from the model-dtype weights
+    // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
+    // copies, laid out like the weights, one byte per element), on `stream`.
+    void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream);
+
+    // ---- weight access protocol and gradient streaming (cuda_model_stream.cpp) ----
+    // Layer code reads parameters through these: weight(off) is the model-dtype weight at flat
+    // offset off, weight_q/weight_qT its FP8 copies, grad(off) where its gradient accumulates. Without
+    // streaming they point into the flat buffers; with --shard-weights / --offload-gradients a layer's
+    // elements resolve to the device slot that holds the layer (which must be gotten / begun).
+    const void* weight(int64_t off) const;
+    const void* weight_q(int64_t off) const;
+    const void* weight_qT(int64_t off) const;
+    float* grad(int64_t off) const;
+    int64_t resident_index(int64_t off) const;  // offset in resident_weights / resident_grads
+    // --shard-weights: gather(l) starts copying layer l from host into its slot (and quantising it)
+    // on the copy stream, unless the slot already holds it; get(l) makes the compute stream wait for
+    // it; release(l) marks the slot reusable once the work queued so far is done. No-ops otherwise.
+    void gather(int l);
+    void get(int l);
+    void release(int l);
+    void weights_changed();  // the host weights changed: refresh the resident copies, empty the slots
+    // --offload-gradients: begin_*_grads zero a device slot before the backward accumulates into it;
+    // flush_*_grads hand it to the gradient stream, which copies (first micro-batch since the
+    // optimizer step) or adds it into the host gradients.
+    void begin_layer_grads(int l);
+    void flush_layer_grads(int l);
+    void begin_resident_grads();
+    void flush_resident_grads();
+    void wait_for_gradients();  // compute stream waits for every flush queued so far
+    void create_streams();
+    void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
@@ -105,6 +136,13 @@ private:
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
+    // streaming state (cuda_model_stream.cpp)
+    bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
+    cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;
+    cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
+    cudaEvent_t res_ready_ = nullptr, res_free_ = nullptr, grads_done_ = nullptr;
+    int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
+    bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
 };
 
 }  // namespace qtrain

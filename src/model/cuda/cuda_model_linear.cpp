@@ -21,27 +21,35 @@ int64_t CudaModel::matrix_offset(int l, Matrix m) const {
 }
 
 void CudaModel::quantize_weights() {
-    if (!fp8_) return;
+    if (!fp8_ || stream_weights_) return;  // streamed layers are quantised as they arrive (gather)
     auto t_ = timer_.scope("fp8 quantize", stream_);
+    for (int l = 0; l < config_.num_hidden_layers; ++l) {
+        const int64_t b = layout_.layer_begin(l);
+        quantize_layer(l, static_cast<const char*>(buf_.weights) + b * dtype_size(opt_.model_dtype),
+                       static_cast<char*>(buf_.wq) + b, buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, stream_);
+    }
+}
+
+void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream) {
     const ModelConfig& c = config_;
     const int64_t h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
     const int64_t rows[4] = {qkvd, h, 2 * I, h}, cols[4] = {h, qd, h, I};  // W[out, in]
     const std::size_t es = dtype_size(opt_.model_dtype);
-    for (int l = 0; l < c.num_hidden_layers; ++l)
-        for (int m = 0; m < 4; ++m) {
-            const int64_t off = matrix_offset(l, static_cast<Matrix>(m));
-            const void* w = static_cast<const char*>(buf_.weights) + off * es;
-            float* amax = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightAmax, m));
-            float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
-            cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream_);
-            if (fp8_grads_) {  // row-major copy and transpose in one pass
-                cuda::quantize_fp8_transpose(static_cast<char*>(buf_.wTq) + off, DType::E4M3, w, opt_.model_dtype,
-                                             rows[m], cols[m], amax, inv, stream_, static_cast<char*>(buf_.wq) + off);
-            } else {
-                cuda::quantize_fp8(static_cast<char*>(buf_.wq) + off, DType::E4M3, w, opt_.model_dtype,
-                                   rows[m] * cols[m], amax, inv, stream_);
-            }
+    const int64_t begin = layout_.layer_begin(l);
+    for (int m = 0; m < 4; ++m) {
+        const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
+        const void* w = static_cast<const char*>(w_layer) + rel * es;
+        float* amax = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightAmax, m));
+        float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
+        cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream);
+        if (fp8_grads_) {  // row-major copy and transpose in one pass
+            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows[m],
+                                         cols[m], amax, inv, stream, static_cast<char*>(q_layer) + rel);
+        } else {
+            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows[m] * cols[m],
+                               amax, inv, stream);
         }
+    }
 }
 
 float* CudaModel::act_amax(int l, Matrix m) const {
@@ -58,8 +66,7 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     const int64_t off = matrix_offset(l, m);
     if (!fp8_) {
         auto t_ = timer_.scope("gemm fwd", stream_);
-        gemm_->linear_forward(y, A, x, static_cast<const char*>(buf_.weights) + off * dtype_size(A), A, bias, N, in,
-                              out, stream_);
+        gemm_->linear_forward(y, A, x, weight(off), A, bias, N, in, out, stream_);
         return;
     }
     float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
@@ -70,7 +77,7 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
         cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
     }
     auto t_ = timer_.scope("gemm fwd", stream_);
-    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, static_cast<const char*>(buf_.wq) + off, DType::E4M3,
+    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weight_q(off), DType::E4M3,
                               fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_);
 }
 
@@ -78,9 +85,9 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                            bool amax_ready) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix_offset(l, m);
-    float* dw = buf_.grads + off;
+    float* dw = grad(off);
     if (!fp8_grads_) {
-        const void* w = static_cast<const char*>(buf_.weights) + off * dtype_size(A);
+        const void* w = weight(off);
         {
             auto t_ = timer_.scope("gemm bwd dx", stream_);
             gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
@@ -102,7 +109,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     }
     {
         auto t_ = timer_.scope("gemm bwd dx", stream_);
-        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, static_cast<const char*>(buf_.wTq) + off,
+        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weight_qT(off),
                                          DType::E4M3, fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), N, in, out,
                                          stream_);
     }

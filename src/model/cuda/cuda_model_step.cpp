@@ -70,14 +70,15 @@ void CudaModel::forward(int B, int T) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size, L = c.num_hidden_layers;
     const float eps = static_cast<float>(c.rms_norm_eps);
-    const std::size_t es = dtype_size(A);
-    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    auto W = [&](int64_t off) { return weight(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
     {
         auto t_ = timer_.scope("embedding", stream_);
         cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
     }
+    gather(0);
+    get(0);
     {
         auto t_ = timer_.scope("rmsnorm fwd", stream_);
         cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
@@ -87,6 +88,7 @@ void CudaModel::forward(int B, int T) {
     for (int l = 0; l < L; ++l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
+        gather(l + 1);  // prefetch (weight streaming): copied while this layer computes
         // attention block
         linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
         {
@@ -116,12 +118,14 @@ void CudaModel::forward(int B, int T) {
         void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
         void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
         float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
+        if (!last) get(l + 1);  // its input norm weight is fused in here
         const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
                                            stream_, last ? nullptr : act_amax(l + 1, kQkv));
         }
+        release(l);
     }
 }
 
@@ -135,8 +139,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
-    const std::size_t es = dtype_size(A);
-    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
+    auto W = [&](int64_t off) { return weight(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
     const GpuLayerOffsets& o = layout_.layers[l];
     GpuLayerActivations& x = buf_.layers[l];
@@ -169,8 +172,8 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     const DType A = opt_.model_dtype;
     const int h = c.hidden_size, V = c.vocab_size;
     const std::size_t es = dtype_size(A);
-    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
-    float* dw_lm = buf_.grads + layout_.lm_head;
+    const void* w_lm = weight(layout_.lm_head);
+    float* dw_lm = grad(layout_.lm_head);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
@@ -207,8 +210,8 @@ void CudaModel::backward(int B, int T) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size, L = c.num_hidden_layers;
     const std::size_t es = dtype_size(A);
-    auto W = [&](int64_t off) { return static_cast<const void*>(static_cast<const char*>(buf_.weights) + off * es); };
-    auto G = [&](int64_t off) { return buf_.grads + off; };
+    auto W = [&](int64_t off) { return weight(off); };
+    auto G = [&](int64_t off) { return grad(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
@@ -221,6 +224,10 @@ void CudaModel::backward(int B, int T) {
     for (int l = L - 1; l >= 0; --l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
+        gather(l);      // weight streaming: normally already in its slot
+        gather(l - 1);  // prefetch the next layer down
+        get(l);
+        begin_layer_grads(l);
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
         linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h, fp8_grads_);  // d_res amax: from its norm
@@ -256,16 +263,20 @@ void CudaModel::backward(int B, int T) {
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
                                    h, stream_, grad_amax());  // the next (lower) layer's down-projection dy
         }
+        flush_layer_grads(l);
+        release(l);
     }
     {
         auto t_ = timer_.scope("embedding", stream_);
         cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
                                  reinterpret_cast<const int32_t*>(buf_.step_scalars + 2), N, h, stream_);
     }
+    flush_resident_grads();
 }
 
 void CudaModel::forward_backward_ops(int B, int T) {
     forward(B, T);
+    begin_resident_grads();  // the LM head's weight gradient is the first to land there
     lm_head(B * T, buf_.loss_acc, true);
     backward(B, T);
 }
@@ -306,14 +317,18 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     {
         auto t_ = timer_.scope("optimizer", stream_);
+        wait_for_gradients();
+        if (stage_grads_ && host_grads_fresh_) zero(buf_.grads, layout_.total * sizeof(float));  // no backward ran
         cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
         cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
         cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
                            buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
                            buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
                            args, stream_);
-        zero(buf_.grads, layout_.total * sizeof(float));
+        if (stage_grads_) host_grads_fresh_ = true;  // the next backward copies instead of adding
+        else zero(buf_.grads, layout_.total * sizeof(float));
     }
+    weights_changed();
     quantize_weights();
     float host[4] = {0, 0, 0, 0};
     CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -333,7 +348,7 @@ std::vector<float> CudaModel::logits(const Batch& batch) {
     std::vector<float> out(static_cast<std::size_t>(N) * V);
     float* chunk_f32 = nullptr;
     CUDA_CHECK(cudaMalloc(&chunk_f32, static_cast<std::size_t>(buf_.lmhead_chunk_rows) * V * sizeof(float)));
-    const void* w_lm = static_cast<const char*>(buf_.weights) + layout_.lm_head * es;
+    const void* w_lm = weight(layout_.lm_head);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;

@@ -8,19 +8,23 @@
 namespace qtrain {
 
 std::vector<Arena> make_arenas(const ModelOptions& opt) {
-    // Index order is what bind_gpu_buffers uses. --offload-master/-opt-m/-opt-v/-gradients put those
-    // categories in pinned, device-mapped host memory that the kernels read and write over PCIe
-    // (zero-copy): master and moments only the optimizer touches; gradients every backward kernel
-    // that produces a weight gradient.
+    // Index order is what bind_gpu_buffers uses. --offload-master/-opt-m/-opt-v put those categories
+    // in pinned, device-mapped host memory that the optimizer reads and writes over PCIe (zero-copy).
+    // --shard-weights puts the model-dtype weights there too and streams them through two device
+    // layer slots ("Weight slots"); --offload-gradients does the same for the gradients ("Gradient
+    // slots", added to the host copy on a side stream).
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
+    a[0].pinned_host = opt.shard_weights;
     a[1].pinned_host = opt.offload_master;
     a[2].pinned_host = opt.offload_gradients;
     a[3].pinned_host = opt.offload_opt_m;
     a[4].pinned_host = opt.offload_opt_v;
     a.push_back(Arena{"Host staging", true, nullptr, 0});
     a.push_back(Arena{"Quants", false, nullptr, 0});
+    a.push_back(Arena{"Weight slots", false, nullptr, 0});
+    a.push_back(Arena{"Gradient slots", false, nullptr, 0});
     return a;
 }
 
@@ -48,6 +52,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& ws = arenas[6];
     Arena& host = arenas[7];
     Arena& quants = arenas[8];
+    Arena& wslots = arenas[9];
+    Arena& gslots = arenas[10];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -58,6 +64,16 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.master = master.take_n<float>(P);
     b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(P, A);
     b.grads = grads.take_n<float>(P);
+    const int64_t span = layout.layer_span;
+    const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
+    if (opt.shard_weights) {
+        b.resident_weights = wslots.take_typed(non_layer, A);
+        for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
+    }
+    if (opt.offload_gradients) {
+        b.resident_grads = gslots.take_n<float>(non_layer);
+        for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);
+    }
     b.adam_m = am.take_typed(P, opt.opt_m_dtype);
     b.adam_v = av.take_typed(P, opt.opt_v_dtype);
 
@@ -127,8 +143,15 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
 
     if (is_fp8(opt.matmul_dtype)) {
         const bool fp8_grads = is_fp8(opt.gradient_dtype);
-        b.wq = quants.take(P);
-        if (fp8_grads) b.wTq = quants.take(P);
+        if (opt.shard_weights) {  // quantised as each layer arrives in its slot
+            for (int s = 0; s < 2; ++s) {
+                b.quant_slots[s] = quants.take(span);
+                if (fp8_grads) b.quantT_slots[s] = quants.take(span);
+            }
+        } else {
+            b.wq = quants.take(P);
+            if (fp8_grads) b.wTq = quants.take(P);
+        }
         b.fp8_scales = ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2));
         const int64_t x_max = std::max({h, q, I});
         b.xq = ws.take(N * x_max);
@@ -150,7 +173,8 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     MemoryPlan plan;
     plan.device = device_name;
     for (const Arena& a : arenas) {
-        if (a.used == 0 && a.category == "Quants") continue;  // no FP8
+        if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots"))
+            continue;  // no FP8, no streaming
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
     }

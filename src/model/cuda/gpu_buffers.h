@@ -96,6 +96,20 @@ struct GpuBuffers {
     float* fp8_scales = nullptr;
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
 
+    // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
+    // memory; the device keeps the embedding, final norm and LM head (resident_weights: the elements
+    // before layout.layer_begin(0), then those from layout.layers_end()) and two layer slots the
+    // layers pass through (layer l uses slot l % 2), with their FP8 copies in quant_slots.
+    void* resident_weights = nullptr;
+    void* weight_slots[2] = {nullptr, nullptr};
+    void* quant_slots[2] = {nullptr, nullptr};
+    void* quantT_slots[2] = {nullptr, nullptr};
+    // Gradient streaming (--offload-gradients): `grads` is in pinned host memory; the device keeps
+    // the non-layer gradients (resident_grads, same split as resident_weights) and two layer slots
+    // each layer's backward writes into before a side stream adds them to the host copy.
+    float* resident_grads = nullptr;
+    float* grad_slots[2] = {nullptr, nullptr};
+
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };

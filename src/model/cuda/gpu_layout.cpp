@@ -58,6 +58,12 @@ GpuParamLayout make_gpu_layout(const ModelConfig& cfg) {
         L.layers.push_back(o);
     }
     L.final_norm = place("model.norm.weight", true);
+    if (!L.layers.empty()) {
+        L.layer_span = (L.final_norm - L.layers[0].ln1) / cfg.num_hidden_layers;
+        for (int l = 0; l < cfg.num_hidden_layers; ++l)
+            QT_CHECK(L.layers[l].ln1 == L.layers[0].ln1 + l * L.layer_span, "GPU layout: internal error (layer ", l,
+                     " does not start at its span)");
+    }
     L.lm_head = cfg.tie_word_embeddings ? L.embed : place("lm_head.weight", true);
     L.total = align_up(cursor);
     QT_CHECK(L.specs.size() == canon.size(), "GPU layout: internal error (", L.specs.size(), " of ", canon.size(),

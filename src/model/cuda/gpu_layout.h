@@ -25,6 +25,17 @@ struct GpuParamLayout {
     std::vector<GpuLayerOffsets> layers;
     int64_t embed = 0, final_norm = 0, lm_head = 0;  // lm_head == embed when tied
     int64_t total = 0;                 // elements, padding included
+    // Layer l's tensors fill [layer_begin(l), layer_begin(l) + layer_span), padding included, and
+    // every layer has the same span; the rest (embedding, final norm, LM head) lies before
+    // layer_begin(0) or from layers_end() on. Weight and gradient streaming move whole spans.
+    int64_t layer_span = 0;
+    int64_t layer_begin(int l) const { return layers.empty() ? 0 : layers[0].ln1 + l * layer_span; }
+    int64_t layers_end() const { return layer_begin(static_cast<int>(layers.size())); }
+    // The layer whose span holds element `off`, or -1 for the embedding, final norm and LM head.
+    int layer_of(int64_t off) const {
+        if (layers.empty() || off < layer_begin(0) || off >= layers_end()) return -1;
+        return static_cast<int>((off - layer_begin(0)) / layer_span);
+    }
 
     int64_t offset_of(const std::string& name) const;  // throws naming the tensor
     const ParamSpec& spec_of(const std::string& name) const;

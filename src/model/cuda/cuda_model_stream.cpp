@@ -1,0 +1,184 @@
+// The weight access protocol (docs/design.md, "Memory") and gradient streaming of the GPU model.
+//
+// --shard-weights on one GPU: the model-dtype weights live in pinned host memory; the embedding,
+// final norm and LM head stay resident on the device, and the layers pass through two device slots
+// (layer l in slot l % 2). gather(l) copies a layer in on the copy stream — and quantises it there
+// with --matmul-dtype=e4m3 — while the compute stream works on the neighbouring layer; get(l) waits
+// for it, release(l) hands the slot back. Forward and backward visit layers in opposite orders, so
+// the two layers at the turn (and at the start of the next micro-batch) are still in their slots.
+//
+// --offload-gradients: the fp32 gradients live in pinned host memory. Each layer's backward
+// accumulates into a zeroed device slot, then the gradient stream copies (first micro-batch after
+// an optimizer step) or adds (later micro-batches) the slot into the host copy while the compute
+// stream goes on with the next layer. The non-layer gradients stay on the device for the whole
+// backward (the LM head's at its start, the embedding's at its end) and are flushed the same way.
+//
+// Both modes do the same arithmetic in the same order as the flat buffers, so results are
+// bit-identical to running without them.
+#include "model/cuda/cuda_model.h"
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+
+namespace qtrain {
+
+void CudaModel::create_streams() {
+    stream_weights_ = opt_.shard_weights;
+    stage_grads_ = opt_.offload_gradients;
+    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
+    if (stream_weights_) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+        for (int s = 0; s < 2; ++s) event(w_ready_[s]), event(w_free_[s]);
+    }
+    if (stage_grads_) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&grad_stream_, cudaStreamNonBlocking));
+        for (int s = 0; s < 2; ++s) event(g_ready_[s]), event(g_free_[s]);
+        event(res_ready_), event(res_free_), event(grads_done_);
+    }
+}
+
+void CudaModel::destroy_streams() {
+    for (cudaStream_t s : {copy_stream_, grad_stream_})
+        if (s) cudaStreamSynchronize(s);
+    for (int s = 0; s < 2; ++s)
+        for (cudaEvent_t e : {w_ready_[s], w_free_[s], g_ready_[s], g_free_[s]})
+            if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : {res_ready_, res_free_, grads_done_})
+        if (e) cudaEventDestroy(e);
+    for (cudaStream_t s : {copy_stream_, grad_stream_})
+        if (s) cudaStreamDestroy(s);
+}
+
+// ---- where a parameter is ----
+
+int64_t CudaModel::resident_index(int64_t off) const {
+    const int64_t begin = layout_.layer_begin(0);
+    return off < begin ? off : begin + (off - layout_.layers_end());
+}
+
+const void* CudaModel::weight(int64_t off) const {
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    if (!stream_weights_) return static_cast<const char*>(buf_.weights) + off * es;
+    const int l = layout_.layer_of(off);
+    if (l < 0) return static_cast<const char*>(buf_.resident_weights) + resident_index(off) * es;
+    QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
+    return static_cast<const char*>(buf_.weight_slots[l & 1]) + (off - layout_.layer_begin(l)) * es;
+}
+
+const void* CudaModel::weight_q(int64_t off) const {
+    if (!stream_weights_) return static_cast<const char*>(buf_.wq) + off;
+    const int l = layout_.layer_of(off);
+    QT_CHECK(l >= 0 && slot_layer_[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
+             " are not in their slot)");
+    return static_cast<const char*>(buf_.quant_slots[l & 1]) + (off - layout_.layer_begin(l));
+}
+
+const void* CudaModel::weight_qT(int64_t off) const {
+    if (!stream_weights_) return static_cast<const char*>(buf_.wTq) + off;
+    const int l = layout_.layer_of(off);
+    QT_CHECK(l >= 0 && slot_layer_[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
+             " are not in their slot)");
+    return static_cast<const char*>(buf_.quantT_slots[l & 1]) + (off - layout_.layer_begin(l));
+}
+
+float* CudaModel::grad(int64_t off) const {
+    if (!stage_grads_) return buf_.grads + off;
+    const int l = layout_.layer_of(off);
+    if (l < 0) return buf_.resident_grads + resident_index(off);
+    return buf_.grad_slots[l & 1] + (off - layout_.layer_begin(l));
+}
+
+// ---- weights ----
+
+void CudaModel::gather(int l) {
+    if (!stream_weights_ || l < 0 || l >= config_.num_hidden_layers) return;
+    const int s = l & 1;
+    if (slot_layer_[s] == l) return;
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, w_free_[s], 0));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.weight_slots[s], static_cast<const char*>(buf_.weights) + layout_.layer_begin(l) * es,
+                               layout_.layer_span * es, cudaMemcpyDefault, copy_stream_));
+    if (fp8_) quantize_layer(l, buf_.weight_slots[s], buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+    CUDA_CHECK(cudaEventRecord(w_ready_[s], copy_stream_));
+    slot_layer_[s] = l;
+}
+
+void CudaModel::get(int l) {
+    if (!stream_weights_) return;
+    QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (get of layer ", l, " before its gather)");
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, w_ready_[l & 1], 0));
+}
+
+void CudaModel::release(int l) {
+    if (!stream_weights_) return;
+    CUDA_CHECK(cudaEventRecord(w_free_[l & 1], stream_));
+}
+
+void CudaModel::weights_changed() {
+    if (!stream_weights_) return;
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
+    const char* w = static_cast<const char*>(buf_.weights);
+    char* r = static_cast<char*>(buf_.resident_weights);
+    CUDA_CHECK(cudaMemcpyAsync(r, w, head * es, cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(r + head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault, stream_));
+    // the next copies into the slots must wait for whatever just wrote the host weights
+    slot_layer_[0] = slot_layer_[1] = -1;
+    for (cudaEvent_t e : w_free_) CUDA_CHECK(cudaEventRecord(e, stream_));
+}
+
+// ---- gradients ----
+
+void CudaModel::begin_layer_grads(int l) {
+    if (!stage_grads_) return;
+    const int s = l & 1;
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, g_free_[s], 0));
+    CUDA_CHECK(cudaMemsetAsync(buf_.grad_slots[s], 0, layout_.layer_span * sizeof(float), stream_));
+}
+
+void CudaModel::flush_layer_grads(int l) {
+    if (!stage_grads_) return;
+    const int s = l & 1;
+    CUDA_CHECK(cudaEventRecord(g_ready_[s], stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(grad_stream_, g_ready_[s], 0));
+    float* dst = buf_.grads + layout_.layer_begin(l);
+    const int64_t n = layout_.layer_span;
+    if (host_grads_fresh_)
+        CUDA_CHECK(cudaMemcpyAsync(dst, buf_.grad_slots[s], n * sizeof(float), cudaMemcpyDefault, grad_stream_));
+    else
+        cuda::add_f32(dst, buf_.grad_slots[s], n, grad_stream_);
+    CUDA_CHECK(cudaEventRecord(g_free_[s], grad_stream_));
+}
+
+void CudaModel::begin_resident_grads() {
+    if (!stage_grads_) return;
+    const int64_t n = layout_.total - (layout_.layers_end() - layout_.layer_begin(0));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, res_free_, 0));
+    CUDA_CHECK(cudaMemsetAsync(buf_.resident_grads, 0, n * sizeof(float), stream_));
+}
+
+void CudaModel::flush_resident_grads() {
+    if (!stage_grads_) return;
+    CUDA_CHECK(cudaEventRecord(res_ready_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(grad_stream_, res_ready_, 0));
+    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
+    auto put = [&](float* dst, const float* src, int64_t n) {
+        if (host_grads_fresh_)
+            CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, grad_stream_));
+        else
+            cuda::add_f32(dst, src, n, grad_stream_);
+    };
+    put(buf_.grads, buf_.resident_grads, head);
+    put(buf_.grads + layout_.layers_end(), buf_.resident_grads + head, tail);
+    CUDA_CHECK(cudaEventRecord(res_free_, grad_stream_));
+    host_grads_fresh_ = false;  // this backward's flushes (all queued by now) wrote every element
+}
+
+void CudaModel::wait_for_gradients() {
+    if (!stage_grads_) return;
+    CUDA_CHECK(cudaEventRecord(grads_done_, grad_stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, grads_done_, 0));
+}
+
+}  // namespace qtrain
