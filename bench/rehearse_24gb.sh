@@ -19,6 +19,7 @@ run() {
   local name=$1 model=$2 batch=$3 ga=$4; shift 4
   echo "== $name: $model batch $batch grad-accumulation $ga: $*"
   GA=$ga timeout "${TIMEOUT:-240}" bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
+  pkill -f "/train --model=" 2>/dev/null; sleep 1  # timeout stops the script, not its train child
   [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$name.out" 2>/dev/null
   grep -E "^\[T\] step" /tmp/qtrain-bench/train.out | tail -2
 }

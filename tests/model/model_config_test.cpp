@@ -11,6 +11,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "model/parameters.h"
 #include "test_util.h"
 
 namespace qtrain {
@@ -261,6 +263,21 @@ TEST(ModelConfigJson, LoadFromFile) {
     EXPECT_ERROR(load_model_config(path), path, "not valid JSON");
     std::filesystem::remove_all(dir.path);
     EXPECT_ERROR(load_model_config(path), path);
+}
+
+
+// The threaded initialisation (chunks that jump ahead in the random stream) gives exactly the
+// sequential stream: value k is std * normal() after 2k draws from the tensor's seed.
+TEST(InitParameter, ThreadedChunksEqualTheSequentialStream) {
+    ModelConfig c = preset_config("Qwen2.5-0.5B");
+    const ParamSpec spec{"model.layers.3.mlp.down_proj.weight", {896, 300}, ParamKind::Matrix, 3};  // > 4 chunks
+    const uint64_t seed = 77;
+    std::vector<float> got(spec.numel());
+    init_parameter(spec, c, seed, got.data());
+    uint64_t s = seed ^ hash_string(spec.name);
+    Rng rng(splitmix64(s));
+    const float std = static_cast<float>(c.initializer_range);
+    for (int64_t k = 0; k < spec.numel(); ++k) ASSERT_EQ(got[k], std * rng.normal()) << "value " << k;
 }
 
 }  // namespace

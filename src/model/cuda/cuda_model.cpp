@@ -146,6 +146,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     CUDA_CHECK(cudaMemcpyAsync(buf_.segments, segs.data(), segs.size() * sizeof(cuda::ParamSegment),
                                cudaMemcpyHostToDevice, stream_));
+    zero_resident_grads();
     weights_changed();
     sync();
 }
@@ -241,8 +242,13 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     switch (which) {
         case Which::Master: fetch(buf_.master, DType::F32); break;
         case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
-        case Which::Grad:  // offloaded gradients still holding the last step's are logically zero
-            if (stage_grads_ && host_grads_fresh_) break;
+        case Which::Grad:
+            if (stage_grads_ && layout_.layer_of(off) < 0) {  // still on the device until the step
+                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_index(off), n * sizeof(float),
+                                      cudaMemcpyDefault));
+                break;
+            }
+            if (stage_grads_ && host_grads_fresh_) break;  // the host still holds the last step's: logically zero
             fetch(buf_.grads, DType::F32);
             break;
         case Which::AdamM: fetch(buf_.adam_m, opt_.opt_m_dtype); break;
@@ -325,6 +331,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
     CUDA_CHECK(cudaFree(staging));
     zero(buf_.grads, layout_.total * sizeof(float));
     host_grads_fresh_ = true;
+    zero_resident_grads();
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
     refresh_weights();
     sync();

@@ -105,13 +105,16 @@ private:
     void get(int l);
     void release(int l);
     void weights_changed();  // the host weights changed: refresh the resident copies, empty the slots
-    // --offload-gradients: begin_*_grads zero a device slot before the backward accumulates into it;
-    // flush_*_grads hand it to the gradient stream, which copies (first micro-batch since the
-    // optimizer step) or adds it into the host gradients.
+    // --offload-gradients: begin_layer_grads zeroes layer l's device slot before the backward
+    // accumulates into it; flush_layer_grads hands it to the gradient stream, which copies (first
+    // micro-batch since the optimizer step) or adds it into the host gradients. The non-layer
+    // gradients accumulate on the device (resident_grads) over the whole step: flush_resident_grads
+    // copies them to the host before the update, zero_resident_grads clears them after it.
     void begin_layer_grads(int l);
     void flush_layer_grads(int l);
-    void begin_resident_grads();
+    void end_backward_grads();
     void flush_resident_grads();
+    void zero_resident_grads();
     void wait_for_gradients();  // compute stream waits for every flush queued so far
     void create_streams();
     void destroy_streams();
@@ -140,7 +143,7 @@ private:
     bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
     cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;
     cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
-    cudaEvent_t res_ready_ = nullptr, res_free_ = nullptr, grads_done_ = nullptr;
+    cudaEvent_t grads_done_ = nullptr;
     int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
     bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
 };

@@ -271,12 +271,11 @@ void CudaModel::backward(int B, int T) {
         cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
                                  reinterpret_cast<const int32_t*>(buf_.step_scalars + 2), N, h, stream_);
     }
-    flush_resident_grads();
+    end_backward_grads();
 }
 
 void CudaModel::forward_backward_ops(int B, int T) {
     forward(B, T);
-    begin_resident_grads();  // the LM head's weight gradient is the first to land there
     lm_head(B * T, buf_.loss_acc, true);
     backward(B, T);
 }
@@ -319,13 +318,17 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         auto t_ = timer_.scope("optimizer", stream_);
         wait_for_gradients();
         if (stage_grads_ && host_grads_fresh_) zero(buf_.grads, layout_.total * sizeof(float));  // no backward ran
+        flush_resident_grads();
         cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
         cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
         cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
                            buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
                            buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
                            args, stream_);
-        if (stage_grads_) host_grads_fresh_ = true;  // the next backward copies instead of adding
+        if (stage_grads_) {
+            host_grads_fresh_ = true;  // the next backward copies instead of adding
+            zero_resident_grads();
+        }
         else zero(buf_.grads, layout_.total * sizeof(float));
     }
     weights_changed();

@@ -10,8 +10,10 @@
 // --offload-gradients: the fp32 gradients live in pinned host memory. Each layer's backward
 // accumulates into a zeroed device slot, then the gradient stream copies (first micro-batch after
 // an optimizer step) or adds (later micro-batches) the slot into the host copy while the compute
-// stream goes on with the next layer. The non-layer gradients stay on the device for the whole
-// backward (the LM head's at its start, the embedding's at its end) and are flushed the same way.
+// stream goes on with the next layer. The non-layer gradients (embedding, final norm, LM head) stay
+// on the device for the whole optimizer step and are copied to the host once, before the update:
+// they get several contributions per micro-batch (LM-head chunks, the tied embedding), and summing
+// them in place keeps the order of the flat buffers (and saves moving them every micro-batch).
 //
 // Both modes do the same arithmetic in the same order as the flat buffers, so results are
 // bit-identical to running without them.
@@ -34,7 +36,7 @@ void CudaModel::create_streams() {
     if (stage_grads_) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&grad_stream_, cudaStreamNonBlocking));
         for (int s = 0; s < 2; ++s) event(g_ready_[s]), event(g_free_[s]);
-        event(res_ready_), event(res_free_), event(grads_done_);
+        event(grads_done_);
     }
 }
 
@@ -44,8 +46,7 @@ void CudaModel::destroy_streams() {
     for (int s = 0; s < 2; ++s)
         for (cudaEvent_t e : {w_ready_[s], w_free_[s], g_ready_[s], g_free_[s]})
             if (e) cudaEventDestroy(e);
-    for (cudaEvent_t e : {res_ready_, res_free_, grads_done_})
-        if (e) cudaEventDestroy(e);
+    if (grads_done_) cudaEventDestroy(grads_done_);
     for (cudaStream_t s : {copy_stream_, grad_stream_})
         if (s) cudaStreamDestroy(s);
 }
@@ -151,28 +152,22 @@ void CudaModel::flush_layer_grads(int l) {
     CUDA_CHECK(cudaEventRecord(g_free_[s], grad_stream_));
 }
 
-void CudaModel::begin_resident_grads() {
-    if (!stage_grads_) return;
-    const int64_t n = layout_.total - (layout_.layers_end() - layout_.layer_begin(0));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, res_free_, 0));
-    CUDA_CHECK(cudaMemsetAsync(buf_.resident_grads, 0, n * sizeof(float), stream_));
+void CudaModel::end_backward_grads() {
+    host_grads_fresh_ = false;  // this backward's layer flushes (all queued by now) wrote every layer element
 }
 
 void CudaModel::flush_resident_grads() {
     if (!stage_grads_) return;
-    CUDA_CHECK(cudaEventRecord(res_ready_, stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(grad_stream_, res_ready_, 0));
     const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
-    auto put = [&](float* dst, const float* src, int64_t n) {
-        if (host_grads_fresh_)
-            CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, grad_stream_));
-        else
-            cuda::add_f32(dst, src, n, grad_stream_);
-    };
-    put(buf_.grads, buf_.resident_grads, head);
-    put(buf_.grads + layout_.layers_end(), buf_.resident_grads + head, tail);
-    CUDA_CHECK(cudaEventRecord(res_free_, grad_stream_));
-    host_grads_fresh_ = false;  // this backward's flushes (all queued by now) wrote every element
+    CUDA_CHECK(cudaMemcpyAsync(buf_.grads, buf_.resident_grads, head * sizeof(float), cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.grads + layout_.layers_end(), buf_.resident_grads + head, tail * sizeof(float),
+                               cudaMemcpyDefault, stream_));
+}
+
+void CudaModel::zero_resident_grads() {
+    if (!stage_grads_) return;
+    const int64_t n = layout_.total - (layout_.layers_end() - layout_.layer_begin(0));
+    CUDA_CHECK(cudaMemsetAsync(buf_.resident_grads, 0, n * sizeof(float), stream_));
 }
 
 void CudaModel::wait_for_gradients() {
