@@ -358,6 +358,13 @@ void SafeTensorsWriter::add_f32(const std::string& name, std::vector<int64_t> sh
     entries_.push_back(Entry{name, storage, std::move(shape), data, true});
 }
 
+void SafeTensorsWriter::add_f32_deferred(const std::string& name, std::vector<int64_t> shape,
+                                         std::function<std::vector<float>()> produce, DType storage) {
+    static const float kPlaceholder = 0.0f;  // the data pointer is only checked for presence
+    add_f32(name, std::move(shape), &kPlaceholder, storage);
+    entries_.back().produce = std::move(produce);
+}
+
 void SafeTensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
 namespace {
@@ -415,12 +422,20 @@ void SafeTensorsWriter::write(const std::string& path) const {
     for (const auto& e : entries_) {
         const uint64_t n = numel(e);
         const std::size_t esize = dtype_size(e.dtype);
+        const void* data = e.data;
+        std::vector<float> produced;  // add_f32_deferred: this tensor only, freed after it is written
+        if (e.produce) {
+            produced = e.produce();
+            QT_CHECK(produced.size() == n, "SafeTensorsWriter: tensor '", e.name, "' produced ", produced.size(),
+                     " values for shape ", shape_str(e.shape));
+            data = produced.data();
+        }
         if (!e.from_f32 || e.dtype == DType::F32) {
-            const auto* src = static_cast<const unsigned char*>(e.data);
+            const auto* src = static_cast<const unsigned char*>(data);
             for (uint64_t i = 0; i < n; i += kChunkElems) put(src + i * esize, std::min<uint64_t>(kChunkElems, n - i) * esize);
             continue;
         }
-        const auto* src = static_cast<const float*>(e.data);
+        const auto* src = static_cast<const float*>(data);
         buf.resize(kChunkElems * esize);
         for (uint64_t i = 0; i < n; i += kChunkElems) {
             const std::size_t m = std::min<uint64_t>(kChunkElems, n - i);

@@ -91,6 +91,10 @@ public:
     void add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data);
     // fp32 source stored as `storage` (F32, BF16, F16), converted while writing.
     void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data, DType storage = DType::F32);
+    // fp32 tensor produced only when write() reaches it (then freed), so a writer of a large model
+    // holds one tensor at a time in host memory; `produce` must return shape's element count.
+    void add_f32_deferred(const std::string& name, std::vector<int64_t> shape, std::function<std::vector<float>()> produce,
+                          DType storage = DType::F32);
     void set_metadata(const std::string& key, const std::string& value);
     void write(const std::string& path) const;
 
@@ -101,6 +105,7 @@ private:
         std::vector<int64_t> shape;
         const void* data;
         bool from_f32;           // convert fp32 -> dtype while writing
+        std::function<std::vector<float>()> produce = {};  // add_f32_deferred: the fp32 data, on demand
     };
     std::vector<Entry> entries_;
     std::map<std::string, std::string> metadata_;

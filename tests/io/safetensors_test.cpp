@@ -162,6 +162,30 @@ TEST(SafeTensors, LargeTensorConvertsAcrossChunks) {
     EXPECT_EQ(out, x);
 }
 
+// Deferred tensors are produced when write() reaches them, in file order, one at a time, and are
+// stored exactly like add_f32's; a producer returning the wrong count is an error naming the tensor.
+TEST(SafeTensors, DeferredTensorsAreProducedWhileWriting) {
+    TempDir d;
+    std::vector<float> a = {1.5f, -2.25f, 3.0f}, b = {0.1f, 0.2f};
+    std::vector<std::string> calls;
+    SafeTensorsWriter w;
+    w.add_f32_deferred("a", {3}, [&] { calls.push_back("a"); return a; });
+    w.add_f32_deferred("b", {2}, [&] { calls.push_back("b"); return b; }, DType::BF16);
+    EXPECT_TRUE(calls.empty());
+    w.write(d.file("m.safetensors"));
+    EXPECT_EQ(calls, (std::vector<std::string>{"a", "b"}));
+    SafeTensorsReader r({d.file("m.safetensors")});
+    std::vector<float> out(3);
+    r.read_f32("a", {3}, out.data());
+    EXPECT_EQ(out, a);
+    out.resize(2);
+    r.read_f32("b", {2}, out.data());
+    EXPECT_EQ(out[1], round_through(0.2f, DType::BF16));
+    SafeTensorsWriter bad;
+    bad.add_f32_deferred("short", {4}, [] { return std::vector<float>(3); });
+    EXPECT_ERROR(bad.write(d.file("bad.safetensors")), "short", "3");
+}
+
 TEST(SafeTensors, ReadF32ConvertsFp8AndFp16) {
     TempDir d;
     std::vector<uint8_t> e4(256), e5(256);

@@ -268,13 +268,9 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
 void CudaModel::save_hf(const std::string& dir) const {
     fs::create_directories(dir);
     const DType store = opt_.model_dtype;  // HF checkpoints carry the training dtype (bf16 or fp32)
-    std::vector<std::vector<float>> host;
-    host.reserve(layout_.specs.size());
-    SafeTensorsWriter w;
-    for (const ParamSpec& s : qwen2_parameters(config_)) {  // canonical HF order
-        host.push_back(download(s.name, Which::Master));
-        w.add_f32(s.name, s.shape, host.back().data(), store);
-    }
+    SafeTensorsWriter w;  // one tensor at a time in host memory (a 7B model is 30 GB of fp32)
+    for (const ParamSpec& s : qwen2_parameters(config_))  // canonical HF order
+        w.add_f32_deferred(s.name, s.shape, [this, name = s.name] { return download(name, Which::Master); }, store);
     w.set_metadata("format", "pt");
     w.write((fs::path(dir) / "model.safetensors").string());
     ModelConfig out = config_;
@@ -283,16 +279,12 @@ void CudaModel::save_hf(const std::string& dir) const {
 }
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
-    std::vector<std::vector<float>> host;
-    host.reserve(layout_.specs.size() * 3);
-    SafeTensorsWriter model_w, opt_w;
+    SafeTensorsWriter model_w, opt_w;  // one tensor at a time in host memory
     for (const ParamSpec& s : qwen2_parameters(config_)) {
-        host.push_back(download(s.name, Which::Master));
-        model_w.add_f32(s.name, s.shape, host.back().data(), DType::F32);
-        host.push_back(download(s.name, Which::AdamM));
-        opt_w.add_f32(s.name + ".exp_avg", s.shape, host.back().data(), opt_.opt_m_dtype);
-        host.push_back(download(s.name, Which::AdamV));
-        opt_w.add_f32(s.name + ".exp_avg_sq", s.shape, host.back().data(), opt_.opt_v_dtype);
+        auto from = [this, name = s.name](Which which) { return [this, name, which] { return download(name, which); }; };
+        model_w.add_f32_deferred(s.name, s.shape, from(Which::Master), DType::F32);
+        opt_w.add_f32_deferred(s.name + ".exp_avg", s.shape, from(Which::AdamM), opt_.opt_m_dtype);
+        opt_w.add_f32_deferred(s.name + ".exp_avg_sq", s.shape, from(Which::AdamV), opt_.opt_v_dtype);
     }
     model_w.write((fs::path(dir) / "model.safetensors").string());
     opt_w.write((fs::path(dir) / "optimizer.safetensors").string());
