@@ -67,20 +67,22 @@ const void* CudaModel::weight(int64_t off) const {
     return static_cast<const char*>(buf_.weight_slots[l & 1]) + (off - layout_.layer_begin(l)) * es;
 }
 
-const void* CudaModel::weight_q(int64_t off) const {
-    if (!stream_weights_) return static_cast<const char*>(buf_.wq) + off;
-    const int l = layout_.layer_of(off);
-    QT_CHECK(l >= 0 && slot_layer_[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
+// The FP8 copy at flat offset off: in the flat copy, or in the slot of its (streamed) layer.
+static const void* fp8_weight(const GpuParamLayout& layout, const int (&slot_layer)[2], bool streamed,
+                              const void* flat, void* const (&slots)[2], int64_t off) {
+    if (!streamed) return static_cast<const char*>(flat) + off;
+    const int l = layout.layer_of(off);
+    QT_CHECK(l >= 0 && slot_layer[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
              " are not in their slot)");
-    return static_cast<const char*>(buf_.quant_slots[l & 1]) + (off - layout_.layer_begin(l));
+    return static_cast<const char*>(slots[l & 1]) + (off - layout.layer_begin(l));
+}
+
+const void* CudaModel::weight_q(int64_t off) const {
+    return fp8_weight(layout_, slot_layer_, stream_weights_, buf_.wq, buf_.quant_slots, off);
 }
 
 const void* CudaModel::weight_qT(int64_t off) const {
-    if (!stream_weights_) return static_cast<const char*>(buf_.wTq) + off;
-    const int l = layout_.layer_of(off);
-    QT_CHECK(l >= 0 && slot_layer_[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
-             " are not in their slot)");
-    return static_cast<const char*>(buf_.quantT_slots[l & 1]) + (off - layout_.layer_begin(l));
+    return fp8_weight(layout_, slot_layer_, stream_weights_, buf_.wTq, buf_.quantT_slots, off);
 }
 
 float* CudaModel::grad(int64_t off) const {
