@@ -14,6 +14,7 @@
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "test_util.h"
+#include "train/train_cli_fixture.h"
 #include "train/model_factory.h"
 #include "train/train_options.h"
 
@@ -21,61 +22,7 @@ using namespace qtrain;
 using namespace qtrain::test;
 namespace fs = std::filesystem;
 
-namespace {
-
-constexpr int kVocab = 64;
-
-// A learnable stream: mostly a fixed permutation walk, 10% random tokens.
-std::vector<int32_t> make_tokens(int n, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<int32_t> t(n);
-    t[0] = 1;
-    for (int i = 1; i < n; ++i)
-        t[i] = rng.uniform() < 0.1f ? static_cast<int32_t>(rng.below(kVocab)) : (t[i - 1] * 7 + 3) % kVocab;
-    return t;
-}
-
-struct Fixture {
-    TempDir dir;
-    std::string model_dir, train_file, eval_file;
-    Fixture() {
-        model_dir = dir / "tiny-qwen";
-        fs::create_directories(model_dir);
-        write_file(model_dir + "/config.json", R"({
-  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-  "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-  "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
-  "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu"
-})");
-        train_file = dir / "train.bin";
-        eval_file = dir / "eval.bin";
-        write_token_file(train_file, make_tokens(40000, 1), kVocab);
-        write_token_file(eval_file, make_tokens(4000, 2), kVocab);
-    }
-    std::string base_cmd(const std::string& run) const {
-        return std::string(QTRAIN_TRAIN_EXE) + " --device=cpu --model=" + model_dir + " --from-scratch --train-file=" +
-               train_file + " --eval-file=" + eval_file + " --out-dir=" + (dir / run) + " --checkpoint-dir=" +
-               (dir / (run + "-ckpt")) + " --batch-size=4 --seq-len=64 --grad-accumulation=2 --learning-rate=1e-3";
-    }
-};
-
-std::vector<double> step_losses(const std::string& log_path, int* first_step = nullptr) {
-    std::vector<double> losses;
-    std::istringstream in(read_file(log_path));
-    std::string line;
-    bool first = true;
-    while (std::getline(in, line)) {
-        auto j = nlohmann::json::parse(line);
-        if (j["log"] != "step") continue;
-        if (first && first_step) *first_step = j["step"].get<int>();
-        first = false;
-        losses.push_back(j["loss"].get<double>());
-    }
-    return losses;
-}
-
-}  // namespace
+using namespace qtrain::test::train_cli;
 
 TEST(TrainCli, DoneWhenCommandTrainsEvaluatesCheckpointsAndExports) {
     Fixture f;

@@ -184,6 +184,15 @@ void CudaModel::zero(void* p, std::size_t bytes) {
     }
 }
 
+// A plain cudaMemcpy runs on the legacy default stream, which does not order with stream_ (a
+// non-blocking stream), and from pageable memory it may return before its DMA lands: a kernel on
+// stream_ reading the destination right after could see the old bytes. That race corrupted resumed
+// Adam moments (NaN on the second step after --continue).
+void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void CudaModel::refresh_weights() {
     if (buf_.weights != buf_.master)
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
@@ -200,8 +209,7 @@ void CudaModel::init_random(uint64_t seed) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         init_parameter(s, config_, seed, host.data());
-        CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
-                              cudaMemcpyDefault));
+        upload(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float));
     }
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
@@ -216,8 +224,7 @@ void CudaModel::load_hf(const std::string& model_dir) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         reader.read_f32(s.name, s.shape, host.data());
-        CUDA_CHECK(cudaMemcpy(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float),
-                              cudaMemcpyDefault));
+        upload(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float));
     }
     refresh_weights();
     sync();
@@ -260,7 +267,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 void CudaModel::upload_master(const std::string& name, const float* data) {
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name);
-    CUDA_CHECK(cudaMemcpy(buf_.master + off, data, s.numel() * sizeof(float), cudaMemcpyDefault));
+    upload(buf_.master + off, data, s.numel() * sizeof(float));
     refresh_weights();
     sync();
 }
@@ -306,10 +313,10 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             const int64_t off = layout_.offsets[i], n = s.numel();
             host.resize(n);
             model_r.read_f32(s.name, s.shape, host.data());
-            CUDA_CHECK(cudaMemcpy(buf_.master + off, host.data(), n * sizeof(float), cudaMemcpyDefault));
+            upload(buf_.master + off, host.data(), n * sizeof(float));
             auto load_moment = [&](const std::string& key, void* base, DType t) {
                 opt_r.read_f32(key, s.shape, host.data());
-                CUDA_CHECK(cudaMemcpy(staging, host.data(), n * sizeof(float), cudaMemcpyDefault));
+                upload(staging, host.data(), n * sizeof(float));
                 cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
                 sync();
             };

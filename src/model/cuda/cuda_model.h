@@ -122,6 +122,8 @@ private:
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
     void zero(void* p, std::size_t bytes);  // device or offloaded host memory
+    // Copies host data in, ordered on stream_ and finished on return (the source may be reused).
+    void upload(void* dst, const void* src, std::size_t bytes);
 
     ModelConfig config_;
     ModelOptions opt_;

@@ -1,0 +1,185 @@
+// Resuming on the GPU: a checkpoint written by CudaModel::save_checkpoint and read back into a fresh
+// model must continue exactly as the model that wrote it (losses, gradient norms, weights and Adam
+// moments bit-identical), for each precision and offload mode; and `train --device=cuda --continue`
+// must reproduce the uninterrupted run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "gpu_test_util.h"
+#include "io/safetensors.h"
+#include "model/cuda/cuda_model.h"
+#include "model/model_config.h"
+#include "train/train_cli_fixture.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+// Three layers (odd, for the two streaming slots); `wide` is tests/reference/tiny-config's shape.
+ModelConfig resume_config(bool tied, bool wide) {
+    ModelConfig c;
+    c.vocab_size = wide ? 1000 : 97;
+    c.hidden_size = wide ? 256 : 128;
+    c.intermediate_size = wide ? 512 : 96;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = wide ? 4 : 2;
+    c.num_key_value_heads = wide ? 2 : 1;
+    c.head_dim = 64;
+    c.tie_word_embeddings = tied;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.initializer_range = 0.05;
+    c.validate("test");
+    return c;
+}
+
+struct Tokens {
+    std::vector<int32_t> in, tgt;
+};
+Tokens tokens(int B, int T, int vocab, uint64_t seed) {
+    Rng r(seed);
+    Tokens d;
+    for (int i = 0; i < B * T; ++i) {
+        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
+        d.tgt.push_back(static_cast<int32_t>(r.below(vocab)));
+    }
+    return d;
+}
+
+// Runs steps [first, last] (1-based) with `micro_batches` each; appends loss and grad norm.
+void train(CudaModel& m, int first, int last, int B, int T, int micro_batches, std::vector<float>* out) {
+    const int vocab = m.config().vocab_size;
+    for (int step = first; step <= last; ++step) {
+        for (int micro = 0; micro < micro_batches; ++micro) {
+            Tokens d = tokens(B, T, vocab, 1000 * step + micro);
+            m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / micro_batches);
+        }
+        StepStats s = m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+        out->push_back(s.loss);
+        out->push_back(s.grad_norm);
+    }
+}
+
+std::vector<float> state(const CudaModel& m) {
+    std::vector<float> out;
+    for (const ParamSpec& s : m.layout().specs)
+        for (auto which : {CudaModel::Which::Master, CudaModel::Which::Weights, CudaModel::Which::AdamM,
+                           CudaModel::Which::AdamV}) {
+            auto v = m.download(s.name, which);
+            out.insert(out.end(), v.begin(), v.end());
+        }
+    return out;
+}
+
+std::size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+    return a.size();
+}
+
+struct Mode {
+    const char* name;
+    void (*apply)(ModelOptions&);
+};
+
+const Mode kModes[] = {
+    {"bf16", [](ModelOptions&) {}},
+    {"bf16 moments", [](ModelOptions& o) { o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }},
+    {"e4m3", [](ModelOptions& o) { o.matmul_dtype = DType::E4M3; }},
+    {"offloaded optimizer", [](ModelOptions& o) { o.offload_master = o.offload_opt_m = o.offload_opt_v = true; }},
+    {"streamed weights and gradients, e4m3",
+     [](ModelOptions& o) {
+         o.matmul_dtype = DType::E4M3;
+         o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_master = true;
+     }},
+};
+
+}  // namespace
+
+class Resume : public ::testing::TestWithParam<int> {};
+
+TEST_P(Resume, CheckpointContinuesBitIdentically) {
+    QTRAIN_REQUIRE_GPU();
+    const Mode& mode = kModes[GetParam()];
+    for (int variant = 0; variant < 3; ++variant) {
+        // untied with two micro-batches per step, tied, and the wide shape with one micro-batch
+        const bool tied = variant == 1, wide = variant == 2;
+        const int B = wide ? 4 : 2, T = wide ? 128 : 64, micro = wide ? 1 : 2;
+        SCOPED_TRACE(std::string(mode.name) + (tied ? ", tied" : ", untied") + (wide ? ", wide" : ""));
+        const ModelConfig cfg = resume_config(tied, wide);
+        ModelOptions o;
+        o.batch_size = B;
+        o.seq_len = T;
+        o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::BF16;
+        mode.apply(o);
+        TempDir dir;
+
+        CudaModel a(cfg, o);
+        a.init_random(3);
+        std::vector<float> la, lb;
+        train(a, 1, 3, B, T, micro, &la);
+        a.save_checkpoint(dir.str());
+        const std::vector<float> saved = state(a);
+        train(a, 4, 6, B, T, micro, &la);
+
+        CudaModel b(cfg, o);
+        if (tied) b.init_random(99);  // other weights: the checkpoint must replace every one of them
+        b.load_checkpoint(dir.str());  // (untied: straight after construction, as `train --continue` does)
+        const std::vector<float> loaded = state(b);
+        EXPECT_EQ(first_difference(loaded, saved), saved.size()) << "the loaded state differs from the saved one";
+        train(b, 4, 6, B, T, micro, &lb);
+        const std::vector<float> tail(la.begin() + 6, la.end());
+        ASSERT_EQ(lb.size(), tail.size());
+        for (std::size_t i = 0; i < tail.size(); ++i)
+            EXPECT_EQ(lb[i], tail[i]) << (i % 2 ? "grad norm" : "loss") << " of step " << 4 + i / 2;
+        const auto sa = state(a), sb = state(b);
+        EXPECT_EQ(first_difference(sb, sa), sa.size()) << "the final state differs";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Resume, ::testing::Range(0, static_cast<int>(std::size(kModes))),
+                         [](const auto& info) {
+                             std::string n = kModes[info.param].name;
+                             for (char& c : n)
+                                 if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                             return n;
+                         });
+
+// The end-to-end form of the same promise, through the `train` program (the CPU test of the same name
+// is in tests/train/train_cli_test.cpp).
+TEST(TrainCliGpu, ContinueReproducesTheUninterruptedRunExactly) {
+    QTRAIN_REQUIRE_GPU();
+    using namespace qtrain::test::train_cli;
+    namespace fs = std::filesystem;
+    for (const char* extra : {"", " --matmul-dtype=e4m3 --opt-m-dtype=bf16 --opt-v-dtype=bf16"}) {
+        SCOPED_TRACE(extra);
+        Fixture f(kGpuShape);
+        const std::string common = std::string(" --steps=12 --eval-every-n-steps=0") + extra;
+        auto full = run_command(f.base_cmd("full", "cuda") + common);
+        ASSERT_EQ(full.exit_code, 0) << full.output;
+        auto losses_full = step_losses(f.dir / "full/log.jsonl");
+        ASSERT_EQ(losses_full.size(), 12u);
+        auto part = run_command(f.base_cmd("part", "cuda") + common + " --ckpt-interval=5");
+        ASSERT_EQ(part.exit_code, 0) << part.output;
+        fs::remove_all(f.dir / "part-ckpt/step_00000010");
+        auto resumed = run_command(f.base_cmd("part", "cuda") + common + " --ckpt-interval=5 --continue --log-file=" +
+                                   (f.dir / "resumed.jsonl"));
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        int first_step = -1;
+        auto losses_resumed = step_losses(f.dir / "resumed.jsonl", &first_step);
+        EXPECT_EQ(first_step, 5);
+        ASSERT_EQ(losses_resumed.size(), 7u);
+        for (int i = 0; i < 7; ++i) EXPECT_EQ(losses_resumed[i], losses_full[5 + i]) << "step " << 5 + i;
+        SafeTensorsReader a({f.dir / "full/model.safetensors"}), b({f.dir / "part/model.safetensors"});
+        for (const auto& name : a.names()) {
+            Tensor ta = a.view(name), tb = b.view(name);
+            ASSERT_EQ(ta.nbytes(), tb.nbytes());
+            EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
+        }
+    }
+}
