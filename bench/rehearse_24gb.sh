@@ -5,8 +5,10 @@
 # (bench/bench_qtrain.sh: tokens/s, device plan, pinned host memory) and keeps each run's output
 # under $OUT. The plan matches what is allocated (CudaModel.PlanMatchesTheDeviceMemoryReallyUsed).
 # usage: bench/rehearse_24gb.sh [CONFIG...]   (default: 7b-bf16 7b-fp8-stream)
-#   configs: 1.5b 3b 7b-bf16 7b-bf16-stream 7b-fp8-stream 14b-fp8-stream (the last needs ~200 GB of
-#   host memory: the two-GPU machine). 7B with FP8 but without --shard-weights does not fit 24 GiB
+#   configs: 1.5b 3b 7b-bf16 7b-bf16-stream 7b-fp8-stream 7b-fp8-stream-bf16master (no fp32 master:
+#   4 bytes per parameter less pinned) 14b-fp8-stream-bf16 (bf16 master and bf16 host gradients:
+#   110 GiB pinned, fits the one-GPU machine's 125 GiB) 14b-fp8-stream (fp32 master and gradients:
+#   ~193 GiB pinned, the two-GPU machine). 7B with FP8 but without --shard-weights does not fit 24 GiB
 #   (bf16 weights + fp8 copies + resident embedding/LM-head gradients).
 #   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each.
 set -uo pipefail
@@ -22,6 +24,7 @@ run() {
   pkill -f "/train --model=" 2>/dev/null; sleep 1  # timeout stops the script, not its train child
   [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$name.out" 2>/dev/null
   grep -E "^\[T\] step" /tmp/qtrain-bench/train.out | tail -2
+  grep -E "^Done:|error|Killed" /tmp/qtrain-bench/train.out | tail -2  # the HF export at the end
 }
 for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
   case $cfg in
@@ -31,6 +34,10 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
     7b-bf16-stream) run 7b-bf16-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 ;;
     7b-fp8-stream) run 7b-fp8-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                      --matmul-dtype=e4m3 ;;
+    7b-fp8-stream-bf16master) run 7b-fp8-stream-bf16master Qwen2.5-7B 16 2 --recompute-block --offload-opt-m \
+                     --offload-opt-v $STREAM --lmhead-chunks=8 --matmul-dtype=e4m3 --master-dtype=bf16 ;;
+    14b-fp8-stream-bf16) run 14b-fp8-stream-bf16 Qwen2.5-14B 8 4 --recompute-block --offload-opt-m --offload-opt-v $STREAM \
+                      --lmhead-chunks=8 --matmul-dtype=e4m3 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                       --matmul-dtype=e4m3 ;;
     *) echo "unknown configuration $cfg" ;;

@@ -39,7 +39,42 @@ __global__ void add_f32_kernel(float* dst, const float* src, int64_t n4) {
         reinterpret_cast<float4*>(dst)[i] = d;
     }
 }
+// Four elements per thread: a 16-byte load of src, 8-byte access to dst (over PCIe when mapped).
+__global__ void accumulate_bf16_kernel(__nv_bfloat16* dst, const float* src, int64_t n4, bool overwrite,
+                                       uint64_t index_base, uint32_t seed) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 a = reinterpret_cast<const float4*>(src)[i];
+        float x[4] = {a.x, a.y, a.z, a.w};
+        if (!overwrite) {
+            const uint2 d = reinterpret_cast<const uint2*>(dst)[i];
+            const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&d.x);
+            const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&d.y);
+            x[0] += __low2float(lo), x[1] += __high2float(lo), x[2] += __low2float(hi), x[3] += __high2float(hi);
+        }
+        const uint64_t e = index_base + static_cast<uint64_t>(i) * 4;
+        const uint32_t where = mix32(static_cast<uint32_t>(e) ^ mix32(static_cast<uint32_t>(e >> 32) ^ seed));
+        uint32_t h[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t r = mix32((where + static_cast<uint32_t>(k) * 0x9e3779b9u) ^ __float_as_uint(x[k]));
+            h[k] = __bfloat16_as_ushort(bf16_stochastic(x[k], r));
+        }
+        reinterpret_cast<uint2*>(dst)[i] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    }
+}
 }  // namespace
+
+void accumulate_bf16(void* dst, const float* src, int64_t n, bool overwrite, uint64_t index_base, uint32_t seed,
+                     cudaStream_t s) {
+    if (n == 0) return;
+    QT_CHECK(n % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0,
+             "accumulate_bf16: n must be a multiple of 4, dst 8-byte and src 16-byte aligned");
+    // PCIe-bound like add_f32: few blocks, the SMs stay with the backward pass
+    accumulate_bf16_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(n / 4, 256), 64)), 256, 0, s>>>(
+        static_cast<__nv_bfloat16*>(dst), src, n / 4, overwrite, index_base, seed);
+    CUDA_CHECK(cudaGetLastError());
+}
 
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s) {
     if (n == 0) return;

@@ -76,21 +76,23 @@ struct ParamSegment {
     int64_t size;
     int decay;
 };
-// sum of squares of grad[0..n) -> partials (norm_partials_count() floats), then finalize writes
+// sum of squares of grad[0..n) (fp32, or bf16 with --param-grad-dtype=bf16) -> partials (norm_partials_count() floats), then finalize writes
 // out[0] = ||grad||_2 and out[1] = clip scale (max_norm / norm when norm > max_norm > 0, else 1).
 int norm_partials_count();
-void global_norm(float* out, float* partials, const float* grad, int64_t n, float max_norm, cudaStream_t s);
-// AdamW over the segments (torch.optim.AdamW semantics, grads scaled by clip[1] first). m and v are
+void global_norm(float* out, float* partials, const void* grad, DType grad_type, int64_t n, float max_norm,
+                 cudaStream_t s);
+// AdamW over the segments (torch.optim.AdamW semantics, grads — fp32 or bf16 — scaled by clip[1] first). m and v are
 // fp32 or bf16 (bf16 stored with stochastic rounding seeded by (seed, step, index)); master is fp32;
 // the model-dtype copy `weights` (act type; may be null in fp32 mode when weights == master) is
-// written from the updated master. Elements outside the segments are not touched.
+// written from the updated master. master null (--master-dtype=bf16): the bf16 `weights` are the
+// parameters, updated in place with stochastic rounding. Elements outside the segments are not touched.
 struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay;
     int step;
     uint64_t seed;
 };
 void adamw_update(const ParamSegment* segments_device, int num_segments, int64_t total_elements, float* master,
-                  const float* grad, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
+                  const void* grad, DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
                   const float* clip, const AdamWArgs& args, cudaStream_t s);
 
 // ---- convert.cu ----
@@ -104,5 +106,12 @@ void fill_zero(void* p, std::size_t bytes, cudaStream_t s);
 // dst[i] += src[i] (fp32, n a multiple of 4, 16-byte aligned): the offloaded gradients of a layer
 // accumulated from its device staging slot (dst in mapped pinned host memory).
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
+// --param-grad-dtype=bf16: dst[i] = round(src[i]) (overwrite) or round(float(dst[i]) + src[i]), bf16 dst
+// (mapped pinned host memory), rounded stochastically so that many small contributions are not lost.
+// The random bits are a function of (seed, index_base + i, the value rounded): deterministic and
+// independent of how often the model has run (a resumed run rounds exactly like an uninterrupted one).
+// n a multiple of 4, dst 8-byte and src 16-byte aligned.
+void accumulate_bf16(void* dst, const float* src, int64_t n, bool overwrite, uint64_t index_base, uint32_t seed,
+                     cudaStream_t s);
 
 }  // namespace qtrain::cuda

@@ -18,20 +18,6 @@ namespace {
 constexpr int kNormBlocks = 264;
 constexpr int kNormThreads = 512;
 
-// n is a multiple of 4 and g 16-byte aligned (checked by the launcher): float4 loads.
-__global__ void sum_squares_kernel(float* partials, const float* g, int64_t n) {
-    __shared__ float red[32];
-    float s = 0.0f;
-    const float4* g4 = reinterpret_cast<const float4*>(g);
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 4;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const float4 v = g4[i];
-        s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    s = block_sum(s, red);
-    if (threadIdx.x == 0) partials[blockIdx.x] = s;
-}
-
 __global__ void norm_finalize_kernel(float* out, const float* partials, int count, float max_norm) {
     if (threadIdx.x != 0) return;
     double s = 0.0;
@@ -41,30 +27,11 @@ __global__ void norm_finalize_kernel(float* out, const float* partials, int coun
     out[1] = (max_norm > 0.0f && norm > max_norm) ? max_norm / norm : 1.0f;
 }
 
-// 32-bit integer mixer (Wellons' "lowbias32"): 64-bit multiplies are emulated on the GPU and made
-// the update compute-bound (17 ms instead of ~11 for 1.5B parameters), so the stochastic-rounding
-// bits come from 32-bit mixing only — one mix per element gives 16 bits for m and 16 for v.
-__device__ __forceinline__ uint32_t mix32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
 // Random bits for element group i0 (a multiple of 4) of step `step`: a function of (seed, step, i0)
 // only, so runs are reproducible and independent of the launch shape.
 __device__ __forceinline__ uint32_t group_hash(uint64_t seed, uint32_t step, uint64_t i0) {
     const uint32_t hi = mix32(static_cast<uint32_t>(i0 >> 32) ^ static_cast<uint32_t>(seed >> 32) ^ (step * 0x9e3779b9u));
     return mix32(static_cast<uint32_t>(i0) ^ static_cast<uint32_t>(seed) ^ hi);
-}
-
-// Round to bf16 with probability proportional to the distance (add random low bits, truncate).
-__device__ __forceinline__ __nv_bfloat16 bf16_stochastic(float x, uint32_t rnd) {
-    uint32_t bits = __float_as_uint(x);
-    if ((bits & 0x7f800000u) != 0x7f800000u) bits += (rnd & 0xffffu);  // finite values only
-    return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
 }
 
 // Four consecutive moments as fp32 (16-byte access) or bf16 (8-byte access).
@@ -79,6 +46,22 @@ __device__ __forceinline__ void load4(const void* p, int64_t i0, float out[4]) {
         const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
         out[0] = __low2float(a), out[1] = __high2float(a), out[2] = __low2float(b), out[3] = __high2float(b);
     }
+}
+
+// n is a multiple of 4 and g 16-byte aligned (checked by the launcher): 4 gradients per load
+// (fp32, or bf16 with --param-grad-dtype=bf16).
+template <class GT>
+__global__ void sum_squares_kernel(float* partials, const void* g, int64_t n) {
+    __shared__ float red[32];
+    float s = 0.0f;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 4;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        float v[4];
+        load4<GT>(g, i * 4, v);
+        s += v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+    }
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 // Stores four moments; bf16 with stochastic rounding from the 16-bit random numbers rnd[k].
@@ -106,12 +89,23 @@ __device__ __forceinline__ void store_weights4(WT* w, int64_t i0, const float p[
     }
 }
 
+// Four bf16 weights as fp32 (8-byte access).
+__device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* w, int64_t i0, float out[4]) {
+    const uint2 v = *reinterpret_cast<const uint2*>(w + i0);
+    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&v.x);
+    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&v.y);
+    out[0] = __low2float(a), out[1] = __high2float(a), out[2] = __low2float(b), out[3] = __high2float(b);
+}
+
 // Each thread updates 4 consecutive elements. Segment starts are multiples of 4 (the GPU layout
 // aligns tensors to 64 elements), so a group of 4 starts either in padding (skipped: all of it is
 // padding) or in one segment; if it runs past that segment's end it runs into padding (zeros that
 // stay zero under AdamW) or into the next tensor of a fused group, which has the same decay flag.
-template <class MT, class VT, class WT>
-__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t total, float* master, const float* grad,
+// kMaster32: the parameters are the fp32 master (and `weights`, if set, its rounded copy); else
+// (--master-dtype=bf16) the bf16 `weights` are the parameters, read and written back with
+// stochastic rounding, so updates far below one bf16 ulp still move them on average.
+template <class MT, class VT, class GT, class WT, bool kMaster32>
+__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
                              void* m, void* v, WT* weights, const float* clip, AdamWArgs a, float bc1, float bc2) {
     const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
     if (i0 >= total) return;
@@ -125,21 +119,29 @@ __global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t tot
     if (i0 < sg.offset || i0 >= sg.offset + sg.size) return;  // padding between tensors
     const float wd = sg.decay ? a.weight_decay : 0.0f;
     const float cs = clip[1];
-    const float4 g4 = *reinterpret_cast<const float4*>(grad + i0);
-    float4 p4 = *reinterpret_cast<const float4*>(master + i0);
-    const float g[4] = {g4.x * cs, g4.y * cs, g4.z * cs, g4.w * cs};
-    float p[4] = {p4.x, p4.y, p4.z, p4.w};
+    float g[4];
+    load4<GT>(grad, i0, g);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[k] *= cs;
+    float p[4];
+    if constexpr (kMaster32) {
+        const float4 p4 = *reinterpret_cast<const float4*>(master + i0);
+        p[0] = p4.x, p[1] = p4.y, p[2] = p4.z, p[3] = p4.w;
+    } else {
+        load_bf16x4(weights, i0, p);
+    }
     float mv[4], vv[4];
     load4<MT>(m, i0, mv);
     load4<VT>(v, i0, vv);
-    uint32_t rm[4], rv[4];
-    if constexpr (sizeof(MT) == 2 || sizeof(VT) == 2) {
+    uint32_t rm[4], rv[4], rw[4];
+    if constexpr (sizeof(MT) == 2 || sizeof(VT) == 2 || !kMaster32) {
         const uint32_t base = group_hash(a.seed, static_cast<uint32_t>(a.step), static_cast<uint64_t>(i0));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const uint32_t r = mix32(base + static_cast<uint32_t>(k) * 0x85ebca6bu);
             rm[k] = r & 0xffffu;
             rv[k] = r >> 16;
+            if constexpr (!kMaster32) rw[k] = mix32(r ^ 0x68e31da4u) & 0xffffu;  // independent of m's and v's bits
         }
     }
 #pragma unroll
@@ -150,47 +152,71 @@ __global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t tot
     }
     store4<MT>(m, i0, mv, rm);
     store4<VT>(v, i0, vv, rv);
-    if (weights) store_weights4(weights, i0, p);
-    p4 = make_float4(p[0], p[1], p[2], p[3]);
-    *reinterpret_cast<float4*>(master + i0) = p4;
+    if constexpr (kMaster32) {
+        if (weights) store_weights4(weights, i0, p);
+        *reinterpret_cast<float4*>(master + i0) = make_float4(p[0], p[1], p[2], p[3]);
+    } else {
+        store4<__nv_bfloat16>(weights, i0, p, rw);
+    }
 }
 
-template <class MT, class VT>
-void launch_adamw(const ParamSegment* segs, int num_segs, int64_t total, float* master, const float* grad, void* m,
+template <class MT, class VT, class GT>
+void launch_adamw(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad, void* m,
                   void* v, void* weights, DType act, const float* clip, const AdamWArgs& a, float bc1, float bc2,
                   cudaStream_t s) {
     const unsigned blocks = ceil_div(total / 4, 256);
-    QTRAIN_DISPATCH_ACT(act, WT, adamw_kernel<MT, VT, WT><<<blocks, 256, 0, s>>>(
+    if (!master) {  // bf16 weights are the master
+        adamw_kernel<MT, VT, GT, __nv_bfloat16, false><<<blocks, 256, 0, s>>>(
+            segs, num_segs, total, nullptr, grad, m, v, static_cast<__nv_bfloat16*>(weights), clip, a, bc1, bc2);
+        return;
+    }
+    QTRAIN_DISPATCH_ACT(act, WT, adamw_kernel<MT, VT, GT, WT, true><<<blocks, 256, 0, s>>>(
                                      segs, num_segs, total, master, grad, m, v, static_cast<WT*>(weights), clip, a,
                                      bc1, bc2));
+}
+
+template <class MT, class VT>
+void launch_adamw_grads(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
+                        DType grad_type, void* m, void* v, void* weights, DType act, const float* clip,
+                        const AdamWArgs& a, float bc1, float bc2, cudaStream_t s) {
+    if (grad_type == DType::F32)
+        launch_adamw<MT, VT, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
+    else
+        launch_adamw<MT, VT, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
 }
 
 }  // namespace
 
 int norm_partials_count() { return kNormBlocks; }
 
-void global_norm(float* out, float* partials, const float* grad, int64_t n, float max_norm, cudaStream_t s) {
+void global_norm(float* out, float* partials, const void* grad, DType grad_type, int64_t n, float max_norm,
+                 cudaStream_t s) {
     QT_CHECK(n % 4 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0,
              "global_norm: the gradient buffer must be 16-byte aligned and a multiple of 4 elements (got ", n, ")");
-    sum_squares_kernel<<<kNormBlocks, kNormThreads, 0, s>>>(partials, grad, n);
+    QT_CHECK(grad_type == DType::F32 || grad_type == DType::BF16, "global_norm: gradients must be fp32 or bf16");
+    if (grad_type == DType::F32) sum_squares_kernel<float><<<kNormBlocks, kNormThreads, 0, s>>>(partials, grad, n);
+    else sum_squares_kernel<__nv_bfloat16><<<kNormBlocks, kNormThreads, 0, s>>>(partials, grad, n);
     norm_finalize_kernel<<<1, 32, 0, s>>>(out, partials, kNormBlocks, max_norm);
     CUDA_CHECK(cudaGetLastError());
 }
 
-void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* master, const float* grad, void* m,
-                  DType m_type, void* v, DType v_type, void* weights, DType act, const float* clip, const AdamWArgs& a,
-                  cudaStream_t s) {
+void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
+                  DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
+                  const float* clip, const AdamWArgs& a, cudaStream_t s) {
     if (total == 0 || num_segs == 0) return;
-    QT_CHECK(total % 4 == 0 && reinterpret_cast<uintptr_t>(master) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0,
+    QT_CHECK(total % 4 == 0 && reinterpret_cast<uintptr_t>(master) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(weights) % 8 == 0,
              "AdamW: the flat buffers must be 16-byte aligned and a multiple of 4 elements (got ", total, ")");
+    QT_CHECK(master || (weights && act == DType::BF16), "AdamW: without an fp32 master the bf16 weights are the master");
     const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta1), a.step));
     const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta2), a.step));
     const bool m32 = m_type == DType::F32, v32 = v_type == DType::F32;
+    QT_CHECK(grad_type == DType::F32 || grad_type == DType::BF16, "AdamW: gradients must be fp32 or bf16");
     QT_CHECK((m32 || m_type == DType::BF16) && (v32 || v_type == DType::BF16), "AdamW: moments must be fp32 or bf16");
-    if (m32 && v32) launch_adamw<float, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
-    else if (m32) launch_adamw<float, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
-    else if (v32) launch_adamw<__nv_bfloat16, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
-    else launch_adamw<__nv_bfloat16, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
+    if (m32 && v32) launch_adamw_grads<float, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
+    else if (m32) launch_adamw_grads<float, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
+    else if (v32) launch_adamw_grads<__nv_bfloat16, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
+    else launch_adamw_grads<__nv_bfloat16, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,7 @@ struct ModelOptions {
     DType opt_m_dtype = DType::F32;
     DType opt_v_dtype = DType::F32;
     DType master_dtype = DType::F32;
+    DType param_grad_dtype = DType::F32;  // the accumulated parameter gradients (bf16: offloaded only)
 
     // recompute
     bool recompute_swiglu = false, recompute_norm = false, recompute_qkv = false;

@@ -31,7 +31,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--gradient-dtype", o.gradient_dtype, "Activation gradients into matmuls: fp32|bf16|e4m3|e5m2 (default: the matmul dtype; bf16 when matmuls are fp8)");
     g->add_option("--opt-m-dtype", o.opt_m_dtype, "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)");
     g->add_option("--opt-v-dtype", o.opt_v_dtype, "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)");
-    g->add_option("--master-dtype", o.master_dtype, "Master weights: fp32|bf16 (bf16 uses stochastic rounding; halves offloaded host memory)");
+    g->add_option("--master-dtype", o.master_dtype, "Master weights: fp32|bf16. bf16 (with --model-dtype=bf16, GPU): no fp32 copy, AdamW updates the bf16 weights with stochastic rounding; saves 4 bytes per parameter");
+    g->add_option("--param-grad-dtype", o.param_grad_dtype, "Accumulated parameter gradients: fp32|bf16. bf16 needs --offload-gradients (GPU): the host copy is bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory");
 
     g = app.add_option_group("Recompute");
     g->add_flag("--recompute-swiglu", o.recompute_swiglu, "Recompute the SwiGLU activation in the backward pass");
@@ -139,6 +140,7 @@ ModelOptions TrainOptions::model_options(const std::string& dev) const {
     m.opt_m_dtype = dtype_flag(opt_m_dtype, "--opt-m-dtype", "fp32|bf16");
     m.opt_v_dtype = dtype_flag(opt_v_dtype, "--opt-v-dtype", "fp32|bf16");
     m.master_dtype = dtype_flag(master_dtype, "--master-dtype", "fp32|bf16");
+    m.param_grad_dtype = dtype_flag(param_grad_dtype, "--param-grad-dtype", "fp32|bf16");
 
     // implications, as in the seed design's table
     m.recompute_block = recompute_block;
@@ -186,6 +188,7 @@ std::string TrainOptions::to_json() const {
     j["batch-size"] = batch_size; j["seq-len"] = seq_len;
     j["model-dtype"] = model_dtype; j["matmul-dtype"] = matmul_dtype; j["gradient-dtype"] = gradient_dtype;
     j["opt-m-dtype"] = opt_m_dtype; j["opt-v-dtype"] = opt_v_dtype; j["master-dtype"] = master_dtype;
+    j["param-grad-dtype"] = param_grad_dtype;
     j["recompute-swiglu"] = recompute_swiglu; j["recompute-norm"] = recompute_norm; j["recompute-qkv"] = recompute_qkv;
     j["recompute-ffn"] = recompute_ffn; j["recompute-att"] = recompute_att; j["recompute-block"] = recompute_block;
     j["offload-residual"] = offload_residual; j["offload-master"] = offload_master;

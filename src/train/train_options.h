@@ -29,6 +29,7 @@ struct TrainOptions {
     std::string opt_m_dtype = "fp32";
     std::string opt_v_dtype = "fp32";
     std::string master_dtype = "fp32";
+    std::string param_grad_dtype = "fp32";
     // recompute
     bool recompute_swiglu = false, recompute_norm = false, recompute_qkv = false;
     bool recompute_ffn = false, recompute_att = false, recompute_block = false;

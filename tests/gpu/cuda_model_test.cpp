@@ -433,6 +433,127 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
     EXPECT_EQ(on.total_device() + (on.total_pinned() - off.total_pinned()), off.total_device());
 }
 
+// --master-dtype=bf16 drops the fp32 master (4 bytes per parameter, on the device or pinned) and
+// updates the bf16 weights with stochastic rounding: training must follow the fp32-master run
+// closely, stay deterministic, and be bit-identical with the weights streamed from host memory.
+TEST(CudaModel, Bf16MasterTracksTheFp32MasterAndSavesItsMemory) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[2]);
+    const int B = 4, T = 64, kSteps = 30;
+    auto run = [&](DType master, bool stream) {
+        ModelOptions o = options(DType::BF16, B, T);
+        o.master_dtype = master;
+        o.shard_weights = stream;
+        CudaModel m(cfg, o);
+        m.init_random(8);
+        std::vector<float> losses;
+        for (int step = 1; step <= kSteps; ++step) {
+            // a fresh batch of a learnable stream (a fixed walk, 10% noise): the loss falls but no
+            // batch is memorised, so it stays well above zero and relative differences mean something
+            Rng r(500 + step);
+            std::vector<int32_t> w{static_cast<int32_t>(r.below(cfg.vocab_size))};
+            while (static_cast<int>(w.size()) <= B * T)
+                w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(cfg.vocab_size))
+                                               : (w.back() * 7 + 3) % cfg.vocab_size);
+            Data d{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+            m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
+            losses.push_back(m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
+        }
+        auto w = m.download("model.layers.0.mlp.down_proj.weight", CudaModel::Which::Master);
+        losses.insert(losses.end(), w.begin(), w.end());
+        return losses;
+    };
+    const auto ref = run(DType::F32, false), got = run(DType::BF16, false);
+    EXPECT_EQ(got, run(DType::BF16, false)) << "not deterministic";
+    EXPECT_EQ(got, run(DType::BF16, true)) << "streamed weights differ";
+    EXPECT_EQ(got[0], ref[0]);  // same bf16 weights before the first update
+    for (int i = 1; i < kSteps; ++i) EXPECT_NEAR(got[i], ref[i], 0.02 * ref[i]) << "step " << i + 1;
+    EXPECT_LT(ref[kSteps - 1], 0.7f * ref[0]) << "the stream was not learned: the comparison means little";
+    for (std::size_t i = kSteps; i < got.size(); ++i)
+        ASSERT_EQ(got[i], round_bf16(std::vector<float>{got[i]})[0]) << "the master is not bf16";
+
+    ModelOptions o = options(DType::BF16, B, T);
+    const MemoryPlan fp32 = gpu_memory_plan(cfg, o, "cuda");
+    o.master_dtype = DType::BF16;
+    const MemoryPlan bf16 = gpu_memory_plan(cfg, o, "cuda");
+    const int64_t params = cfg.num_parameters();
+    EXPECT_GE(fp32.total_device() - bf16.total_device(), 4 * params);  // the master (layout padding adds a little)
+    EXPECT_LT(fp32.total_device() - bf16.total_device(), 4 * params + 4 * params / 10);
+    o.offload_master = true;
+    EXPECT_ERROR(CudaModel(cfg, o), "no separate master copy");
+}
+
+// --param-grad-dtype=bf16 keeps the offloaded gradients in bf16 (summed over micro-batches with
+// stochastic rounding): training must follow the fp32-gradient run closely with gradient
+// accumulation (the add path) and stay deterministic, the gradients read mid-step must be bf16
+// roundings of the fp32 ones, and the plan must drop 2 bytes per parameter of pinned memory.
+TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[2]);
+    const int B = 2, T = 64, kSteps = 20, kMicro = 2;
+    auto run = [&](DType grads, bool streamed_bf16_master, std::vector<float>* mid_grad) {
+        ModelOptions o = options(DType::BF16, B, T);
+        o.offload_gradients = o.shard_gradients = true;
+        o.param_grad_dtype = grads;
+        if (streamed_bf16_master) o.shard_weights = true, o.master_dtype = DType::BF16;
+        CudaModel m(cfg, o);
+        m.init_random(9);
+        std::vector<float> out;
+        for (int step = 1; step <= kSteps; ++step) {
+            for (int micro = 0; micro < kMicro; ++micro) {
+                Rng r(700 + 10 * step + micro);  // a learnable walk with 10% noise, fresh every micro-batch
+                std::vector<int32_t> w{static_cast<int32_t>(r.below(cfg.vocab_size))};
+                while (static_cast<int>(w.size()) <= B * T)
+                    w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(cfg.vocab_size))
+                                                   : (w.back() * 7 + 3) % cfg.vocab_size);
+                Data d{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+                m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / kMicro);
+            }
+            if (step == 1 && mid_grad) *mid_grad = m.download("model.layers.1.mlp.up_proj.weight", CudaModel::Which::Grad);
+            const StepStats s = m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+            out.push_back(s.loss);
+            out.push_back(s.grad_norm);
+        }
+        return out;
+    };
+    std::vector<float> g32, g16;
+    const auto ref = run(DType::F32, false, &g32), got = run(DType::BF16, false, &g16);
+    EXPECT_EQ(got, run(DType::BF16, false, nullptr)) << "not deterministic";
+    EXPECT_EQ(got[0], ref[0]);  // the first loss comes before any update
+    for (int i = 0; i < kSteps; ++i) {
+        EXPECT_NEAR(got[2 * i], ref[2 * i], 0.02 * ref[2 * i]) << "loss, step " << i + 1;
+        EXPECT_NEAR(got[2 * i + 1], ref[2 * i + 1], 0.05 * ref[2 * i + 1]) << "gradient norm, step " << i + 1;
+    }
+    EXPECT_NEAR(got[1], ref[1], 0.005 * ref[1]) << "gradient norm of the first step (same weights)";
+    EXPECT_LT(ref[2 * (kSteps - 1)], 0.8f * ref[0]) << "the stream was not learned: the comparison means little";
+    // mid-step gradients (two micro-batches summed): bf16 values within a few bf16 ulps of fp32's
+    ASSERT_EQ(g16.size(), g32.size());
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < g16.size(); ++i) {
+        ASSERT_EQ(g16[i], round_bf16(std::vector<float>{g16[i]})[0]) << "element " << i << " is not bf16";
+        num += (g16[i] - g32[i]) * static_cast<double>(g16[i] - g32[i]);
+        den += g32[i] * static_cast<double>(g32[i]);
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.01) << "relative RMS error of the bf16 gradients";
+    EXPECT_GT(std::sqrt(num / den), 0.0) << "the gradients did not go through bf16";
+    // the 14B-on-24GB combination: bf16 master, streamed weights, bf16 gradients
+    const auto streamed = run(DType::BF16, true, nullptr);
+    EXPECT_EQ(streamed, run(DType::BF16, true, nullptr)) << "streamed, bf16 master: not deterministic";
+    EXPECT_NEAR(streamed[2 * (kSteps - 1)], ref[2 * (kSteps - 1)], 0.03 * ref[2 * (kSteps - 1)]);
+
+    ModelOptions o = options(DType::BF16, B, T);
+    o.offload_gradients = true;
+    const MemoryPlan fp32 = gpu_memory_plan(cfg, o, "cuda");
+    o.param_grad_dtype = DType::BF16;
+    const MemoryPlan bf16 = gpu_memory_plan(cfg, o, "cuda");
+    const int64_t params = cfg.num_parameters();
+    EXPECT_EQ(bf16.total_device(), fp32.total_device());
+    EXPECT_GE(fp32.total_pinned() - bf16.total_pinned(), 2 * params);  // layout padding adds a little
+    EXPECT_LT(fp32.total_pinned() - bf16.total_pinned(), 2 * params + 2 * params / 10);
+    o.offload_gradients = false;
+    EXPECT_ERROR(CudaModel(cfg, o), "--param-grad-dtype=bf16 needs --offload-gradients");
+}
+
 // The plan is what is allocated: the device memory the model takes (constructor plus a first
 // training step, which loads the kernels and lets cuBLASLt set up) is within 1% of the plan, for
 // plain bf16, FP8 with recompute, and with the optimizer state offloaded (which must not count).

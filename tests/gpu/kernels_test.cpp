@@ -287,14 +287,14 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     double ss = 0;
     for (float g : grad) ss += static_cast<double>(g) * g;
     const float norm = static_cast<float>(std::sqrt(ss)), clip = norm / 2;  // clipping active
-    cuda::global_norm(out.f32(), partials.f32(), gg.f32(), total, clip, nullptr);
+    cuda::global_norm(out.f32(), partials.f32(), gg.f32(), DType::F32, total, clip, nullptr);
     auto o = out.download();
     EXPECT_NEAR(o[0], norm, 1e-5 * norm);
     EXPECT_NEAR(o[1], clip / o[0], 1e-6);
 
     cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 7};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 2, total, gm.f32(), gg.f32(), gmm.get(),
-                       DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 2, total, gm.f32(), gg.f32(), DType::F32,
+                       gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
     auto master = master0, m = m0, v = v0;
     cpu::adamw_update(master.data(), grad.data(), m.data(), v.data(), n1, a.lr, a.beta1, a.beta2, a.eps, 0.1f, o[1], 3);
     cpu::adamw_update(master.data() + n1 + gap, grad.data() + n1 + gap, m.data() + n1 + gap, v.data() + n1 + gap, n2,
@@ -304,6 +304,112 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     EXPECT_LT(rel_max_error(gvv.download(), v), 1e-6);
     EXPECT_LT(rel_max_error(gw.download(), round_bf16(master)), 1e-6);  // weights = bf16(master)
     cudaFree(dsegs);
+}
+
+// --master-dtype=bf16: no fp32 master, AdamW updates the bf16 weights in place. Updates of about
+// 1e-3 on weights near 1 are below half a bf16 ulp (2^-8), so round-to-nearest would freeze the
+// weights; stochastic rounding must land on one of the two bf16 neighbours of the exact fp32 result
+// and average to it.
+TEST(OptimizerKernels, Bf16MasterUpdatesTheWeightsWithUnbiasedStochasticRounding) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n = 1 << 16;
+    auto p0 = round_bf16(random_vector(n, 51, 1.0f));
+    for (auto& x : p0) x = round_bf16(std::vector<float>{x + (x >= 0 ? 0.5f : -0.5f)})[0];  // |p| in [0.5, 1.5]
+    auto grad = random_vector(n, 52, 0.3f);
+    std::vector<float> m0(n, 0.0f), v0(n, 0.0f);
+    std::vector<cuda::ParamSegment> segs = {{0, n, 1}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    DeviceBuffer gw(p0, DType::BF16), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
+        clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
+    cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1234};
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, nullptr, gg.f32(), DType::F32, gmm.get(),
+                       DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, clip.f32(), a, nullptr);
+    auto exact = p0, m = m0, v = v0;
+    cpu::adamw_update(exact.data(), grad.data(), m.data(), v.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                      1.0f, 1);
+    const auto got = gw.download();
+    EXPECT_LT(rel_max_error(gmm.download(), m), 1e-6);
+    EXPECT_LT(rel_max_error(gvv.download(), v), 1e-6);
+    double bias = 0;
+    int64_t moved = 0, moved_rn = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const float ulp = std::ldexp(1.0f, std::ilogb(exact[i]) - 7);  // bf16 spacing at exact[i]
+        ASSERT_LE(std::fabs(got[i] - exact[i]), ulp * 1.001f) << "element " << i << ": not a bf16 neighbour";
+        ASSERT_EQ(got[i], round_bf16(std::vector<float>{got[i]})[0]) << "element " << i << " is not a bf16 value";
+        bias += (got[i] - exact[i]) / ulp;
+        moved += got[i] != p0[i];
+        moved_rn += round_bf16(std::vector<float>{exact[i]})[0] != p0[i];
+    }
+    bias /= n;
+    EXPECT_LT(std::fabs(bias), 0.01) << "mean rounding error in ulps";  // ~0.002 expected from noise
+    EXPECT_LT(moved_rn, n / 100) << "the test needs updates below half an ulp";
+    EXPECT_GT(moved, n / 20) << "stochastic rounding must move some weights";
+    cudaFree(dsegs);
+}
+
+// --param-grad-dtype=bf16: the norm and the update read bf16 gradients; with the same values in
+// fp32 they must give exactly the same results.
+TEST(OptimizerKernels, Bf16GradientsGiveTheSameNormAndUpdateAsTheirFp32Values) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n = 4096 + 64;
+    const auto grad = round_bf16(random_vector(n, 61, 0.3f)), p0 = random_vector(n, 62, 1.0f);
+    std::vector<float> zero(n, 0.0f);
+    std::vector<cuda::ParamSegment> segs = {{0, n, 1}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    std::vector<std::vector<float>> results[2];
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+        const DType gt = bf16 ? DType::BF16 : DType::F32;
+        DeviceBuffer gm(p0, DType::F32), gg(grad, gt), gmm(zero, DType::BF16), gvv(zero, DType::F32),
+            gw(n, DType::BF16), partials(cuda::norm_partials_count(), DType::F32), out(4, DType::F32);
+        cuda::global_norm(out.f32(), partials.f32(), gg.get(), gt, n, 1.0f, nullptr);
+        cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, 5};
+        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.get(), gt, gmm.get(),
+                           DType::BF16, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
+        results[bf16] = {out.download(), gm.download(), gmm.download(), gvv.download(), gw.download()};
+    }
+    double ss = 0;
+    for (float g : grad) ss += static_cast<double>(g) * g;
+    EXPECT_NEAR(results[1][0][0], std::sqrt(ss), 1e-5 * std::sqrt(ss));
+    EXPECT_LT(results[1][0][1], 1.0f);  // clipping active
+    for (int k = 0; k < 5; ++k) EXPECT_EQ(results[1][k], results[0][k]) << "result " << k;
+    cudaFree(dsegs);
+}
+
+// accumulate_bf16 (offloaded bf16 gradients): overwrite rounds src, add rounds float(dst) + src;
+// every result is one of the two bf16 neighbours of the exact fp32 value, the rounding is unbiased,
+// deterministic for the same (index, value), and different at another index_base.
+TEST(ConvertKernels, AccumulateBf16RoundsStochasticallyWithoutBias) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n = 1 << 16;
+    const auto src = random_vector(n, 71, 0.01f), dst0 = round_bf16(random_vector(n, 72, 1.0f));
+    for (bool overwrite : {true, false}) {
+        SCOPED_TRACE(overwrite ? "overwrite" : "add");
+        DeviceBuffer gs(src, DType::F32);
+        std::vector<float> got[3];
+        for (int run = 0; run < 3; ++run) {
+            DeviceBuffer gd(dst0, DType::BF16);
+            cuda::accumulate_bf16(gd.get(), gs.f32(), n, overwrite, run == 2 ? 1u << 20 : 4096, 77, nullptr);
+            got[run] = gd.download();
+        }
+        EXPECT_EQ(got[0], got[1]) << "not deterministic";
+        EXPECT_NE(got[0], got[2]) << "the index does not enter the random bits";
+        double bias = 0;
+        int64_t off_nearest = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const float exact = overwrite ? src[i] : dst0[i] + src[i];
+            const float ulp = std::ldexp(1.0f, std::ilogb(exact) - 7);
+            ASSERT_LE(std::fabs(got[0][i] - exact), ulp * 1.001f) << "element " << i << ": not a bf16 neighbour";
+            ASSERT_EQ(got[0][i], round_bf16(std::vector<float>{got[0][i]})[0]) << "element " << i;
+            bias += (got[0][i] - exact) / ulp;
+            off_nearest += got[0][i] != round_bf16(std::vector<float>{exact})[0];
+        }
+        EXPECT_LT(std::fabs(bias / n), 0.01) << "mean rounding error in ulps";
+        EXPECT_GT(off_nearest, n / 10) << "this is round-to-nearest, not stochastic rounding";
+    }
 }
 
 TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
@@ -320,8 +426,8 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     DeviceBuffer gm(master, DType::F32), gg(grad, DType::F32), gmm(zero, DType::BF16), gvv(zero, DType::BF16),
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 99};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), gmm.get(),
-                       DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr);
+    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), DType::F32,
+                       gmm.get(), DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr);
     auto m = gmm.download();
     double mean = 0;
     for (float x : m) mean += x;

@@ -92,10 +92,23 @@ const Mode kModes[] = {
     {"bf16 moments", [](ModelOptions& o) { o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }},
     {"e4m3", [](ModelOptions& o) { o.matmul_dtype = DType::E4M3; }},
     {"offloaded optimizer", [](ModelOptions& o) { o.offload_master = o.offload_opt_m = o.offload_opt_v = true; }},
+    {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }},
     {"streamed weights and gradients, e4m3",
      [](ModelOptions& o) {
          o.matmul_dtype = DType::E4M3;
          o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_master = true;
+     }},
+    {"streamed, bf16 master, e4m3",
+     [](ModelOptions& o) {
+         o.matmul_dtype = DType::E4M3;
+         o.master_dtype = DType::BF16;
+         o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_opt_m = o.offload_opt_v = true;
+     }},
+    {"streamed, bf16 master and gradients, e4m3",  // the 14B-on-24GB configuration
+     [](ModelOptions& o) {
+         o.matmul_dtype = DType::E4M3;
+         o.master_dtype = o.param_grad_dtype = DType::BF16;
+         o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_opt_m = o.offload_opt_v = true;
      }},
 };
 

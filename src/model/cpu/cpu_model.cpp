@@ -61,7 +61,8 @@ void CpuModel::check_options(const ModelOptions& o) {
     const DType grad = (fp8 && (fp8_grad || o.gradient_dtype == DType::BF16)) ? DType::F32 : o.gradient_dtype;
     const std::pair<const char*, DType> dtypes[] = {
         {"--model-dtype", o.model_dtype}, {"--matmul-dtype", matmul},         {"--gradient-dtype", grad},
-        {"--opt-m-dtype", o.opt_m_dtype}, {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype}};
+        {"--opt-m-dtype", o.opt_m_dtype}, {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype},
+        {"--param-grad-dtype", o.param_grad_dtype}};
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");

@@ -40,8 +40,14 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.gradient_dtype == o.model_dtype || (fp8 && is_fp8(o.gradient_dtype)), "--gradient-dtype=",
              dtype_name(o.gradient_dtype), " is not supported on --device=cuda with --matmul-dtype=",
              dtype_name(o.matmul_dtype), " (use the model dtype, or e4m3|e5m2 with --matmul-dtype=e4m3)");
-    QT_CHECK(o.master_dtype == DType::F32, "--master-dtype=", dtype_name(o.master_dtype),
-             " is not supported yet on --device=cuda");
+    QT_CHECK(o.master_dtype == DType::F32 || (o.master_dtype == DType::BF16 && o.model_dtype == DType::BF16),
+             "--master-dtype=", dtype_name(o.master_dtype), " needs --model-dtype=bf16 on --device=cuda (fp32 or bf16)");
+    QT_CHECK(!(o.offload_master && o.master_dtype == DType::BF16),
+             "--offload-master with --master-dtype=bf16: there is no separate master copy to offload (the bf16 "
+             "weights are the master); drop --offload-master, or add --shard-weights to keep the weights in host memory");
+    QT_CHECK(o.param_grad_dtype == DType::F32 || (o.param_grad_dtype == DType::BF16 && o.offload_gradients),
+             "--param-grad-dtype=", dtype_name(o.param_grad_dtype), " needs --offload-gradients on --device=cuda ",
+             "(bf16 applies to the gradients kept in host memory; the device accumulates in fp32)");
     unsupported(o.offload_residual, "--offload-residual");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
              "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
@@ -126,9 +132,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes);
 
     // zero everything with state (padding stays zero forever)
-    zero(buf_.master, layout_.total * sizeof(float));
+    if (buf_.master) zero(buf_.master, layout_.total * sizeof(float));
     if (buf_.weights != buf_.master) zero(buf_.weights, layout_.total * dtype_size(opt_.model_dtype));
-    zero(buf_.grads, layout_.total * sizeof(float));
+    zero(buf_.grads, layout_.total * dtype_size(opt_.param_grad_dtype));
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
@@ -193,8 +199,20 @@ void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+// Sets parameter values [off, off + n) from fp32 host data: into the fp32 master, or, with
+// --master-dtype=bf16, into the bf16 weights (rounded to nearest, as an HF bf16 checkpoint would be).
+void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
+    if (buf_.master) {
+        upload(buf_.master + off, host, n * sizeof(float));
+        return;
+    }
+    std::vector<uint16_t> rounded(n);
+    for (int64_t i = 0; i < n; ++i) rounded[i] = float_to_bf16(host[i]);
+    upload(static_cast<uint16_t*>(buf_.weights) + off, rounded.data(), n * sizeof(uint16_t));
+}
+
 void CudaModel::refresh_weights() {
-    if (buf_.weights != buf_.master)
+    if (buf_.master && buf_.weights != buf_.master)
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
     weights_changed();
     quantize_weights();
@@ -209,7 +227,7 @@ void CudaModel::init_random(uint64_t seed) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         init_parameter(s, config_, seed, host.data());
-        upload(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float));
+        upload_parameters(layout_.offsets[i], host.data(), s.numel());
     }
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
@@ -224,7 +242,7 @@ void CudaModel::load_hf(const std::string& model_dir) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         reader.read_f32(s.name, s.shape, host.data());
-        upload(buf_.master + layout_.offsets[i], host.data(), host.size() * sizeof(float));
+        upload_parameters(layout_.offsets[i], host.data(), s.numel());
     }
     refresh_weights();
     sync();
@@ -247,7 +265,10 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
         }
     };
     switch (which) {
-        case Which::Master: fetch(buf_.master, DType::F32); break;
+        case Which::Master:
+            if (buf_.master) fetch(buf_.master, DType::F32);
+            else fetch(buf_.weights, DType::BF16);  // --master-dtype=bf16: the weights are the master
+            break;
         case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
         case Which::Grad:
             if (stage_grads_ && layout_.layer_of(off) < 0) {  // still on the device until the step
@@ -256,7 +277,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
                 break;
             }
             if (stage_grads_ && host_grads_fresh_) break;  // the host still holds the last step's: logically zero
-            fetch(buf_.grads, DType::F32);
+            fetch(buf_.grads, opt_.param_grad_dtype);
             break;
         case Which::AdamM: fetch(buf_.adam_m, opt_.opt_m_dtype); break;
         case Which::AdamV: fetch(buf_.adam_v, opt_.opt_v_dtype); break;
@@ -267,7 +288,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 void CudaModel::upload_master(const std::string& name, const float* data) {
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name);
-    upload(buf_.master + off, data, s.numel() * sizeof(float));
+    upload_parameters(off, data, s.numel());
     refresh_weights();
     sync();
 }
@@ -313,7 +334,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             const int64_t off = layout_.offsets[i], n = s.numel();
             host.resize(n);
             model_r.read_f32(s.name, s.shape, host.data());
-            upload(buf_.master + off, host.data(), n * sizeof(float));
+            upload_parameters(off, host.data(), n);
             auto load_moment = [&](const std::string& key, void* base, DType t) {
                 opt_r.read_f32(key, s.shape, host.data());
                 upload(staging, host.data(), n * sizeof(float));
@@ -328,7 +349,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
         throw;
     }
     CUDA_CHECK(cudaFree(staging));
-    zero(buf_.grads, layout_.total * sizeof(float));
+    zero(buf_.grads, layout_.total * dtype_size(opt_.param_grad_dtype));
     host_grads_fresh_ = true;
     zero_resident_grads();
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));

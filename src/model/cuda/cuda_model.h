@@ -124,6 +124,7 @@ private:
     void zero(void* p, std::size_t bytes);  // device or offloaded host memory
     // Copies host data in, ordered on stream_ and finished on return (the source may be reused).
     void upload(void* dst, const void* src, std::size_t bytes);
+    void upload_parameters(int64_t off, const float* host, int64_t n);
 
     ModelConfig config_;
     ModelOptions opt_;

@@ -317,19 +317,21 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     {
         auto t_ = timer_.scope("optimizer", stream_);
         wait_for_gradients();
-        if (stage_grads_ && host_grads_fresh_) zero(buf_.grads, layout_.total * sizeof(float));  // no backward ran
+        const std::size_t grad_bytes = layout_.total * dtype_size(opt_.param_grad_dtype);
+        if (stage_grads_ && host_grads_fresh_) zero(buf_.grads, grad_bytes);  // no backward ran
         flush_resident_grads();
-        cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, layout_.total, p.grad_clip, stream_);
+        cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total,
+                          p.grad_clip, stream_);
         cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
         cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
-                           buf_.master, buf_.grads, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
+                           buf_.master, buf_.grads, opt_.param_grad_dtype, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
                            buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
                            args, stream_);
         if (stage_grads_) {
             host_grads_fresh_ = true;  // the next backward copies instead of adding
             zero_resident_grads();
         }
-        else zero(buf_.grads, layout_.total * sizeof(float));
+        else zero(buf_.grads, grad_bytes);
     }
     weights_changed();
     quantize_weights();

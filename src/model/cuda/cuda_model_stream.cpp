@@ -14,9 +14,11 @@
 // on the device for the whole optimizer step and are copied to the host once, before the update:
 // they get several contributions per micro-batch (LM-head chunks, the tied embedding), and summing
 // them in place keeps the order of the flat buffers (and saves moving them every micro-batch).
+// --param-grad-dtype=bf16 halves the host copy: the copy/add become one kernel that rounds the sum
+// to bf16 stochastically while writing host memory (the device slots still accumulate in fp32).
 //
 // Both modes do the same arithmetic in the same order as the flat buffers, so results are
-// bit-identical to running without them.
+// bit-identical to running without them (bf16 host gradients excepted: they round).
 #include "model/cuda/cuda_model.h"
 
 #include "core/error.h"
@@ -24,6 +26,9 @@
 #include "cuda/kernels.h"
 
 namespace qtrain {
+
+// --param-grad-dtype=bf16 rounds the host gradients with bits independent of the optimizer's
+constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 
 void CudaModel::create_streams() {
     stream_weights_ = opt_.shard_weights;
@@ -86,7 +91,7 @@ const void* CudaModel::weight_qT(int64_t off) const {
 }
 
 float* CudaModel::grad(int64_t off) const {
-    if (!stage_grads_) return buf_.grads + off;
+    if (!stage_grads_) return static_cast<float*>(buf_.grads) + off;  // fp32 unless offloaded (check_options)
     const int l = layout_.layer_of(off);
     if (l < 0) return buf_.resident_grads + resident_index(off);
     return buf_.grad_slots[l & 1] + (off - layout_.layer_begin(l));
@@ -145,8 +150,15 @@ void CudaModel::flush_layer_grads(int l) {
     const int s = l & 1;
     CUDA_CHECK(cudaEventRecord(g_ready_[s], stream_));
     CUDA_CHECK(cudaStreamWaitEvent(grad_stream_, g_ready_[s], 0));
-    float* dst = buf_.grads + layout_.layer_begin(l);
-    const int64_t n = layout_.layer_span;
+    const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
+    if (opt_.param_grad_dtype == DType::BF16) {
+        cuda::accumulate_bf16(static_cast<uint16_t*>(buf_.grads) + begin, buf_.grad_slots[s], n, host_grads_fresh_,
+                              static_cast<uint64_t>(begin), static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt),
+                              grad_stream_);
+        CUDA_CHECK(cudaEventRecord(g_free_[s], grad_stream_));
+        return;
+    }
+    float* dst = static_cast<float*>(buf_.grads) + begin;
     if (host_grads_fresh_)
         CUDA_CHECK(cudaMemcpyAsync(dst, buf_.grad_slots[s], n * sizeof(float), cudaMemcpyDefault, grad_stream_));
     else
@@ -160,10 +172,17 @@ void CudaModel::end_backward_grads() {
 
 void CudaModel::flush_resident_grads() {
     if (!stage_grads_) return;
-    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
-    CUDA_CHECK(cudaMemcpyAsync(buf_.grads, buf_.resident_grads, head * sizeof(float), cudaMemcpyDefault, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(buf_.grads + layout_.layers_end(), buf_.resident_grads + head, tail * sizeof(float),
-                               cudaMemcpyDefault, stream_));
+    const int64_t head = layout_.layer_begin(0), end = layout_.layers_end(), tail = layout_.total - end;
+    if (opt_.param_grad_dtype == DType::BF16) {  // rounded once, from the fp32 sums of the whole step
+        uint16_t* g = static_cast<uint16_t*>(buf_.grads);
+        const uint32_t seed = static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt);
+        cuda::accumulate_bf16(g, buf_.resident_grads, head, true, 0, seed, stream_);
+        cuda::accumulate_bf16(g + end, buf_.resident_grads + head, tail, true, static_cast<uint64_t>(end), seed, stream_);
+        return;
+    }
+    float* g = static_cast<float*>(buf_.grads);
+    CUDA_CHECK(cudaMemcpyAsync(g, buf_.resident_grads, head * sizeof(float), cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(g + end, buf_.resident_grads + head, tail * sizeof(float), cudaMemcpyDefault, stream_));
 }
 
 void CudaModel::zero_resident_grads() {

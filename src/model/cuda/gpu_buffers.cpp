@@ -61,9 +61,10 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const int64_t h = c.hidden_size, q = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
     const int L = c.num_hidden_layers;
 
-    b.master = master.take_n<float>(P);
+    // --master-dtype=bf16: no fp32 copy, the bf16 weights are what AdamW updates
+    b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(P) : nullptr;
     b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(P, A);
-    b.grads = grads.take_n<float>(P);
+    b.grads = grads.take_typed(P, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
     if (opt.shard_weights) {

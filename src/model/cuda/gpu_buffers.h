@@ -67,7 +67,7 @@ struct GpuBuffers {
     // parameters (layout: GpuParamLayout)
     void* weights = nullptr;  // act dtype; == master in fp32 mode
     float* master = nullptr;
-    float* grads = nullptr;
+    void* grads = nullptr;  // fp32, or bf16 with --param-grad-dtype=bf16 (then in pinned host memory)
     void* adam_m = nullptr;
     void* adam_v = nullptr;
     // saved activations
