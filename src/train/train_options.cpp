@@ -67,6 +67,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                   "Run the attention backward in this many chunks of sequences (must divide --batch-size); "
                   "its workspace holds one chunk");
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
+    g->add_option("--host-memory-limit", o.host_memory_limit, "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM less 5%, at least 4 GiB kept free; --plan-only checks only an explicit limit)");
     g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU)");
 
     g = app.add_option_group("Optimisation");
@@ -126,6 +127,7 @@ void TrainOptions::validate() const {
     if (!plan_only) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
     if (continue_from_checkpoint) QT_CHECK(!checkpoint_dir.empty(), "--continue needs --checkpoint-dir");
     if (!memory_limit.empty()) (void)parse_bytes(memory_limit, "--memory-limit");
+    if (!host_memory_limit.empty()) (void)parse_bytes(host_memory_limit, "--host-memory-limit");
 }
 
 ModelOptions TrainOptions::model_options(const std::string& dev) const {
@@ -197,7 +199,7 @@ std::string TrainOptions::to_json() const {
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
     j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
-    j["memory-limit"] = memory_limit; j["plan-only"] = plan_only;
+    j["memory-limit"] = memory_limit; j["host-memory-limit"] = host_memory_limit; j["plan-only"] = plan_only;
     j["steps"] = steps; j["grad-accumulation"] = grad_accumulation; j["learning-rate"] = learning_rate;
     j["lr-schedule"] = lr_schedule; j["warmup"] = warmup; j["cooldown"] = cooldown;
     j["final-lr-fraction"] = final_lr_fraction; j["weight-decay"] = weight_decay; j["grad-clip"] = grad_clip;

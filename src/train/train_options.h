@@ -46,6 +46,7 @@ struct TrainOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     std::string memory_limit;       // e.g. 24GiB; "" = no limit beyond the device
+    std::string host_memory_limit;  // pinned host memory cap; "" = this machine's RAM (training runs only)
     bool plan_only = false;
     // optimisation
     int steps = 1000;

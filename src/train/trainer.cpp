@@ -1,5 +1,8 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -117,6 +120,50 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
     return {};
 }
 
+// The first of a ladder of host-memory-saving precision flags (cumulative) with which the pinned
+// plan fits `host_limit` (and the device plan still fits `limit`); empty when none does. Rungs that
+// change nothing for these options (say, moments already bf16) are skipped.
+std::string pinned_flags_that_fit(const ModelConfig& cfg, ModelOptions t, const std::string& device, uint64_t limit,
+                                  uint64_t host_limit) {
+    auto fits = [&](const ModelOptions& o) {
+        try {
+            const MemoryPlan p = plan_model(cfg, o, device);
+            return p.total_pinned() <= host_limit && (!limit || p.total_device() <= limit);
+        } catch (const Error&) {
+            return false;
+        }
+    };
+    std::string flags;
+    auto rung = [&](bool applies, const char* f, auto apply) {
+        if (!applies) return false;
+        apply(t);
+        flags += flags.empty() ? f : cat(" ", f);
+        return fits(t);
+    };
+    if (rung(t.offload_gradients && t.param_grad_dtype == DType::F32, "--param-grad-dtype=bf16",
+             [](ModelOptions& o) { o.param_grad_dtype = DType::BF16; }))
+        return flags;
+    if (rung((t.offload_opt_m && t.opt_m_dtype == DType::F32) || (t.offload_opt_v && t.opt_v_dtype == DType::F32),
+             "--opt-m-dtype=bf16 --opt-v-dtype=bf16", [](ModelOptions& o) { o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }))
+        return flags;
+    if (rung(t.offload_master && t.master_dtype == DType::F32 && t.model_dtype == DType::BF16,
+             "--master-dtype=bf16 without --offload-master", [](ModelOptions& o) {
+                 o.master_dtype = DType::BF16;
+                 o.offload_master = false;
+             }))
+        return flags;
+    return {};
+}
+
+// What a training run may pin: this machine's RAM less 5% (at least 4 GiB) for everything else.
+uint64_t usable_host_memory() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return 0;  // unknown: no check
+    const uint64_t ram = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    const uint64_t keep = std::max<uint64_t>(4ull << 30, ram / 20);
+    return ram > keep ? ram - keep : 0;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::string command_line)
@@ -139,6 +186,22 @@ int Trainer::run() {
                         human_bytes(limit), "; ",
                         fit.empty() ? std::string("no recompute, offload or streaming setting makes it fit: reduce --batch-size or --seq-len")
                                     : cat("it fits with ", fit, " (or reduce --batch-size or --seq-len)")));
+    }
+    // Pinned memory cannot be swapped: a plan larger than the host fails here, not minutes later in
+    // cudaHostAlloc or the OOM killer.
+    const bool explicit_host = !opt_.host_memory_limit.empty();
+    const uint64_t host_limit = explicit_host ? parse_bytes(opt_.host_memory_limit, "--host-memory-limit")
+                                : opt_.plan_only ? 0
+                                                 : usable_host_memory();
+    if (host_limit && plan.total_pinned() > host_limit) {
+        Logger("/dev/null", true).log_memory(plan, limit);
+        const std::string fit = pinned_flags_that_fit(cfg, mopt, device, limit, host_limit);
+        throw_error(cat("the memory plan pins ", human_bytes(plan.total_pinned()), " of host memory but ",
+                        explicit_host ? "--host-memory-limit is " : "this machine can pin about ", human_bytes(host_limit),
+                        "; ",
+                        fit.empty() ? std::string("no bf16 precision flag makes it fit: offload less, or use a machine "
+                                                  "with more memory (or more GPUs, which shard it)")
+                                    : cat("it fits with ", fit)));
     }
     if (opt_.plan_only) {
         Logger plan_logger("/dev/null", true);

@@ -130,6 +130,36 @@ TEST(TrainCli, GpuPlanOnlyNeedsNoGpu) {
     EXPECT_TRUE(Contains(over.output, "--memory-limit is 24.00 GiB"));
 }
 
+// Pinned host memory is checked like device memory: a plan that pins more than --host-memory-limit
+// (for a training run, default: this machine's RAM) fails before allocating and names the bf16
+// precision flags that make it fit. 14B with fp32 master and gradients offloaded pins 193 GiB;
+// bf16 gradients alone leave 165 GiB, bf16 master too 110 GiB.
+TEST(TrainCli, GpuPinnedPlanOverTheHostLimitNamesTheBf16FlagsThatFit) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    const std::string base = std::string(QTRAIN_TRAIN_EXE) +
+                             " --device=cuda --model=Qwen2.5-14B --from-scratch --plan-only --batch-size=8"
+                             " --memory-limit=24GiB --recompute-block --offload-opt-m --offload-opt-v"
+                             " --opt-m-dtype=bf16 --opt-v-dtype=bf16 --shard-weights --offload-gradients"
+                             " --shard-gradients --lmhead-chunks=8 --matmul-dtype=e4m3";
+    auto over = run_command(base + " --offload-master --host-memory-limit=125GiB");
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    EXPECT_TRUE(Contains(over.output, "--host-memory-limit is 125.00 GiB")) << over.output;
+    EXPECT_TRUE(Contains(over.output, "it fits with --param-grad-dtype=bf16 --master-dtype=bf16 without --offload-master"))
+        << over.output;
+    auto fits = run_command(base + " --offload-master --host-memory-limit=200GiB");
+    EXPECT_EQ(fits.exit_code, 0) << fits.output;
+    auto suggested = run_command(base + " --host-memory-limit=125GiB --param-grad-dtype=bf16 --master-dtype=bf16");
+    EXPECT_EQ(suggested.exit_code, 0) << "the suggested flags must fit\n" << suggested.output;
+    auto hopeless = run_command(base + " --offload-master --host-memory-limit=50GiB");
+    EXPECT_EQ(hopeless.exit_code, 1) << hopeless.output;
+    EXPECT_TRUE(Contains(hopeless.output, "no bf16 precision flag makes it fit")) << hopeless.output;
+    auto bad = run_command(base + " --offload-master --host-memory-limit=lots");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_TRUE(Contains(bad.output, "--host-memory-limit")) << bad.output;
+}
+
 // The Activations line of [Allocator State] in MiB (-1 when absent).
 long activations_mib(const std::string& out) {
     const auto pos = out.find("Activations");
