@@ -578,6 +578,7 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
              o.gradient_dtype = DType::E5M2;
              o.shard_weights = o.offload_gradients = o.offload_master = true;
          }},
+        {"recompute-block + offload-residual", [](ModelOptions& o) { o.recompute_block = o.offload_residual = true; }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
     for (const Case& c : cases) {
@@ -666,6 +667,12 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
                  o.shard_weights = o.offload_gradients = o.offload_master = o.offload_opt_m = o.offload_opt_v = true;
                  o.recompute_ffn = o.write_combined = true;
              }},
+            {"offload-residual", [](ModelOptions& o) { o.offload_residual = true; }},
+            {"offload-residual + recompute-block + streamed weights and gradients",
+             [](ModelOptions& o) {
+                 o.offload_residual = o.recompute_block = true;
+                 o.shard_weights = o.offload_gradients = o.shard_gradients = true;
+             }},
         };
         for (const Variant& v : variants) {
             SCOPED_TRACE(std::string(v.name) + (tied ? ", tied" : ", untied"));
@@ -683,6 +690,22 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Streaming, ::testing::Values(DType::BF16, DType::E4M3),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// --offload-residual keeps two layer input residuals on the device and all of them pinned.
+TEST(ResidualOffloadPlan, TwoResidualSlotsOnTheDeviceAndEveryLayerPinned) {
+    ModelConfig cfg = preset_config("Qwen2.5-7B");
+    ModelOptions o = options(DType::BF16, 4, 1024);
+    o.recompute_block = true;
+    const MemoryPlan kept = gpu_memory_plan(cfg, o, "cuda");
+    o.offload_residual = true;
+    const MemoryPlan offloaded = gpu_memory_plan(cfg, o, "cuda");
+    const std::size_t residual = static_cast<std::size_t>(4) * 1024 * cfg.hidden_size * 2;  // bf16
+    const std::size_t L = static_cast<std::size_t>(cfg.num_hidden_layers);
+    EXPECT_EQ(kept.total_device() - offloaded.total_device(), (L - 2) * residual);
+    EXPECT_EQ(offloaded.total_pinned() - kept.total_pinned(), L * residual);
+    o.use_cuda_graphs = true;
+    EXPECT_ERROR(CudaModel::plan(cfg, o), "--use-cuda-graphs", "--offload-residual");
+}
 
 // Streaming shrinks the device plan to the resident parameters and two layer slots.
 TEST(StreamingPlan, ShardedWeightsAndOffloadedGradientsLeaveTwoLayersOnTheDevice) {

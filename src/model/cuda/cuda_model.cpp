@@ -48,7 +48,6 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.param_grad_dtype == DType::F32 || (o.param_grad_dtype == DType::BF16 && o.offload_gradients),
              "--param-grad-dtype=", dtype_name(o.param_grad_dtype), " needs --offload-gradients on --device=cuda ",
              "(bf16 applies to the gradients kept in host memory; the device accumulates in fp32)");
-    unsupported(o.offload_residual, "--offload-residual");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
              "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
     QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||
@@ -63,9 +62,9 @@ void CudaModel::check_options(const ModelOptions& o) {
              "--shard-weights needs --model-dtype=bf16 (it streams the bf16 weights from host memory)");
     QT_CHECK(!o.shard_gradients || o.offload_gradients,
              "--shard-gradients on one GPU streams the gradients to host memory: add --offload-gradients");
-    QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients),
-             "--use-cuda-graphs cannot be combined with --shard-weights or --offload-gradients yet (the streamed "
-             "step decides its copies on the host)");
+    QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients && !o.offload_residual),
+             "--use-cuda-graphs cannot be combined with --shard-weights, --offload-gradients or --offload-residual yet "
+             "(the streamed step decides its copies on the host)");
     QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, "--attn-bwd-chunks=",
              o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");

@@ -116,6 +116,15 @@ private:
     void flush_resident_grads();
     void zero_resident_grads();
     void wait_for_gradients();  // compute stream waits for every flush queued so far
+    // --offload-residual: residual_write(l) makes the compute stream wait until layer l's slot may be
+    // overwritten (the copy to host of its previous occupant is done); residual_written(l) copies
+    // layer l's freshly written input residual to host on the residual stream; residual_load(l)
+    // starts copying it back into its slot unless the slot still holds it (the backward prefetches
+    // l - 1 while l computes); residual_get(l) makes the compute stream wait for that copy.
+    void residual_write(int l);
+    void residual_written(int l);
+    void residual_load(int l);
+    void residual_get(int l);
     void create_streams();
     void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
@@ -149,6 +158,10 @@ private:
     cudaEvent_t grads_done_ = nullptr;
     int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
     bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
+    bool offload_res_ = false;       // --offload-residual
+    cudaStream_t res_stream_ = nullptr;
+    cudaEvent_t r_written_[2] = {}, r_saved_[2] = {}, r_free_[2] = {}, r_loaded_[2] = {};
+    int res_slot_layer_[2] = {-1, -1};  // the layer whose input residual each slot holds
 };
 
 }  // namespace qtrain

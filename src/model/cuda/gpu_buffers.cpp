@@ -12,7 +12,8 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     // in pinned, device-mapped host memory that the optimizer reads and writes over PCIe (zero-copy).
     // --shard-weights puts the model-dtype weights there too and streams them through two device
     // layer slots ("Weight slots"); --offload-gradients does the same for the gradients ("Gradient
-    // slots", added to the host copy on a side stream).
+    // slots", added to the host copy on a side stream). --offload-residual keeps the layers' input
+    // residuals there ("Residuals"), two device slots in "Activations".
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
@@ -25,6 +26,7 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"Quants", false, nullptr, 0});
     a.push_back(Arena{"Weight slots", false, nullptr, 0});
     a.push_back(Arena{"Gradient slots", false, nullptr, 0});
+    a.push_back(Arena{"Residuals", true, nullptr, 0});  // --offload-residual: every layer's input residual
     return a;
 }
 
@@ -54,6 +56,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& quants = arenas[8];
     Arena& wslots = arenas[9];
     Arena& gslots = arenas[10];
+    Arena& residuals = arenas[11];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -93,9 +96,13 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         return sh.p;
     };
     const std::size_t es = dtype_size(A);
+    if (opt.offload_residual) {
+        b.res_host = residuals.take_typed(static_cast<std::size_t>(L) * N * h, A);
+        for (void*& s : b.res_slots) s = act.take_typed(N * h, A);
+    }
     for (int l = 0; l < L; ++l) {
         GpuLayerActivations& x = b.layers[l];
-        x.res_in = act.take_typed(N * h, A);
+        x.res_in = opt.offload_residual ? b.res_slots[l & 1] : act.take_typed(N * h, A);
         x.ln1 = slot(rc.ln1, s_ln1, N * h * es);
         x.rstd1 = act.take_n<float>(N);
         x.qkv = slot(rc.qkv, s_qkv, N * qkvd * es);
@@ -174,8 +181,9 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     MemoryPlan plan;
     plan.device = device_name;
     for (const Arena& a : arenas) {
-        if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots"))
-            continue;  // no FP8, no streaming
+        if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
+                            a.category == "Residuals"))
+            continue;  // no FP8, no streaming, no residual offload
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
     }

@@ -109,13 +109,19 @@ struct GpuBuffers {
     // each layer's backward writes into before a side stream adds them to the host copy.
     float* resident_grads = nullptr;
     float* grad_slots[2] = {nullptr, nullptr};
+    // Residual offload (--offload-residual): each layer's input residual (res_in, the one activation
+    // --recompute-block keeps per layer) is copied to pinned host memory (res_host, layer l at
+    // l * N * hidden) as soon as it is written; on the device the layers share two slots (layer l
+    // uses res_slots[l % 2], which layers[l].res_in points to) and the backward loads them back.
+    void* res_host = nullptr;
+    void* res_slots[2] = {nullptr, nullptr};
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
-// Workspace, Host staging). With null arena bases it only measures.
+// Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals). With null arena bases it only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);
 std::vector<Arena> make_arenas(const ModelOptions& opt);
