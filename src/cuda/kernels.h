@@ -75,6 +75,7 @@ struct ParamSegment {
     int64_t offset;
     int64_t size;
     int decay;
+    int amax_slot = -1;  // FP8 weight: the slot its abs-max goes to (weight_amax + 4 * slot); -1: none
 };
 // sum of squares of grad[0..n) (fp32, or bf16 with --param-grad-dtype=bf16) -> partials (norm_partials_count() floats), then finalize writes
 // out[0] = ||grad||_2 and out[1] = clip scale (max_norm / norm when norm > max_norm > 0, else 1).
@@ -86,6 +87,9 @@ void global_norm(float* out, float* partials, const void* grad, DType grad_type,
 // the model-dtype copy `weights` (act type; may be null in fp32 mode when weights == master) is
 // written from the updated master. master null (--master-dtype=bf16): the bf16 `weights` are the
 // parameters, updated in place with stochastic rounding. Elements outside the segments are not touched.
+// weight_amax (FP8; null: skipped): max |weight as stored| of each segment with amax_slot >= 0 is
+// folded (integer atomicMax on the |x| bit patterns, as fp8.h's abs_max) into weight_amax[4 * slot],
+// which the caller zeroes first; fused tensors (q|k|v, gate|up) share a slot.
 struct AdamWArgs {
     float lr, beta1, beta2, eps, weight_decay;
     int step;
@@ -93,7 +97,7 @@ struct AdamWArgs {
 };
 void adamw_update(const ParamSegment* segments_device, int num_segments, int64_t total_elements, float* master,
                   const void* grad, DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
-                  const float* clip, const AdamWArgs& args, cudaStream_t s);
+                  const float* clip, const AdamWArgs& args, float* weight_amax, cudaStream_t s);
 
 // ---- convert.cu ----
 // dst[i] = (dst_type) src[i] for fp32 -> {fp32, bf16}.

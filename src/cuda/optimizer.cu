@@ -8,6 +8,7 @@
 
 #include "cuda/check.h"
 #include "cuda/dispatch.cuh"
+#include "cuda/fp8_common.cuh"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/kernels.h"
 
@@ -105,18 +106,9 @@ __device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* w, int64_t i0, 
 // (--master-dtype=bf16) the bf16 `weights` are the parameters, read and written back with
 // stochastic rounding, so updates far below one bf16 ulp still move them on average.
 template <class MT, class VT, class GT, class WT, bool kMaster32>
-__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
-                             void* m, void* v, WT* weights, const float* clip, AdamWArgs a, float bc1, float bc2) {
-    const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
-    if (i0 >= total) return;
-    int lo = 0, hi = num_segs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (segs[mid].offset <= i0) lo = mid;
-        else hi = mid - 1;
-    }
-    const ParamSegment sg = segs[lo];
-    if (i0 < sg.offset || i0 >= sg.offset + sg.size) return;  // padding between tensors
+__device__ __forceinline__ unsigned adamw_group(int64_t i0, const ParamSegment& sg, float* master, const void* grad,
+                                                void* m, void* v, WT* weights, const float* clip, const AdamWArgs& a,
+                                                float bc1, float bc2) {
     const float wd = sg.decay ? a.weight_decay : 0.0f;
     const float cs = clip[1];
     float g[4];
@@ -152,37 +144,103 @@ __global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t tot
     }
     store4<MT>(m, i0, mv, rm);
     store4<VT>(v, i0, vv, rv);
+    // the weights as stored (what the FP8 quantisation will read): their |x| bit-pattern max
+    float stored[4];
     if constexpr (kMaster32) {
-        if (weights) store_weights4(weights, i0, p);
         *reinterpret_cast<float4*>(master + i0) = make_float4(p[0], p[1], p[2], p[3]);
+        if (weights) {
+            store_weights4(weights, i0, p);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) stored[k] = to_float(from_float<WT>(p[k]));
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) stored[k] = p[k];  // fp32 model: the master is the weights
+        }
     } else {
-        store4<__nv_bfloat16>(weights, i0, p, rw);
+        uint16_t hb[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat16 q = bf16_stochastic(p[k], rw[k]);
+            hb[k] = __bfloat16_as_ushort(q);
+            stored[k] = __bfloat162float(q);
+        }
+        *reinterpret_cast<uint2*>(weights + i0) =
+            make_uint2(hb[0] | (static_cast<uint32_t>(hb[1]) << 16), hb[2] | (static_cast<uint32_t>(hb[3]) << 16));
+    }
+    unsigned bits = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) bits = abs_max_bits(bits, stored[k]);
+    return bits;
+}
+
+// Each thread updates 4 consecutive elements. Segment starts are multiples of 4 (the GPU layout
+// aligns tensors to 64 elements), so a group of 4 starts either in padding (skipped: all of it is
+// padding) or in one segment; if it runs past that segment's end it runs into padding (zeros that
+// stay zero under AdamW) or into the next tensor of a fused group, which has the same decay flag
+// (and FP8 amax slot).
+// kMaster32: the parameters are the fp32 master (and `weights`, if set, its rounded copy); else
+// (--master-dtype=bf16) the bf16 `weights` are the parameters, read and written back with
+// stochastic rounding, so updates far below one bf16 ulp still move them on average.
+// weight_amax (FP8, may be null): each segment with an amax slot folds max |stored weight| into
+// weight_amax[4 * slot] — one atomicMax per warp when the warp lies in one slot (almost always),
+// per thread otherwise. No thread returns early: the whole warp takes part in the reduction.
+template <class MT, class VT, class GT, class WT, bool kMaster32>
+__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
+                             void* m, void* v, WT* weights, const float* clip, AdamWArgs a, float bc1, float bc2,
+                             float* weight_amax) {
+    const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+    unsigned bits = 0;
+    int slot = -1;
+    if (i0 < total) {
+        int lo = 0, hi = num_segs - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (segs[mid].offset <= i0) lo = mid;
+            else hi = mid - 1;
+        }
+        const ParamSegment sg = segs[lo];
+        if (i0 >= sg.offset && i0 < sg.offset + sg.size) {  // else padding between tensors
+            bits = adamw_group<MT, VT, GT, WT, kMaster32>(i0, sg, master, grad, m, v, weights, clip, a, bc1, bc2);
+            slot = sg.amax_slot;
+        }
+    }
+    if (!weight_amax) return;  // uniform over the grid
+    const int slot0 = __shfl_sync(0xffffffffu, slot, 0);
+    if (__all_sync(0xffffffffu, slot == slot0)) {
+        bits = __reduce_max_sync(0xffffffffu, bits);
+        if ((threadIdx.x & 31) == 0 && slot0 >= 0 && bits != 0u)
+            atomicMax(reinterpret_cast<unsigned*>(weight_amax + 4 * slot0), bits);
+    } else if (slot >= 0 && bits != 0u) {
+        atomicMax(reinterpret_cast<unsigned*>(weight_amax + 4 * slot), bits);
     }
 }
 
 template <class MT, class VT, class GT>
 void launch_adamw(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad, void* m,
                   void* v, void* weights, DType act, const float* clip, const AdamWArgs& a, float bc1, float bc2,
-                  cudaStream_t s) {
+                  float* weight_amax, cudaStream_t s) {
     const unsigned blocks = ceil_div(total / 4, 256);
     if (!master) {  // bf16 weights are the master
         adamw_kernel<MT, VT, GT, __nv_bfloat16, false><<<blocks, 256, 0, s>>>(
-            segs, num_segs, total, nullptr, grad, m, v, static_cast<__nv_bfloat16*>(weights), clip, a, bc1, bc2);
+            segs, num_segs, total, nullptr, grad, m, v, static_cast<__nv_bfloat16*>(weights), clip, a, bc1, bc2,
+            weight_amax);
         return;
     }
     QTRAIN_DISPATCH_ACT(act, WT, adamw_kernel<MT, VT, GT, WT, true><<<blocks, 256, 0, s>>>(
                                      segs, num_segs, total, master, grad, m, v, static_cast<WT*>(weights), clip, a,
-                                     bc1, bc2));
+                                     bc1, bc2, weight_amax));
 }
 
 template <class MT, class VT>
 void launch_adamw_grads(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
                         DType grad_type, void* m, void* v, void* weights, DType act, const float* clip,
-                        const AdamWArgs& a, float bc1, float bc2, cudaStream_t s) {
+                        const AdamWArgs& a, float bc1, float bc2, float* weight_amax, cudaStream_t s) {
     if (grad_type == DType::F32)
-        launch_adamw<MT, VT, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
+        launch_adamw<MT, VT, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2,
+                                    weight_amax, s);
     else
-        launch_adamw<MT, VT, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2, s);
+        launch_adamw<MT, VT, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2,
+                                            weight_amax, s);
 }
 
 }  // namespace
@@ -202,7 +260,7 @@ void global_norm(float* out, float* partials, const void* grad, DType grad_type,
 
 void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
                   DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
-                  const float* clip, const AdamWArgs& a, cudaStream_t s) {
+                  const float* clip, const AdamWArgs& a, float* weight_amax, cudaStream_t s) {
     if (total == 0 || num_segs == 0) return;
     QT_CHECK(total % 4 == 0 && reinterpret_cast<uintptr_t>(master) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(weights) % 8 == 0,
@@ -213,10 +271,10 @@ void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* 
     const bool m32 = m_type == DType::F32, v32 = v_type == DType::F32;
     QT_CHECK(grad_type == DType::F32 || grad_type == DType::BF16, "AdamW: gradients must be fp32 or bf16");
     QT_CHECK((m32 || m_type == DType::BF16) && (v32 || v_type == DType::BF16), "AdamW: moments must be fp32 or bf16");
-    if (m32 && v32) launch_adamw_grads<float, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
-    else if (m32) launch_adamw_grads<float, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
-    else if (v32) launch_adamw_grads<__nv_bfloat16, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
-    else launch_adamw_grads<__nv_bfloat16, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, s);
+    if (m32 && v32) launch_adamw_grads<float, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
+    else if (m32) launch_adamw_grads<float, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
+    else if (v32) launch_adamw_grads<__nv_bfloat16, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
+    else launch_adamw_grads<__nv_bfloat16, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -294,7 +294,7 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
 
     cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 7};
     cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 2, total, gm.f32(), gg.f32(), DType::F32,
-                       gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
+                       gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr, nullptr);
     auto master = master0, m = m0, v = v0;
     cpu::adamw_update(master.data(), grad.data(), m.data(), v.data(), n1, a.lr, a.beta1, a.beta2, a.eps, 0.1f, o[1], 3);
     cpu::adamw_update(master.data() + n1 + gap, grad.data() + n1 + gap, m.data() + n1 + gap, v.data() + n1 + gap, n2,
@@ -325,7 +325,7 @@ TEST(OptimizerKernels, Bf16MasterUpdatesTheWeightsWithUnbiasedStochasticRounding
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1234};
     cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, nullptr, gg.f32(), DType::F32, gmm.get(),
-                       DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, clip.f32(), a, nullptr);
+                       DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, clip.f32(), a, nullptr, nullptr);
     auto exact = p0, m = m0, v = v0;
     cpu::adamw_update(exact.data(), grad.data(), m.data(), v.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                       1.0f, 1);
@@ -368,7 +368,7 @@ TEST(OptimizerKernels, Bf16GradientsGiveTheSameNormAndUpdateAsTheirFp32Values) {
         cuda::global_norm(out.f32(), partials.f32(), gg.get(), gt, n, 1.0f, nullptr);
         cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, 5};
         cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.get(), gt, gmm.get(),
-                           DType::BF16, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr);
+                           DType::BF16, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr, nullptr);
         results[bf16] = {out.download(), gm.download(), gmm.download(), gvv.download(), gw.download()};
     }
     double ss = 0;
@@ -412,6 +412,46 @@ TEST(ConvertKernels, AccumulateBf16RoundsStochasticallyWithoutBias) {
     }
 }
 
+// FP8: AdamW folds each segment's max |weight as stored| into its amax slot — exactly what a
+// separate abs_max pass over the written weights gives — for the fp32 master (bf16 weights rounded
+// to nearest) and the bf16 master (stochastic rounding). The segments are placed so that warps
+// straddle a segment end, padding and the next segment's start (the per-thread path).
+TEST(OptimizerKernels, AdamWWeightAmaxEqualsAbsMaxOfTheStoredWeights) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n1 = 1000, gap = 20, n2 = 3000, n3 = 500, total = n1 + gap + n2 + gap + n3 + 16;
+    std::vector<cuda::ParamSegment> segs = {{0, n1, 1, 0}, {n1 + gap, n2, 1, 2}, {n1 + gap + n2 + gap, n3, 0, -1}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 3));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 3, cudaMemcpyHostToDevice));
+    auto p0 = random_vector(total, 81, 1.0f), grad = random_vector(total, 82, 0.5f);
+    p0[n1 + gap + 17] = 7.5f;   // the largest weight of segment 2 (slot 2)
+    p0[n1 + gap + n2 + gap + 3] = -100.0f;  // in the segment without a slot: must not leak into slot 2
+    for (int64_t i = n1; i < n1 + gap; ++i) p0[i] = grad[i] = 0.0f;
+    for (int64_t i = n1 + gap + n2; i < n1 + gap + n2 + gap; ++i) p0[i] = grad[i] = 0.0f;
+    for (int64_t i = total - 16; i < total; ++i) p0[i] = grad[i] = 0.0f;
+    const auto p0_bf16 = round_bf16(p0);
+    std::vector<float> zero(total, 0.0f);
+    for (bool bf16_master : {false, true}) {
+        SCOPED_TRACE(bf16_master ? "bf16 master" : "fp32 master");
+        DeviceBuffer gm(p0, DType::F32), gg(grad, DType::F32), gmm(zero, DType::F32), gvv(zero, DType::F32),
+            gw(p0_bf16, DType::BF16), amax(std::vector<float>(4 * 4, 0.0f), DType::F32),
+            clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
+        cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 3};
+        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 3, total, bf16_master ? nullptr : gm.f32(),
+                           gg.f32(), DType::F32, gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16,
+                           clip.f32(), a, amax.f32(), nullptr);
+        const auto w = gw.download(), got = amax.download();
+        float want[2] = {0, 0};
+        for (int64_t i = 0; i < n1; ++i) want[0] = std::max(want[0], std::fabs(w[i]));
+        for (int64_t i = n1 + gap; i < n1 + gap + n2; ++i) want[1] = std::max(want[1], std::fabs(w[i]));
+        EXPECT_EQ(got[0], want[0]);
+        EXPECT_EQ(got[8], want[1]);
+        EXPECT_GT(want[1], 7.0f);
+        for (int slot : {1, 3}) EXPECT_EQ(got[4 * slot], 0.0f) << "slot " << slot << " has no segment";
+    }
+    cudaFree(dsegs);
+}
+
 TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     QTRAIN_REQUIRE_GPU();
     // g constant, so m after one step is (1-b1) g in fp32 for every element; that value is not a
@@ -427,7 +467,7 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 99};
     cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), DType::F32,
-                       gmm.get(), DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr);
+                       gmm.get(), DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr, nullptr);
     auto m = gmm.download();
     double mean = 0;
     for (float x : m) mean += x;

@@ -144,10 +144,21 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, config_.head_dim, config_.rope_theta);
     CUDA_CHECK(cudaMemcpyAsync(buf_.cos_sin, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
 
-    // weight-decay segments: one per tensor, sorted by offset
+    // weight-decay segments: one per tensor, sorted by offset, with the FP8 abs-max slot of the
+    // matrix a tensor belongs to (q|k|v and gate|up are one FP8 tensor each)
     std::vector<cuda::ParamSegment> segs;
-    for (std::size_t i = 0; i < layout_.specs.size(); ++i)
-        segs.push_back({layout_.offsets[i], layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0});
+    const int64_t h = config_.hidden_size, qkvd = config_.q_dim() + 2 * config_.kv_dim(), I = config_.intermediate_size;
+    const int64_t matrix_numel[4] = {qkvd * h, h * config_.q_dim(), 2 * I * h, h * I};
+    for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
+        const int64_t off = layout_.offsets[i];
+        int slot = -1;
+        if (const int l = layout_.layer_of(off); fp8_ && l >= 0)
+            for (int m = 0; m < 4; ++m) {
+                const int64_t begin = matrix_offset(l, static_cast<Matrix>(m));
+                if (off >= begin && off < begin + matrix_numel[m]) slot = 4 * l + m;
+            }
+        segs.push_back({off, layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0, slot});
+    }
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     CUDA_CHECK(cudaMemcpyAsync(buf_.segments, segs.data(), segs.size() * sizeof(cuda::ParamSegment),
                                cudaMemcpyHostToDevice, stream_));

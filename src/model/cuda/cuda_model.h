@@ -83,10 +83,12 @@ private:
     // the amax slot a producer kernel fills for matrix m's forward input / for the gradient (null without FP8)
     float* act_amax(int l, Matrix m) const;
     float* grad_amax() const;
-    void quantize_weights();  // fp8 weight copies (and transposes) from the model-dtype weights
+    // fp8 weight copies (and transposes) from the model-dtype weights; amax_ready: AdamW has just
+    // folded each matrix's abs-max into buf_.weight_amax (no separate pass)
+    void quantize_weights(bool amax_ready = false);
     // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
     // copies, laid out like the weights, one byte per element), on `stream`.
-    void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream);
+    void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready = false);
 
     // ---- weight access protocol and gradient streaming (cuda_model_stream.cpp) ----
     // Layer code reads parameters through these: weight(off) is the model-dtype weight at flat
@@ -128,6 +130,9 @@ private:
     void create_streams();
     void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
+    // layer l's matrix m weight abs-max: slot 4 * l + m of the contiguous buf_.weight_amax (AdamW
+    // writes them all, so they are zeroed with one memset)
+    float* weight_amax_ptr(int l, Matrix m) const { return buf_.weight_amax + 4 * (4 * l + static_cast<int>(m)); }
     void refresh_weights();  // weights = (model dtype) master
     void sync() const;
     void zero(void* p, std::size_t bytes);  // device or offloaded host memory

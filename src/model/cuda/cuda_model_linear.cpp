@@ -20,17 +20,19 @@ int64_t CudaModel::matrix_offset(int l, Matrix m) const {
     }
 }
 
-void CudaModel::quantize_weights() {
+void CudaModel::quantize_weights(bool amax_ready) {
     if (!fp8_ || stream_weights_) return;  // streamed layers are quantised as they arrive (gather)
     auto t_ = timer_.scope("fp8 quantize", stream_);
     for (int l = 0; l < config_.num_hidden_layers; ++l) {
         const int64_t b = layout_.layer_begin(l);
         quantize_layer(l, static_cast<const char*>(buf_.weights) + b * dtype_size(opt_.model_dtype),
-                       static_cast<char*>(buf_.wq) + b, buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, stream_);
+                       static_cast<char*>(buf_.wq) + b, buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, stream_,
+                       amax_ready);
     }
 }
 
-void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream) {
+void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream,
+                               bool amax_ready) {
     const ModelConfig& c = config_;
     const int64_t h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
     const int64_t rows[4] = {qkvd, h, 2 * I, h}, cols[4] = {h, qd, h, I};  // W[out, in]
@@ -39,9 +41,9 @@ void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* 
     for (int m = 0; m < 4; ++m) {
         const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
         const void* w = static_cast<const char*>(w_layer) + rel * es;
-        float* amax = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightAmax, m));
+        float* amax = weight_amax_ptr(l, static_cast<Matrix>(m));
         float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
-        cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream);
+        if (!amax_ready) cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream);
         if (fp8_grads_) {  // row-major copy and transpose in one pass
             cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows[m],
                                          cols[m], amax, inv, stream, static_cast<char*>(q_layer) + rel);

@@ -330,10 +330,14 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total,
                           p.grad_clip, stream_);
         cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
+        // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
+        // (streamed layers are quantised, amax included, as they arrive instead)
+        const bool fused_amax = fp8_ && !stream_weights_;
+        if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
         cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
                            buf_.master, buf_.grads, opt_.param_grad_dtype, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
                            buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
-                           args, stream_);
+                           args, fused_amax ? buf_.weight_amax : nullptr, stream_);
         if (stage_grads_) {
             host_grads_fresh_ = true;  // the next backward copies instead of adding
             zero_resident_grads();
@@ -341,7 +345,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         else zero(buf_.grads, grad_bytes);
     }
     weights_changed();
-    quantize_weights();
+    quantize_weights(fp8_ && !stream_weights_);
     float host[4] = {0, 0, 0, 0};
     CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));

@@ -161,6 +161,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             if (fp8_grads) b.wTq = quants.take(P);
         }
         b.fp8_scales = ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2));
+        b.weight_amax = ws.take_n<float>(4 * 4 * static_cast<std::size_t>(L));
         const int64_t x_max = std::max({h, q, I});
         b.xq = ws.take(N * x_max);
         if (fp8_grads) {

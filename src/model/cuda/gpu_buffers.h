@@ -52,6 +52,8 @@ RecomputeSet recompute_set(const ModelOptions& opt);
 // Per layer and matrix m (0 qkv, 1 o, 2 gate_up, 3 down): the weight's amax and inverse scale and the
 // forward input activation's amax and inverse scale; then one amax / inverse-scale pair for the
 // gradient being quantised (used one GEMM at a time).
+// (The weight amax lives in GpuBuffers::weight_amax instead, contiguous for AdamW; its slots here
+// are unused.)
 enum class Fp8Slot { WeightAmax = 0, WeightInv = 4, ActAmax = 8, ActInv = 12 };
 constexpr int kFp8SlotsPerLayer = 16;
 inline int fp8_slot(int layer, Fp8Slot kind, int matrix) { return layer * kFp8SlotsPerLayer + static_cast<int>(kind) + matrix; }
@@ -94,6 +96,7 @@ struct GpuBuffers {
     // (dyq, its transpose dyTq) at a time.
     void *wq = nullptr, *wTq = nullptr;
     float* fp8_scales = nullptr;
+    float* weight_amax = nullptr;  // 4 slots per layer (16 bytes each), contiguous: AdamW fills them
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
