@@ -54,6 +54,17 @@ Data make_batch(int B, int T, int vocab, uint64_t seed) {
     return d;
 }
 
+// A batch from a learnable stream (a fixed walk t -> 7t + 3 mod vocab, 10% random tokens), fresh for
+// every seed: the loss falls during training but no batch is memorised, so it stays well above zero
+// and relative differences between two runs mean something.
+Data make_walk_batch(int B, int T, int vocab, uint64_t seed) {
+    Rng r(seed);
+    std::vector<int32_t> w{static_cast<int32_t>(r.below(vocab))};
+    while (static_cast<int>(w.size()) <= B * T)
+        w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(vocab)) : (w.back() * 7 + 3) % vocab);
+    return Data{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+}
+
 // act F32 or BF16: everything in that type. act E4M3 stands for FP8 training: bf16 model, e4m3
 // matmuls, e5m2 gradients.
 ModelOptions options(DType act, int B, int T) {
@@ -448,14 +459,7 @@ TEST(CudaModel, Bf16MasterTracksTheFp32MasterAndSavesItsMemory) {
         m.init_random(8);
         std::vector<float> losses;
         for (int step = 1; step <= kSteps; ++step) {
-            // a fresh batch of a learnable stream (a fixed walk, 10% noise): the loss falls but no
-            // batch is memorised, so it stays well above zero and relative differences mean something
-            Rng r(500 + step);
-            std::vector<int32_t> w{static_cast<int32_t>(r.below(cfg.vocab_size))};
-            while (static_cast<int>(w.size()) <= B * T)
-                w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(cfg.vocab_size))
-                                               : (w.back() * 7 + 3) % cfg.vocab_size);
-            Data d{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+            Data d = make_walk_batch(B, T, cfg.vocab_size, 500 + step);
             m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
             losses.push_back(m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
         }
@@ -501,12 +505,7 @@ TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
         std::vector<float> out;
         for (int step = 1; step <= kSteps; ++step) {
             for (int micro = 0; micro < kMicro; ++micro) {
-                Rng r(700 + 10 * step + micro);  // a learnable walk with 10% noise, fresh every micro-batch
-                std::vector<int32_t> w{static_cast<int32_t>(r.below(cfg.vocab_size))};
-                while (static_cast<int>(w.size()) <= B * T)
-                    w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(cfg.vocab_size))
-                                                   : (w.back() * 7 + 3) % cfg.vocab_size);
-                Data d{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+                Data d = make_walk_batch(B, T, cfg.vocab_size, 700 + 10 * step + micro);
                 m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / kMicro);
             }
             if (step == 1 && mid_grad) *mid_grad = m.download("model.layers.1.mlp.up_proj.weight", CudaModel::Which::Grad);
