@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [cmp] [demo] [rehearse]
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo] [rehearse]
 #        (default: tests train)
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
@@ -63,6 +63,10 @@ for phase in $PHASES; do
       bench/rehearse_24gb.sh 2>&1 | tail -12 ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
+    ref5)  # the HF comparison with issue 5's memory flags: everything streamed / offloaded / recomputed
+      timeout 300 python3 tests/reference/compare_hf.py --build build-gpu --dtypes bf16,e4m3 --flags \
+        "--recompute-block --shard-weights --offload-gradients --shard-gradients --offload-opt-m --offload-opt-v \
+         --offload-residual --master-dtype=bf16 --param-grad-dtype=bf16 --attn-bwd-chunks=2" 2>&1 | tail -20 ;;
   esac
 done
 echo "total: $(( $(date +%s) - t0 )) s"

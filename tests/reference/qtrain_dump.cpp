@@ -4,7 +4,9 @@
 //
 // usage: qtrain_dump --model DIR --tokens FILE.bin --batch B --seq-len T --dtype fp32|bf16|e4m3 --out OUT
 //        [--steps K --lr LR]   (K optimizer steps on the same batch first, then the dump)
-//        [--recompute-block] [--use-cuda-graphs] [--emulate-out FILE]
+//        [--recompute-block|-ffn|-att|-norm] [--use-cuda-graphs] [--emulate-out FILE]
+//        [--offload-master|-opt-m|-opt-v|-gradients|-residual] [--shard-weights] [--shard-gradients]
+//        [--write-combined] [--attn-bwd-chunks N] [--master-dtype fp32|bf16] [--param-grad-dtype fp32|bf16]
 // --emulate-out (with --dtype e4m3): also run the CPU reference model, emulating the same FP8
 // rounding (core/fp8_reference.h), on the GPU's bf16 weights, and write its loss and gradients to
 // FILE in the same layout (no logits).
@@ -37,9 +39,21 @@ int main(int argc, char** argv) {
     app.add_option("--batch", B);
     app.add_option("--seq-len", T);
     app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16", "e4m3"}));
-    bool recompute_block = false, graphs = false;
-    app.add_flag("--recompute-block", recompute_block);
-    app.add_flag("--use-cuda-graphs", graphs);
+    // the memory and speed flags of issue 5, so compare_hf.py can run the GPU model with them
+    ModelOptions opt;
+    const std::pair<const char*, bool*> flags[] = {
+        {"--recompute-block", &opt.recompute_block},   {"--recompute-ffn", &opt.recompute_ffn},
+        {"--recompute-att", &opt.recompute_att},       {"--recompute-norm", &opt.recompute_norm},
+        {"--use-cuda-graphs", &opt.use_cuda_graphs},   {"--offload-master", &opt.offload_master},
+        {"--offload-opt-m", &opt.offload_opt_m},       {"--offload-opt-v", &opt.offload_opt_v},
+        {"--offload-gradients", &opt.offload_gradients}, {"--offload-residual", &opt.offload_residual},
+        {"--shard-weights", &opt.shard_weights},       {"--shard-gradients", &opt.shard_gradients},
+        {"--write-combined", &opt.write_combined}};
+    for (const auto& [name, field] : flags) app.add_flag(name, *field);
+    app.add_option("--attn-bwd-chunks", opt.attn_bwd_chunks);
+    std::string master_dtype = "fp32", param_grad_dtype = "fp32";
+    app.add_option("--master-dtype", master_dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+    app.add_option("--param-grad-dtype", param_grad_dtype)->check(CLI::IsMember({"fp32", "bf16"}));
     std::string emulate_out;
     app.add_option("--emulate-out", emulate_out);
     app.add_option("--steps", steps);
@@ -47,7 +61,6 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         ModelConfig cfg = load_model_config(model_dir + "/config.json");
-        ModelOptions opt;
         opt.batch_size = B;
         opt.seq_len = T;
         if (dtype == "e4m3") {
@@ -57,8 +70,14 @@ int main(int argc, char** argv) {
         } else {
             opt.model_dtype = opt.matmul_dtype = opt.gradient_dtype = parse_dtype(dtype, "--dtype", "fp32|bf16");
         }
-        opt.recompute_block = recompute_block;
-        opt.use_cuda_graphs = graphs;
+        // implications as in train (train_options.cpp)
+        opt.recompute_ffn |= opt.recompute_block;
+        opt.recompute_att |= opt.recompute_block;
+        opt.recompute_norm |= opt.recompute_block;
+        opt.recompute_swiglu |= opt.recompute_ffn;
+        opt.recompute_qkv |= opt.recompute_att;
+        opt.master_dtype = parse_dtype(master_dtype, "--master-dtype", "fp32|bf16");
+        opt.param_grad_dtype = parse_dtype(param_grad_dtype, "--param-grad-dtype", "fp32|bf16");
         opt.lmhead_chunks = 2;
         CudaModel model(cfg, opt);
         model.load_hf(model_dir);
