@@ -33,13 +33,14 @@ void check_ptr(const void* p, std::uintptr_t align, const char* what, const char
 }  // namespace
 
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& s,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, float* amax) {
     check_shape(dtype, s, "attention_forward");
     check_ptr(out, 16, "attention_forward", "out");
     check_ptr(lse, 4, "attention_forward", "lse");
     check_ptr(qkv, 16, "attention_forward", "qkv");
+    QT_CHECK(!amax || dtype == DType::BF16, "attention_forward: the fused abs-max is for bf16 (FP8 training) only");
     if (dtype == DType::BF16)
-        detail::flash_attention_forward(out, lse, qkv, s, stream);
+        detail::flash_attention_forward(out, lse, qkv, s, stream, amax);
     else
         detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream);
 }

@@ -32,8 +32,10 @@ struct AttentionShape {
 };
 
 // out [B*T, Hq*D] and lse [B, Hq, T] from qkv. dtype: F32 or BF16 (qkv and out; lse is always fp32).
+// amax (BF16 only; FP8 training): also *amax = max |out| as stored, fused into the epilogue (zeroed
+// by the launcher; integer atomicMax on the |x| bit patterns, as fp8.h's abs_max).
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
-                       cudaStream_t stream);
+                       cudaStream_t stream, float* amax = nullptr);
 
 // Bytes of scratch the backward needs (rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats,
 // rounded up to 256 bytes); 0 if none. chunks must divide B (see attention_backward).
@@ -50,7 +52,8 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
 
 // Implementation entry points (already validated arguments); the functions above dispatch to them.
 namespace detail {
-void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream);
+void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream,
+                             float* amax);
 void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                               float* delta, const AttentionShape& s, cudaStream_t stream);
 void fp32_attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,

@@ -21,6 +21,7 @@
 #include "cuda/attention.h"
 #include "cuda/attention_common.cuh"
 #include "cuda/check.h"
+#include "cuda/fp8_common.cuh"
 
 namespace qtrain {
 namespace attn {
@@ -36,10 +37,14 @@ struct FwdTile {
     static constexpr int kSmemBytes = (kBr + 4 * kBc) * kS * 2;  // Q + 2 stages of K and V
 };
 
-template <int D>
-__global__ void __launch_bounds__(FwdTile<D>::kThreads)
+// kAmax (FP8 training): the epilogue also folds max |O| into *amax. A separate instantiation, so the
+// bf16 kernel is unchanged. For D = 64, min 2 CTAs per SM keeps the amax variant at 128 registers
+// (at 129, rounded to 136 per thread, only one 256-thread CTA would fit an SM); D = 128 runs one CTA
+// per SM either way.
+template <int D, bool kAmax>
+__global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
     flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int Hq,
-                     int Hkv, float scale_log2) {
+                     int Hkv, float scale_log2, float* __restrict__ amax) {
     using Tile = FwdTile<D>;
     constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kS = Tile::kS, kThreads = Tile::kThreads;
     constexpr int kDT = D / 8;   // 8-wide column tiles of O
@@ -188,15 +193,24 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
     const int64_t ldo = static_cast<int64_t>(Hq) * D;
     bf16* gout = out + static_cast<int64_t>(b) * T * ldo + h * D;
     constexpr int kChunks = D / 8;
+    unsigned abs_bits = 0;  // max |O| as stored (bf16 |x| bits, shifted to fp32 bits), rows t < T only
 #pragma unroll
     for (int i = 0; i < 16 * kChunks / 32; ++i) {
         const int idx = lane + 32 * i;
         const int r = idx / kChunks, ch = idx % kChunks;
         const int t = wq0 + r;
-        if (t < T)
-            *reinterpret_cast<uint4*>(gout + t * ldo + ch * 8) =
-                *reinterpret_cast<const uint4*>(sO + r * kS + ch * 8);
+        if (t < T) {
+            const uint4 v = *reinterpret_cast<const uint4*>(sO + r * kS + ch * 8);
+            *reinterpret_cast<uint4*>(gout + t * ldo + ch * 8) = v;
+            if constexpr (kAmax) {
+                const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    abs_bits = max(abs_bits, max((words[k] & 0x7fffu) << 16, ((words[k] >> 16) & 0x7fffu) << 16));
+            }
+        }
     }
+    if constexpr (kAmax) cuda::reduce_abs_max(amax, abs_bits);  // every thread of the block takes it
     if (c == 0) {
         float* glse = lse + (static_cast<int64_t>(b) * Hq + h) * T;
         if (row_lo < T) glse[row_lo] = (m[0] + log2f(l[0])) * kLn2;
@@ -205,15 +219,16 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads)
 }
 
 template <int D>
-void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream) {
+void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream, float* amax) {
     using Tile = FwdTile<D>;
-    auto kernel = flash_fwd_kernel<D>;
+    auto kernel = amax ? flash_fwd_kernel<D, true> : flash_fwd_kernel<D, false>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
     const dim3 grid((s.T + Tile::kBr - 1) / Tile::kBr, s.Hq, s.B);
     const float scale_log2 = (1.0f / std::sqrt(static_cast<float>(D))) * kLog2e;
+    if (amax) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
     kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(static_cast<bf16*>(out), lse,
                                                                static_cast<const bf16*>(qkv), s.T, s.Hq, s.Hkv,
-                                                               scale_log2);
+                                                               scale_log2, amax);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -221,11 +236,12 @@ void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s,
 }  // namespace attn
 
 namespace detail {
-void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream) {
+void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream,
+                             float* amax) {
     if (s.D == 64)
-        attn::launch_fwd<64>(out, lse, qkv, s, stream);
+        attn::launch_fwd<64>(out, lse, qkv, s, stream, amax);
     else
-        attn::launch_fwd<128>(out, lse, qkv, s, stream);
+        attn::launch_fwd<128>(out, lse, qkv, s, stream, amax);
 }
 }  // namespace detail
 

@@ -44,7 +44,10 @@ void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, con
 // cos_sin: [T, D/2] cos table followed by [T, D/2] sin table (fp32; built on the host exactly as HF).
 void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s);
 // The inverse rotation applied to the q and k gradients of dqkv, in place.
-void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s);
+// amax (FP8 gradients; may be null): *amax = max |dqkv| as stored over the whole tensor (q, k and the
+// untouched v part), for the QKV projection's gradient quantisation.
+void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
+                   float* amax = nullptr);
 
 // ---- swiglu.cu ----
 // gate_up rows are [gate (I) | up (I)]; out[n, i] = silu(gate) * up.

@@ -141,6 +141,17 @@ Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<flo
     r.out_bytes = test::to_host<uint8_t>(d_out.get(), n_out * es);
     r.lse_bytes = test::to_host<uint8_t>(d_lse.get(), n_lse * 4);
     r.dqkv_bytes = test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
+
+    if (dtype == DType::BF16) {  // the FP8-training variant: same output, plus max |out| from the epilogue
+        DeviceBuffer d_out2 = nan_buffer(n_out * es), d_lse2 = nan_buffer(n_lse * 4);
+        DeviceBuffer d_amax(std::vector<float>{-1.0f, 0, 0, 0}, DType::F32);
+        attention_forward(dtype, d_out2.get(), d_lse2.as<float>(), d_qkv.get(), s, nullptr, d_amax.f32());
+        test::sync_device();
+        EXPECT_EQ(test::to_host<uint8_t>(d_out2.get(), n_out * es), r.out_bytes) << "the amax variant changed out";
+        float want = 0.0f;
+        for (float x : r.out) want = std::max(want, std::fabs(x));
+        EXPECT_EQ(d_amax.download()[0], want) << "fused abs-max of the attention output";
+    }
     return r;
 }
 

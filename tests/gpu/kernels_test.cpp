@@ -117,7 +117,25 @@ TEST_P(KernelTest, RopeForwardAndBackwardOnFusedQkv) {
     expect = d;
     for (int n = 0; n < N; ++n)
         std::copy_n(y.begin() + n * (Hq + Hkv) * D, (Hq + Hkv) * D, expect.begin() + n * stride);
-    EXPECT_LT(rel_max_error(g.download(), expect), tol(1e-6, 8e-3));
+    const auto dq = g.download();
+    EXPECT_LT(rel_max_error(dq, expect), tol(1e-6, 8e-3));
+
+    // with the fused abs-max (FP8 gradients): the same result, and max |dqkv| over q, k and v
+    g.upload(d);
+    DeviceBuffer amax(std::vector<float>{-1.0f, 0, 0, 0}, DType::F32);
+    cuda::rope_backward(act(), g.get(), gcs.f32(), B, T, Hq, Hkv, D, nullptr, amax.f32());
+    EXPECT_EQ(g.download(), dq);
+    float want = 0.0f;
+    for (float v : dq) want = std::max(want, std::fabs(v));
+    EXPECT_EQ(amax.download()[0], want);
+    float v_max = 0.0f;  // make the v part hold the largest value: it must still be seen
+    for (int n = 0; n < N; ++n)
+        for (int j = (Hq + Hkv) * D; j < stride; ++j) v_max = std::max(v_max, std::fabs(dq[n * stride + j]));
+    auto d_big = d;
+    d_big[3 * stride + (Hq + Hkv) * D + 1] = in(std::vector<float>{-50.0f})[0];
+    g.upload(d_big);
+    cuda::rope_backward(act(), g.get(), gcs.f32(), B, T, Hq, Hkv, D, nullptr, amax.f32());
+    EXPECT_EQ(amax.download()[0], 50.0f) << "the v part of dqkv is not in the abs-max (v max was " << v_max << ")";
   }
 }
 

@@ -100,9 +100,9 @@ void CudaModel::forward(int B, int T) {
         }
         {
             auto t_ = timer_.scope("attention fwd", stream_);
-            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO));
         }
-        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax: from the attention
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
@@ -158,9 +158,9 @@ void CudaModel::recompute_layer(int l, int B, int T) {
         cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                            stream_);
     }
-    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_);
+    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO));
     if (rc.res_mid) {
-        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h);
+        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax slot is current
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
                                        stream_, act_amax(l, kGateUp));
     } else if (rc.ln2) {
@@ -258,13 +258,13 @@ void CudaModel::backward(int B, int T) {
         {
             auto t_ = timer_.scope("rope", stream_);
             cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
-                                c.head_dim, stream_);
+                                c.head_dim, stream_, grad_amax());
         }
         {
             auto t_ = timer_.scope("bias grad", stream_);
             cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
         }
-        linear_bwd(l, kQkv, buf_.d_ln, buf_.d_qkv, x.ln1, N, h, qkvd);
+        linear_bwd(l, kQkv, buf_.d_ln, buf_.d_qkv, x.ln1, N, h, qkvd, fp8_grads_);  // d_qkv amax: from RoPE
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
