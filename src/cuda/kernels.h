@@ -101,6 +101,13 @@ struct AdamWArgs {
 void adamw_update(const ParamSegment* segments_device, int num_segments, int64_t total_elements, float* master,
                   const void* grad, DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
                   const float* clip, const AdamWArgs& args, float* weight_amax, cudaStream_t s);
+// The same update for the elements [begin, end) only (multiples of 4), with every array pointer
+// pointing at element `begin` (a chunk staged on the device, or a resident buffer + begin): segments
+// and stochastic-rounding bits use the absolute index, so chunked updates equal one whole update.
+void adamw_update_range(const ParamSegment* segments_device, int num_segments, int64_t begin, int64_t end,
+                        float* master, const void* grad, DType grad_type, void* m, DType m_type, void* v, DType v_type,
+                        void* weights, DType act, const float* clip, const AdamWArgs& args, float* weight_amax,
+                        cudaStream_t s);
 
 // ---- convert.cu ----
 // dst[i] = (dst_type) src[i] for fp32 -> {fp32, bf16}.

@@ -98,33 +98,28 @@ __device__ __forceinline__ void load_bf16x4(const __nv_bfloat16* w, int64_t i0, 
     out[0] = __low2float(a), out[1] = __high2float(a), out[2] = __low2float(b), out[3] = __high2float(b);
 }
 
-// Each thread updates 4 consecutive elements. Segment starts are multiples of 4 (the GPU layout
-// aligns tensors to 64 elements), so a group of 4 starts either in padding (skipped: all of it is
-// padding) or in one segment; if it runs past that segment's end it runs into padding (zeros that
-// stay zero under AdamW) or into the next tensor of a fused group, which has the same decay flag.
-// kMaster32: the parameters are the fp32 master (and `weights`, if set, its rounded copy); else
-// (--master-dtype=bf16) the bf16 `weights` are the parameters, read and written back with
-// stochastic rounding, so updates far below one bf16 ulp still move them on average.
+// AdamW on the 4 elements at absolute index i0 (segments, random bits), stored at index ir of the
+// arrays; returns the |x| bit-pattern max of the weights as stored (for the FP8 weight amax).
 template <class MT, class VT, class GT, class WT, bool kMaster32>
-__device__ __forceinline__ unsigned adamw_group(int64_t i0, const ParamSegment& sg, float* master, const void* grad,
-                                                void* m, void* v, WT* weights, const float* clip, const AdamWArgs& a,
-                                                float bc1, float bc2) {
+__device__ __forceinline__ unsigned adamw_group(int64_t i0, int64_t ir, const ParamSegment& sg, float* master,
+                                                const void* grad, void* m, void* v, WT* weights, const float* clip,
+                                                const AdamWArgs& a, float bc1, float bc2) {
     const float wd = sg.decay ? a.weight_decay : 0.0f;
     const float cs = clip[1];
     float g[4];
-    load4<GT>(grad, i0, g);
+    load4<GT>(grad, ir, g);
 #pragma unroll
     for (int k = 0; k < 4; ++k) g[k] *= cs;
     float p[4];
     if constexpr (kMaster32) {
-        const float4 p4 = *reinterpret_cast<const float4*>(master + i0);
+        const float4 p4 = *reinterpret_cast<const float4*>(master + ir);
         p[0] = p4.x, p[1] = p4.y, p[2] = p4.z, p[3] = p4.w;
     } else {
-        load_bf16x4(weights, i0, p);
+        load_bf16x4(weights, ir, p);
     }
     float mv[4], vv[4];
-    load4<MT>(m, i0, mv);
-    load4<VT>(v, i0, vv);
+    load4<MT>(m, ir, mv);
+    load4<VT>(v, ir, vv);
     uint32_t rm[4], rv[4], rw[4];
     if constexpr (sizeof(MT) == 2 || sizeof(VT) == 2 || !kMaster32) {
         const uint32_t base = group_hash(a.seed, static_cast<uint32_t>(a.step), static_cast<uint64_t>(i0));
@@ -142,14 +137,14 @@ __device__ __forceinline__ unsigned adamw_group(int64_t i0, const ParamSegment& 
         vv[k] = a.beta2 * vv[k] + (1.0f - a.beta2) * g[k] * g[k];
         p[k] -= a.lr * ((mv[k] / bc1) / (sqrtf(vv[k] / bc2) + a.eps) + wd * p[k]);
     }
-    store4<MT>(m, i0, mv, rm);
-    store4<VT>(v, i0, vv, rv);
+    store4<MT>(m, ir, mv, rm);
+    store4<VT>(v, ir, vv, rv);
     // the weights as stored (what the FP8 quantisation will read): their |x| bit-pattern max
     float stored[4];
     if constexpr (kMaster32) {
-        *reinterpret_cast<float4*>(master + i0) = make_float4(p[0], p[1], p[2], p[3]);
+        *reinterpret_cast<float4*>(master + ir) = make_float4(p[0], p[1], p[2], p[3]);
         if (weights) {
-            store_weights4(weights, i0, p);
+            store_weights4(weights, ir, p);
 #pragma unroll
             for (int k = 0; k < 4; ++k) stored[k] = to_float(from_float<WT>(p[k]));
         } else {
@@ -164,7 +159,7 @@ __device__ __forceinline__ unsigned adamw_group(int64_t i0, const ParamSegment& 
             hb[k] = __bfloat16_as_ushort(q);
             stored[k] = __bfloat162float(q);
         }
-        *reinterpret_cast<uint2*>(weights + i0) =
+        *reinterpret_cast<uint2*>(weights + ir) =
             make_uint2(hb[0] | (static_cast<uint32_t>(hb[1]) << 16), hb[2] | (static_cast<uint32_t>(hb[3]) << 16));
     }
     unsigned bits = 0;
@@ -181,17 +176,21 @@ __device__ __forceinline__ unsigned adamw_group(int64_t i0, const ParamSegment& 
 // kMaster32: the parameters are the fp32 master (and `weights`, if set, its rounded copy); else
 // (--master-dtype=bf16) the bf16 `weights` are the parameters, read and written back with
 // stochastic rounding, so updates far below one bf16 ulp still move them on average.
+// The thread's absolute element index i0 (segments, random bits) runs over [begin, end); the arrays
+// are indexed relative to begin (ir = i0 - begin), so a chunk of host-resident state staged on the
+// device is updated exactly as in one launch over everything (begin = 0).
 // weight_amax (FP8, may be null): each segment with an amax slot folds max |stored weight| into
 // weight_amax[4 * slot] — one atomicMax per warp when the warp lies in one slot (almost always),
 // per thread otherwise. No thread returns early: the whole warp takes part in the reduction.
 template <class MT, class VT, class GT, class WT, bool kMaster32>
-__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
-                             void* m, void* v, WT* weights, const float* clip, AdamWArgs a, float bc1, float bc2,
-                             float* weight_amax) {
-    const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+__global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t begin, int64_t end, float* master,
+                             const void* grad, void* m, void* v, WT* weights, const float* clip, AdamWArgs a, float bc1,
+                             float bc2, float* weight_amax) {
+    const int64_t i0 = begin + (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+    constexpr float zero4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     unsigned bits = 0;
     int slot = -1;
-    if (i0 < total) {
+    if (i0 < end) {
         int lo = 0, hi = num_segs - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
@@ -199,9 +198,14 @@ __global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t tot
             else hi = mid - 1;
         }
         const ParamSegment sg = segs[lo];
-        if (i0 >= sg.offset && i0 < sg.offset + sg.size) {  // else padding between tensors
-            bits = adamw_group<MT, VT, GT, WT, kMaster32>(i0, sg, master, grad, m, v, weights, clip, a, bc1, bc2);
+        if (i0 >= sg.offset && i0 < sg.offset + sg.size) {
+            bits = adamw_group<MT, VT, GT, WT, kMaster32>(i0, i0 - begin, sg, master, grad, m, v, weights, clip, a, bc1,
+                                                          bc2);
             slot = sg.amax_slot;
+        } else if constexpr (kMaster32) {
+            // padding between tensors: the rounded weights are written (zeros, as the padding always
+            // is) because a staged chunk of them is write-only and goes back to host memory whole
+            if (weights) store_weights4(weights, i0 - begin, zero4);
         }
     }
     if (!weight_amax) return;  // uniform over the grid
@@ -216,31 +220,31 @@ __global__ void adamw_kernel(const ParamSegment* segs, int num_segs, int64_t tot
 }
 
 template <class MT, class VT, class GT>
-void launch_adamw(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad, void* m,
-                  void* v, void* weights, DType act, const float* clip, const AdamWArgs& a, float bc1, float bc2,
-                  float* weight_amax, cudaStream_t s) {
-    const unsigned blocks = ceil_div(total / 4, 256);
+void launch_adamw(const ParamSegment* segs, int num_segs, int64_t begin, int64_t end, float* master, const void* grad,
+                  void* m, void* v, void* weights, DType act, const float* clip, const AdamWArgs& a, float bc1,
+                  float bc2, float* weight_amax, cudaStream_t s) {
+    const unsigned blocks = ceil_div((end - begin) / 4, 256);
     if (!master) {  // bf16 weights are the master
         adamw_kernel<MT, VT, GT, __nv_bfloat16, false><<<blocks, 256, 0, s>>>(
-            segs, num_segs, total, nullptr, grad, m, v, static_cast<__nv_bfloat16*>(weights), clip, a, bc1, bc2,
+            segs, num_segs, begin, end, nullptr, grad, m, v, static_cast<__nv_bfloat16*>(weights), clip, a, bc1, bc2,
             weight_amax);
         return;
     }
     QTRAIN_DISPATCH_ACT(act, WT, adamw_kernel<MT, VT, GT, WT, true><<<blocks, 256, 0, s>>>(
-                                     segs, num_segs, total, master, grad, m, v, static_cast<WT*>(weights), clip, a,
-                                     bc1, bc2, weight_amax));
+                                     segs, num_segs, begin, end, master, grad, m, v, static_cast<WT*>(weights), clip,
+                                     a, bc1, bc2, weight_amax));
 }
 
 template <class MT, class VT>
-void launch_adamw_grads(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
-                        DType grad_type, void* m, void* v, void* weights, DType act, const float* clip,
+void launch_adamw_grads(DType grad_type, const ParamSegment* segs, int num_segs, int64_t begin, int64_t end,
+                        float* master, const void* grad, void* m, void* v, void* weights, DType act, const float* clip,
                         const AdamWArgs& a, float bc1, float bc2, float* weight_amax, cudaStream_t s) {
     if (grad_type == DType::F32)
-        launch_adamw<MT, VT, float>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2,
+        launch_adamw<MT, VT, float>(segs, num_segs, begin, end, master, grad, m, v, weights, act, clip, a, bc1, bc2,
                                     weight_amax, s);
     else
-        launch_adamw<MT, VT, __nv_bfloat16>(segs, num_segs, total, master, grad, m, v, weights, act, clip, a, bc1, bc2,
-                                            weight_amax, s);
+        launch_adamw<MT, VT, __nv_bfloat16>(segs, num_segs, begin, end, master, grad, m, v, weights, act, clip, a, bc1,
+                                            bc2, weight_amax, s);
 }
 
 }  // namespace
@@ -261,20 +265,37 @@ void global_norm(float* out, float* partials, const void* grad, DType grad_type,
 void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,
                   DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights, DType act,
                   const float* clip, const AdamWArgs& a, float* weight_amax, cudaStream_t s) {
-    if (total == 0 || num_segs == 0) return;
-    QT_CHECK(total % 4 == 0 && reinterpret_cast<uintptr_t>(master) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(weights) % 8 == 0,
-             "AdamW: the flat buffers must be 16-byte aligned and a multiple of 4 elements (got ", total, ")");
+    adamw_update_range(segs, num_segs, 0, total, master, grad, grad_type, m, m_type, v, v_type, weights, act, clip, a,
+                       weight_amax, s);
+}
+
+void adamw_update_range(const ParamSegment* segs, int num_segs, int64_t begin, int64_t end, float* master,
+                        const void* grad, DType grad_type, void* m, DType m_type, void* v, DType v_type, void* weights,
+                        DType act, const float* clip, const AdamWArgs& a, float* weight_amax, cudaStream_t s) {
+    if (end <= begin || num_segs == 0) return;
+    auto aligned = [](const void* p, std::size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    QT_CHECK(begin % 4 == 0 && end % 4 == 0 && aligned(master, 16) && aligned(grad, 16) && aligned(weights, 8) &&
+                 aligned(m, 8) && aligned(v, 8),
+             "AdamW: the buffers must be 16-byte aligned and the range [", begin, ", ", end,
+             ") a multiple of 4 elements");
     QT_CHECK(master || (weights && act == DType::BF16), "AdamW: without an fp32 master the bf16 weights are the master");
     const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta1), a.step));
     const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(a.beta2), a.step));
     const bool m32 = m_type == DType::F32, v32 = v_type == DType::F32;
     QT_CHECK(grad_type == DType::F32 || grad_type == DType::BF16, "AdamW: gradients must be fp32 or bf16");
     QT_CHECK((m32 || m_type == DType::BF16) && (v32 || v_type == DType::BF16), "AdamW: moments must be fp32 or bf16");
-    if (m32 && v32) launch_adamw_grads<float, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
-    else if (m32) launch_adamw_grads<float, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
-    else if (v32) launch_adamw_grads<__nv_bfloat16, float>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
-    else launch_adamw_grads<__nv_bfloat16, __nv_bfloat16>(segs, num_segs, total, master, grad, grad_type, m, v, weights, act, clip, a, bc1, bc2, weight_amax, s);
+    if (m32 && v32)
+        launch_adamw_grads<float, float>(grad_type, segs, num_segs, begin, end, master, grad, m, v, weights, act, clip,
+                                         a, bc1, bc2, weight_amax, s);
+    else if (m32)
+        launch_adamw_grads<float, __nv_bfloat16>(grad_type, segs, num_segs, begin, end, master, grad, m, v, weights,
+                                                 act, clip, a, bc1, bc2, weight_amax, s);
+    else if (v32)
+        launch_adamw_grads<__nv_bfloat16, float>(grad_type, segs, num_segs, begin, end, master, grad, m, v, weights,
+                                                 act, clip, a, bc1, bc2, weight_amax, s);
+    else
+        launch_adamw_grads<__nv_bfloat16, __nv_bfloat16>(grad_type, segs, num_segs, begin, end, master, grad, m, v,
+                                                         weights, act, clip, a, bc1, bc2, weight_amax, s);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -30,6 +30,10 @@ struct ModelOptions {
     bool offload_residual = false, offload_master = false, offload_opt_m = false, offload_opt_v = false;
     bool offload_quants = false, offload_gradients = false;
     bool persistent_quants = false, write_combined = false, memcpy_all_gather = false;
+    // the optimizer stages offloaded state through two device chunks on copy engines instead of
+    // reading it zero-copy; chunk size in elements (a multiple of 64; tests make it small)
+    bool offload_double_buffer = false;
+    int64_t optimizer_chunk = int64_t{1} << 24;
     // sharding (ZeRO)
     bool shard_weights = false, shard_gradients = false;
     int zero_level = 1;

@@ -50,6 +50,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--offload-quants", o.offload_quants, "Keep quantised weights in pinned host memory (with --persistent-quants)");
     g->add_flag("--offload-gradients", o.offload_gradients, "Keep (sharded) gradients in pinned host memory");
     g->add_flag("--persistent-quants", o.persistent_quants, "Keep quantised copies of the weights instead of re-quantising each step");
+    g->add_flag("--offload-double-buffer", o.offload_double_buffer, "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side streams (copy engines, double-buffered) instead of reading host memory zero-copy");
     g->add_flag("--write-combined", o.write_combined, "Allocate offload buffers write-combined (faster host-to-device)");
     g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
 
@@ -158,6 +159,7 @@ ModelOptions TrainOptions::model_options(const std::string& dev) const {
     m.offload_opt_v = offload_opt_v;
     m.offload_quants = offload_quants;
     m.offload_gradients = offload_gradients;
+    m.offload_double_buffer = offload_double_buffer;
     m.persistent_quants = persistent_quants;
     m.write_combined = write_combined;
     m.memcpy_all_gather = memcpy_all_gather;
@@ -195,7 +197,7 @@ std::string TrainOptions::to_json() const {
     j["recompute-ffn"] = recompute_ffn; j["recompute-att"] = recompute_att; j["recompute-block"] = recompute_block;
     j["offload-residual"] = offload_residual; j["offload-master"] = offload_master;
     j["offload-opt-m"] = offload_opt_m; j["offload-opt-v"] = offload_opt_v; j["offload-quants"] = offload_quants;
-    j["offload-gradients"] = offload_gradients; j["persistent-quants"] = persistent_quants;
+    j["offload-gradients"] = offload_gradients; j["offload-double-buffer"] = offload_double_buffer; j["persistent-quants"] = persistent_quants;
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
     j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;

@@ -35,7 +35,7 @@ struct TrainOptions {
     bool recompute_ffn = false, recompute_att = false, recompute_block = false;
     // offload
     bool offload_residual = false, offload_master = false, offload_opt_m = false, offload_opt_v = false;
-    bool offload_quants = false, offload_gradients = false;
+    bool offload_quants = false, offload_gradients = false, offload_double_buffer = false;
     bool persistent_quants = false, write_combined = false, memcpy_all_gather = false;
     // multi-GPU / sharding
     int gpus = 1;

@@ -406,12 +406,14 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     ModelConfig cfg = make_config(kShapes[2]);
     const int B = 2, T = 64;
-    auto run = [&](bool offload, bool write_combined, DType moments, bool grads = false) {
+    auto run = [&](bool offload, bool write_combined, DType moments, bool grads = false, bool double_buffer = false) {
         ModelOptions o = options(DType::BF16, B, T);
         o.opt_m_dtype = o.opt_v_dtype = moments;
         o.offload_master = o.offload_opt_m = o.offload_opt_v = offload;
         o.offload_gradients = grads;
         o.write_combined = write_combined;
+        o.offload_double_buffer = double_buffer;
+        o.optimizer_chunk = 4096;  // many chunks, the last one short
         CudaModel m(cfg, o);
         m.init_random(17);
         std::vector<float> out;
@@ -436,6 +438,9 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
         EXPECT_EQ(run(true, true, moments), base);
         EXPECT_EQ(run(true, false, moments, true), base) << "gradients offloaded too";
         EXPECT_EQ(run(false, false, moments, true), base) << "only the gradients offloaded";
+        EXPECT_EQ(run(true, false, moments, false, true), base) << "double-buffered optimizer";
+        EXPECT_EQ(run(true, true, moments, true, true), base) << "double-buffered, gradients too, write-combined";
+        EXPECT_EQ(run(false, false, moments, true, true), base) << "double-buffered, only the gradients offloaded";
     }
     ModelOptions o = options(DType::BF16, B, T);
     o.offload_master = o.offload_opt_m = o.offload_opt_v = true;
@@ -667,6 +672,12 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
                  o.recompute_ffn = o.write_combined = true;
              }},
             {"offload-residual", [](ModelOptions& o) { o.offload_residual = true; }},
+            {"everything offloaded + double-buffered optimizer in small chunks",
+             [](ModelOptions& o) {
+                 o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_master = true;
+                 o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
+                 o.optimizer_chunk = 1024;
+             }},
             {"offload-residual + recompute-block + streamed weights and gradients",
              [](ModelOptions& o) {
                  o.offload_residual = o.recompute_block = true;
@@ -689,6 +700,26 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Streaming, ::testing::Values(DType::BF16, DType::E4M3),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// --offload-double-buffer adds two device chunks per offloaded optimizer array, nothing else.
+TEST(OptimizerStagingPlan, TwoChunksPerOffloadedArray) {
+    ModelConfig cfg = preset_config("Qwen2.5-7B");
+    ModelOptions o = options(DType::BF16, 4, 1024);
+    o.recompute_block = o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_gradients = true;
+    o.opt_m_dtype = o.opt_v_dtype = DType::BF16;
+    const MemoryPlan zero_copy = gpu_memory_plan(cfg, o, "cuda");
+    o.offload_double_buffer = true;
+    const MemoryPlan staged = gpu_memory_plan(cfg, o, "cuda");
+    const std::size_t chunk = static_cast<std::size_t>(o.optimizer_chunk);
+    EXPECT_EQ(staged.total_device() - zero_copy.total_device(), 2 * chunk * (4 + 4 + 2 + 2));  // master, grads, m, v
+    EXPECT_EQ(staged.total_pinned(), zero_copy.total_pinned());
+    o.shard_weights = true;  // the bf16 weights too
+    const MemoryPlan zero_copy_w = [&] { ModelOptions z = o; z.offload_double_buffer = false; return gpu_memory_plan(cfg, z, "cuda"); }();
+    EXPECT_EQ(gpu_memory_plan(cfg, o, "cuda").total_device() - zero_copy_w.total_device(), 2 * chunk * (4 + 4 + 2 + 2 + 2));
+    ModelOptions none = options(DType::BF16, 4, 1024);
+    none.offload_double_buffer = true;
+    EXPECT_ERROR(CudaModel::plan(cfg, none), "--offload-double-buffer applies to offloaded");
+}
 
 // --offload-residual keeps two layer input residuals on the device and all of them pinned.
 TEST(ResidualOffloadPlan, TwoResidualSlotsOnTheDeviceAndEveryLayerPinned) {

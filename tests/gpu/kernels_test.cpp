@@ -470,6 +470,42 @@ TEST(OptimizerKernels, AdamWWeightAmaxEqualsAbsMaxOfTheStoredWeights) {
     cudaFree(dsegs);
 }
 
+// adamw_update_range over consecutive chunks, each array given at its chunk start (as the
+// double-buffered optimizer does with its staging slots), equals one whole update bit for bit —
+// bf16 moments (stochastic rounding by absolute index), bf16 weights, padding between segments.
+TEST(OptimizerKernels, ChunkedAdamWEqualsTheWholeUpdate) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t n1 = 5000, gap = 60, n2 = 3004, total = n1 + gap + n2 + 72;
+    std::vector<cuda::ParamSegment> segs = {{0, n1, 1, -1}, {n1 + gap, n2, 0, -1}};
+    void* dsegs;
+    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 2));
+    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 2, cudaMemcpyHostToDevice));
+    auto p0 = random_vector(total, 91, 1.0f), grad = random_vector(total, 92, 0.5f);
+    auto m0 = random_vector(total, 93, 0.01f), v0 = random_vector(total, 94, 0.01f);
+    for (auto& x : v0) x = std::fabs(x);
+    for (int64_t i = n1; i < n1 + gap; ++i) p0[i] = grad[i] = m0[i] = v0[i] = 0.0f;
+    for (int64_t i = n1 + gap + n2; i < total; ++i) p0[i] = grad[i] = m0[i] = v0[i] = 0.0f;
+    const cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 4, 11};
+    std::vector<std::vector<float>> got[2];
+    for (int chunked = 0; chunked < 2; ++chunked) {
+        DeviceBuffer gm(p0, DType::F32), gg(grad, DType::F32), gmm(m0, DType::BF16), gvv(v0, DType::BF16),
+            gw(std::vector<float>(total, 7.0f), DType::BF16), clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
+        const int64_t step = chunked ? 1024 : total;
+        for (int64_t b = 0; b < total; b += step) {
+            const int64_t e = std::min(total, b + step);
+            cuda::adamw_update_range(static_cast<const cuda::ParamSegment*>(dsegs), 2, b, e, gm.f32() + b,
+                                     gg.f32() + b, DType::F32, static_cast<uint16_t*>(gmm.get()) + b, DType::BF16,
+                                     static_cast<uint16_t*>(gvv.get()) + b, DType::BF16,
+                                     static_cast<uint16_t*>(gw.get()) + b, DType::BF16, clip.f32(), a, nullptr,
+                                     nullptr);
+        }
+        got[chunked] = {gm.download(), gmm.download(), gvv.download(), gw.download()};
+    }
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(got[1][k], got[0][k]) << "array " << k;
+    for (int64_t i = n1; i < n1 + gap; ++i) ASSERT_EQ(got[0][3][i], 0.0f) << "padding weights are written as zeros";
+    cudaFree(dsegs);
+}
+
 TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     QTRAIN_REQUIRE_GPU();
     // g constant, so m after one step is (1-b1) g in fp32 for every element; that value is not a

@@ -104,6 +104,12 @@ const Mode kModes[] = {
          o.master_dtype = DType::BF16;
          o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_opt_m = o.offload_opt_v = true;
      }},
+    {"streamed, double-buffered optimizer",
+     [](ModelOptions& o) {
+         o.shard_weights = o.offload_gradients = o.shard_gradients = o.offload_master = true;
+         o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
+         o.optimizer_chunk = 2048;
+     }},
     {"streamed, bf16 master and gradients, e4m3",  // the 14B-on-24GB configuration
      [](ModelOptions& o) {
          o.matmul_dtype = DType::E4M3;

@@ -54,6 +54,12 @@ void CudaModel::check_options(const ModelOptions& o) {
                  o.shard_weights,
              "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m, --offload-opt-v, "
              "--offload-gradients or --shard-weights");
+    QT_CHECK(!o.offload_double_buffer || o.offload_master || o.offload_opt_m || o.offload_opt_v ||
+                 o.offload_gradients || o.shard_weights,
+             "--offload-double-buffer applies to offloaded optimizer inputs: add --offload-master, --offload-opt-m, "
+             "--offload-opt-v, --offload-gradients or --shard-weights");
+    QT_CHECK(o.optimizer_chunk >= 64 && o.optimizer_chunk % 64 == 0, "optimizer chunk of ", o.optimizer_chunk,
+             " elements: must be a positive multiple of 64");
     unsupported(o.offload_quants, "--offload-quants");
     unsupported(o.persistent_quants, "--persistent-quants");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");

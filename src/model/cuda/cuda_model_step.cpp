@@ -334,10 +334,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         // (streamed layers are quantised, amax included, as they arrive instead)
         const bool fused_amax = fp8_ && !stream_weights_;
         if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
-        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, layout_.total,
-                           buf_.master, buf_.grads, opt_.param_grad_dtype, buf_.adam_m, opt_.opt_m_dtype, buf_.adam_v, opt_.opt_v_dtype,
-                           buf_.weights == buf_.master ? nullptr : buf_.weights, opt_.model_dtype, buf_.norm_out,
-                           args, fused_amax ? buf_.weight_amax : nullptr, stream_);
+        run_adamw(args, fused_amax ? buf_.weight_amax : nullptr);
         if (stage_grads_) {
             host_grads_fresh_ = true;  // the next backward copies instead of adding
             zero_resident_grads();

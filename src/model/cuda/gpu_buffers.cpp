@@ -27,7 +27,19 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"Weight slots", false, nullptr, 0});
     a.push_back(Arena{"Gradient slots", false, nullptr, 0});
     a.push_back(Arena{"Residuals", true, nullptr, 0});  // --offload-residual: every layer's input residual
+    a.push_back(Arena{"Optimizer staging", false, nullptr, 0});  // --offload-double-buffer
     return a;
+}
+
+bool optimizer_array_on_host(const ModelOptions& o, OptArray a) {
+    switch (a) {
+        case kOptMaster: return o.offload_master && o.master_dtype == DType::F32 && o.model_dtype != DType::F32;
+        case kOptGrads: return o.offload_gradients;
+        case kOptM: return o.offload_opt_m;
+        case kOptV: return o.offload_opt_v;
+        case kOptWeights: return o.shard_weights;
+    }
+    return false;
 }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
@@ -57,6 +69,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& wslots = arenas[9];
     Arena& gslots = arenas[10];
     Arena& residuals = arenas[11];
+    Arena& opt_staging = arenas[12];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -80,6 +93,13 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     }
     b.adam_m = am.take_typed(P, opt.opt_m_dtype);
     b.adam_v = av.take_typed(P, opt.opt_v_dtype);
+    if (opt.offload_double_buffer) {
+        b.opt_chunk = std::min<int64_t>(opt.optimizer_chunk, (P + 63) / 64 * 64);
+        const DType types[5] = {DType::F32, opt.param_grad_dtype, opt.opt_m_dtype, opt.opt_v_dtype, A};
+        for (int a = 0; a < 5; ++a)
+            if (optimizer_array_on_host(opt, static_cast<OptArray>(a)))
+                for (void*& s : b.opt_stage[a]) s = opt_staging.take_typed(b.opt_chunk, types[a]);
+    }
 
     // A recomputed activation gets one buffer for all layers (taken by its first layer; pointers are
     // null while measuring, so "taken" is tracked separately).
@@ -183,7 +203,7 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     plan.device = device_name;
     for (const Arena& a : arenas) {
         if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
-                            a.category == "Residuals"))
+                            a.category == "Residuals" || a.category == "Optimizer staging"))
             continue;  // no FP8, no streaming, no residual offload
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));

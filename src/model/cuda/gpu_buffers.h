@@ -118,10 +118,21 @@ struct GpuBuffers {
     // uses res_slots[l % 2], which layers[l].res_in points to) and the backward loads them back.
     void* res_host = nullptr;
     void* res_slots[2] = {nullptr, nullptr};
+    // Double-buffered optimizer (--offload-double-buffer): for each flat array AdamW touches that lives
+    // in pinned host memory (kOptMaster .. kOptWeights), two device chunks of opt_chunk elements that
+    // the copy engines fill and drain while AdamW works on the other (null: not staged).
+    void* opt_stage[5][2] = {};
+    int64_t opt_chunk = 0;
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };
+
+// The flat arrays of the optimizer, in GpuBuffers::opt_stage order.
+enum OptArray { kOptMaster = 0, kOptGrads = 1, kOptM = 2, kOptV = 3, kOptWeights = 4 };
+// Whether array a lives in pinned host memory under these options (so the double-buffered optimizer
+// stages it).
+bool optimizer_array_on_host(const ModelOptions& opt, OptArray a);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals). With null arena bases it only measures.
