@@ -10,7 +10,8 @@
 #   110 GiB pinned, fits the one-GPU machine's 125 GiB) 14b-fp8-stream (fp32 master and gradients:
 #   ~193 GiB pinned, the two-GPU machine). 7B with FP8 but without --shard-weights does not fit 24 GiB
 #   (bf16 weights + fp8 copies + resident embedding/LM-head gradients).
-#   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each.
+#   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each,
+#   EXTRA: flags added to every run (e.g. EXTRA=--offload-double-buffer for the A/B of the optimizer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STEPS=${STEPS:-6}
@@ -19,8 +20,8 @@ OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
 STREAM="--shard-weights --offload-gradients --shard-gradients"
 run() {
   local name=$1 model=$2 batch=$3 ga=$4; shift 4
-  echo "== $name: $model batch $batch grad-accumulation $ga: $*"
-  GA=$ga timeout "${TIMEOUT:-240}" bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" 2>&1 | tail -1
+  echo "== $name: $model batch $batch grad-accumulation $ga: $* ${EXTRA:-}"
+  GA=$ga timeout "${TIMEOUT:-240}" bench/bench_qtrain.sh "$model" "$batch" $LIMIT "$@" ${EXTRA:-} 2>&1 | tail -1
   pkill -f "/train --model=" 2>/dev/null; sleep 1  # timeout stops the script, not its train child
   [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$name.out" 2>/dev/null
   grep -E "^\[T\] step" /tmp/qtrain-bench/train.out | tail -2
