@@ -229,8 +229,13 @@ int Trainer::run() {
     if (eval_data) log.log_dataset("eval", *eval_data);
 
     log.log_memory(plan, limit);
+    // set-up phases are timed: for a 14B model with 110 GiB pinned they take minutes
+    auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    auto t_setup = Clock::now();
     std::unique_ptr<IModel> model = create_model(cfg, mopt, device);
+    log.message(fmt::format("[Setup] model created and its memory allocated in {:.1f} s", seconds_since(t_setup)));
     log.log_sol(training_flops_per_token(cfg, opt_.seq_len), peak);
+    t_setup = Clock::now();
 
     int start_step = 0;
     if (resume_dir) {
@@ -250,6 +255,9 @@ int Trainer::run() {
             model->load_hf(*source.directory);
         }
     }
+    log.message(fmt::format("[Setup] parameters {} in {:.1f} s",
+                            resume_dir ? "and optimizer state loaded" : opt_.from_scratch ? "initialised" : "loaded",
+                            seconds_since(t_setup)));
 
     LrSchedule schedule;
     schedule.peak_lr = opt_.learning_rate;
@@ -322,7 +330,9 @@ int Trainer::run() {
     if (!evaluated_last) run_eval(step);
 
     fs::create_directories(opt_.out_dir);
+    t_setup = Clock::now();
     model->save_hf(opt_.out_dir);
+    log.message(fmt::format("[Setup] model exported in {:.1f} s", seconds_since(t_setup)));
     if (source.directory) copy_tokenizer_files(*source.directory, opt_.out_dir);
     log.log_done(step, opt_.out_dir, std::chrono::duration<double>(Clock::now() - t_start).count());
     return 0;
