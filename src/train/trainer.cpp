@@ -206,6 +206,12 @@ int Trainer::run() {
     if (opt_.plan_only) {
         Logger plan_logger("/dev/null", true);
         plan_logger.log_memory(plan, limit);
+        // a plan may be made for another machine, so only a note: a training run here would fail
+        if (const uint64_t here = usable_host_memory(); !explicit_host && here && plan.total_pinned() > here)
+            plan_logger.message(cat("note: the plan pins ", human_bytes(plan.total_pinned()),
+                                    " of host memory; this machine can pin about ", human_bytes(here),
+                                    ", so training here would fail before allocating (--host-memory-limit checks "
+                                    "a plan against another machine's memory)"));
         return 0;
     }
 

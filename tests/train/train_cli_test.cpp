@@ -1,5 +1,7 @@
 // End-to-end tests of the `train` program on the CPU reference model: the "done when"
 // command, resume after a checkpoint, the HF export, and clear errors on bad input.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -155,6 +157,12 @@ TEST(TrainCli, GpuPinnedPlanOverTheHostLimitNamesTheBf16FlagsThatFit) {
     auto hopeless = run_command(base + " --offload-master --host-memory-limit=50GiB");
     EXPECT_EQ(hopeless.exit_code, 1) << hopeless.output;
     EXPECT_TRUE(Contains(hopeless.output, "no bf16 precision flag makes it fit")) << hopeless.output;
+    // --plan-only without an explicit limit only notes that this machine could not train it
+    auto plan_here = run_command(base + " --offload-master");
+    EXPECT_EQ(plan_here.exit_code, 0) << plan_here.output;
+    const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    if (ram < 190.0 * (1ull << 30))  // the plan pins 193 GiB
+        EXPECT_TRUE(Contains(plan_here.output, "note: the plan pins 192.")) << plan_here.output;  // 197,201 MiB
     auto bad = run_command(base + " --offload-master --host-memory-limit=lots");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_TRUE(Contains(bad.output, "--host-memory-limit")) << bad.output;
