@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
-# usage: scripts/gpu_check.sh [tests] [train] [bench] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo] [rehearse]
+# usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
+#                             [rehearse] [aboptim]
 #        (default: tests train)
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
@@ -38,6 +39,14 @@ for phase in $PHASES; do
       for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 32" "Qwen2.5-1.5B 8" "Qwen2.5-1.5B 16"; do
         STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
       done ;;
+    bench8)  # FP8 against bf16 in the same call (issue 5's 0.5B / 1.5B targets)
+      STEPS=10 timeout 120 bench/bench_qtrain.sh Qwen2.5-0.5B 16 2>&1 | tail -1
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
+        STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --matmul-dtype=e4m3 --gradient-dtype=e5m2 2>&1 | tail -1
+      done ;;
+    aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
+      STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
+      STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
     torch)
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --compile 2>&1 | tail -1
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-1.5B --batch 8 --compile 2>&1 | tail -1 ;;
