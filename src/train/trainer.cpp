@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <fmt/core.h>
@@ -155,11 +156,17 @@ std::string pinned_flags_that_fit(const ModelConfig& cfg, ModelOptions t, const 
     return {};
 }
 
-// What a training run may pin: this machine's RAM less 5% (at least 4 GiB) for everything else.
+// What a training run may pin: this machine's RAM — or its container's memory limit (cgroup v2 or
+// v1) when lower — less 5% (at least 4 GiB) for everything else.
 uint64_t usable_host_memory() {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page <= 0) return 0;  // unknown: no check
-    const uint64_t ram = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    uint64_t ram = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    for (const char* limit_file : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+        std::ifstream in(limit_file);
+        uint64_t limit = 0;
+        if (in >> limit && limit > 0) ram = std::min(ram, limit);  // "max" (no limit) does not parse
+    }
     const uint64_t keep = std::max<uint64_t>(4ull << 30, ram / 20);
     return ram > keep ? ram - keep : 0;
 }
