@@ -43,7 +43,9 @@ for phase in $PHASES; do
       STEPS=10 timeout 120 bench/bench_qtrain.sh Qwen2.5-0.5B 16 2>&1 | tail -1
       for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
         STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --matmul-dtype=e4m3 --gradient-dtype=e5m2 2>&1 | tail -1
-      done ;;
+      done
+      STEPS=10 timeout 120 bench/bench_qtrain.sh Qwen2.5-0.5B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2 \
+        --use-cuda-graphs 2>&1 | tail -1 ;;
     aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
