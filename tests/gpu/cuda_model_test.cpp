@@ -583,6 +583,9 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
              o.shard_weights = o.offload_gradients = o.offload_master = true;
          }},
         {"recompute-block + offload-residual", [](ModelOptions& o) { o.recompute_block = o.offload_residual = true; }},
+        {"offloaded optimizer state, double-buffered", [](ModelOptions& o) {
+             o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
+         }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
     for (const Case& c : cases) {
