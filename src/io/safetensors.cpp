@@ -439,8 +439,11 @@ void SafeTensorsWriter::write(const std::string& path) const {
         buf.resize(kChunkElems * esize);
         for (uint64_t i = 0; i < n; i += kChunkElems) {
             const std::size_t m = std::min<uint64_t>(kChunkElems, n - i);
+            // on all cores: single-threaded, this conversion was ~1.8 ns per value (26 s for 14B)
+            const bool bf16 = e.dtype == DType::BF16;
+#pragma omp parallel for schedule(static) if (m > (1u << 16))
             for (std::size_t k = 0; k < m; ++k) {
-                uint16_t v = e.dtype == DType::BF16 ? float_to_bf16(src[i + k]) : float_to_fp16(src[i + k]);
+                const uint16_t v = bf16 ? float_to_bf16(src[i + k]) : float_to_fp16(src[i + k]);
                 std::memcpy(buf.data() + 2 * k, &v, 2);
             }
             put(buf.data(), m * esize);

@@ -223,6 +223,7 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
         return;
     }
     std::vector<uint16_t> rounded(n);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))  // 14.7G values for 14B: 26 s on one core
     for (int64_t i = 0; i < n; ++i) rounded[i] = float_to_bf16(host[i]);
     upload(static_cast<uint16_t*>(buf_.weights) + off, rounded.data(), n * sizeof(uint16_t));
 }
@@ -277,6 +278,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
             std::vector<uint16_t> raw(n);
             CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const uint16_t*>(base) + off, n * sizeof(uint16_t),
                                   cudaMemcpyDefault));
+#pragma omp parallel for schedule(static) if (n > (1 << 16))  // the export of a large model: all cores
             for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(raw[i]);
         }
     };
