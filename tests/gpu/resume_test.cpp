@@ -174,31 +174,9 @@ INSTANTIATE_TEST_SUITE_P(Modes, Resume, ::testing::Range(0, static_cast<int>(std
 TEST(TrainCliGpu, ContinueReproducesTheUninterruptedRunExactly) {
     QTRAIN_REQUIRE_GPU();
     using namespace qtrain::test::train_cli;
-    namespace fs = std::filesystem;
     for (const char* extra : {"", " --matmul-dtype=e4m3 --opt-m-dtype=bf16 --opt-v-dtype=bf16"}) {
         SCOPED_TRACE(extra);
         Fixture f(kGpuShape);
-        const std::string common = std::string(" --steps=12 --eval-every-n-steps=0") + extra;
-        auto full = run_command(f.base_cmd("full", "cuda") + common);
-        ASSERT_EQ(full.exit_code, 0) << full.output;
-        auto losses_full = step_losses(f.dir / "full/log.jsonl");
-        ASSERT_EQ(losses_full.size(), 12u);
-        auto part = run_command(f.base_cmd("part", "cuda") + common + " --ckpt-interval=5");
-        ASSERT_EQ(part.exit_code, 0) << part.output;
-        fs::remove_all(f.dir / "part-ckpt/step_00000010");
-        auto resumed = run_command(f.base_cmd("part", "cuda") + common + " --ckpt-interval=5 --continue --log-file=" +
-                                   (f.dir / "resumed.jsonl"));
-        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-        int first_step = -1;
-        auto losses_resumed = step_losses(f.dir / "resumed.jsonl", &first_step);
-        EXPECT_EQ(first_step, 5);
-        ASSERT_EQ(losses_resumed.size(), 7u);
-        for (int i = 0; i < 7; ++i) EXPECT_EQ(losses_resumed[i], losses_full[5 + i]) << "step " << 5 + i;
-        SafeTensorsReader a({f.dir / "full/model.safetensors"}), b({f.dir / "part/model.safetensors"});
-        for (const auto& name : a.names()) {
-            Tensor ta = a.view(name), tb = b.view(name);
-            ASSERT_EQ(ta.nbytes(), tb.nbytes());
-            EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
-        }
+        expect_continue_reproduces_full_run(f, "cuda", extra);
     }
 }

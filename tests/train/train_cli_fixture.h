@@ -3,6 +3,9 @@
 // (tests/gpu), which run the same program with --device=cuda.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "io/safetensors.h"
 #include "io/token_file.h"
 #include "test_util.h"
 
@@ -71,6 +75,40 @@ inline std::vector<double> step_losses(const std::string& log_path, int* first_s
         losses.push_back(j["loss"].get<double>());
     }
     return losses;
+}
+
+// The resume promise through `train` on `device`: 12 steps in one go ("full"), then the same run
+// with a checkpoint every 5 steps whose step-10 checkpoint is dropped (as if it had died after
+// step 5) and a half-written step-11 one (no state.json) added, continued with --continue: the
+// resumed losses equal the uninterrupted ones from step 5 on and the final models are bit-identical.
+inline void expect_continue_reproduces_full_run(const Fixture& f, const std::string& device, const std::string& extra) {
+    namespace fs = std::filesystem;
+    const std::string common = " --steps=12 --eval-every-n-steps=0" + extra;
+    auto full = run_command(f.base_cmd("full", device) + common);
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    auto losses_full = step_losses(f.dir / "full/log.jsonl");
+    ASSERT_EQ(losses_full.size(), 12u);
+
+    auto part = run_command(f.base_cmd("part", device) + common + " --ckpt-interval=5");
+    ASSERT_EQ(part.exit_code, 0) << part.output;
+    fs::remove_all(f.dir / "part-ckpt/step_00000010");
+    fs::create_directories(f.dir / "part-ckpt/step_00000011");  // half-written: must be ignored
+    auto resumed = run_command(f.base_cmd("part", device) + common + " --ckpt-interval=5 --continue --log-file=" +
+                               (f.dir / "resumed.jsonl"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("step_00000005"), std::string::npos) << resumed.output;
+    int first_step = -1;
+    auto losses_resumed = step_losses(f.dir / "resumed.jsonl", &first_step);
+    EXPECT_EQ(first_step, 5);
+    ASSERT_EQ(losses_resumed.size(), 7u);
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(losses_resumed[i], losses_full[5 + i]) << "step " << 5 + i;
+
+    SafeTensorsReader a({f.dir / "full/model.safetensors"}), b({f.dir / "part/model.safetensors"});
+    for (const auto& name : a.names()) {
+        Tensor ta = a.view(name), tb = b.view(name);
+        ASSERT_EQ(ta.nbytes(), tb.nbytes());
+        EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
+    }
 }
 
 }  // namespace qtrain::test::train_cli

@@ -55,35 +55,7 @@ TEST(TrainCli, DoneWhenCommandTrainsEvaluatesCheckpointsAndExports) {
 
 TEST(TrainCli, ContinueReproducesTheUninterruptedRunExactly) {
     Fixture f;
-    const std::string common = " --steps=12 --eval-every-n-steps=0";
-    auto full = run_command(f.base_cmd("full") + common);
-    ASSERT_EQ(full.exit_code, 0) << full.output;
-    auto losses_full = step_losses(f.dir / "full/log.jsonl");
-    ASSERT_EQ(losses_full.size(), 12u);
-
-    // same run with checkpoints; then pretend it died after step 5: drop the later checkpoint
-    auto part = run_command(f.base_cmd("part") + common + " --ckpt-interval=5");
-    ASSERT_EQ(part.exit_code, 0) << part.output;
-    fs::remove_all(f.dir / "part-ckpt/step_00000010");
-    // a half-written checkpoint (no state.json) must be ignored
-    fs::create_directories(f.dir / "part-ckpt/step_00000011");
-    auto resumed = run_command(f.base_cmd("part") + common + " --ckpt-interval=5 --continue --log-file=" +
-                               (f.dir / "resumed.jsonl"));
-    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_TRUE(Contains(resumed.output, "step_00000005"));
-    int first_step = -1;
-    auto losses_resumed = step_losses(f.dir / "resumed.jsonl", &first_step);
-    EXPECT_EQ(first_step, 5);
-    ASSERT_EQ(losses_resumed.size(), 7u);
-    for (int i = 0; i < 7; ++i) EXPECT_EQ(losses_resumed[i], losses_full[5 + i]) << "step " << 5 + i;
-
-    // and the final models are bit-identical
-    SafeTensorsReader a({f.dir / "full/model.safetensors"}), b({f.dir / "part/model.safetensors"});
-    for (const auto& name : a.names()) {
-        Tensor ta = a.view(name), tb = b.view(name);
-        ASSERT_EQ(ta.nbytes(), tb.nbytes());
-        EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
-    }
+    expect_continue_reproduces_full_run(f, "cpu", "");
 }
 
 TEST(TrainCli, SameSeedSameLosses) {
