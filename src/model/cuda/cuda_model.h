@@ -135,6 +135,7 @@ private:
     void residual_written(int l);
     void residual_load(int l);
     void residual_get(int l);
+    std::size_t residual_bytes() const;
     void create_streams();
     void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }

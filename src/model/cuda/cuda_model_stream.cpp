@@ -32,7 +32,8 @@
 
 namespace qtrain {
 
-// --param-grad-dtype=bf16 rounds the host gradients with bits independent of the optimizer's
+// --param-grad-dtype=bf16 rounds the host gradients with random bits independent of the optimizer's
+// (same seed, salted)
 constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 
 void CudaModel::create_streams() {
@@ -212,6 +213,10 @@ void CudaModel::wait_for_gradients() {
 
 // ---- residuals ----
 
+std::size_t CudaModel::residual_bytes() const {  // one layer's input residual [N, hidden]
+    return static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype);
+}
+
 void CudaModel::residual_write(int l) {
     if (!offload_res_) return;
     CUDA_CHECK(cudaStreamWaitEvent(stream_, r_saved_[l & 1], 0));
@@ -220,8 +225,7 @@ void CudaModel::residual_write(int l) {
 void CudaModel::residual_written(int l) {
     if (!offload_res_) return;
     const int s = l & 1;
-    const std::size_t bytes = static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size *
-                              dtype_size(opt_.model_dtype);
+    const std::size_t bytes = residual_bytes();
     CUDA_CHECK(cudaEventRecord(r_written_[s], stream_));
     CUDA_CHECK(cudaStreamWaitEvent(res_stream_, r_written_[s], 0));
     CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(buf_.res_host) + l * bytes, buf_.res_slots[s], bytes,
@@ -234,8 +238,7 @@ void CudaModel::residual_load(int l) {
     if (!offload_res_ || l < 0) return;
     const int s = l & 1;
     if (res_slot_layer_[s] == l) return;  // still there (the two layers at the turn)
-    const std::size_t bytes = static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size *
-                              dtype_size(opt_.model_dtype);
+    const std::size_t bytes = residual_bytes();
     // everything queued so far on the compute stream is all that reads the slot's current layer
     CUDA_CHECK(cudaEventRecord(r_free_[s], stream_));
     CUDA_CHECK(cudaStreamWaitEvent(res_stream_, r_free_[s], 0));
