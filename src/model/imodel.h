@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/memory_plan.h"
@@ -60,6 +61,20 @@ public:
     virtual void load_checkpoint(const std::string& dir) = 0;
 
     virtual MemoryPlan memory_plan() const = 0;
+
+    // Progress of long per-tensor work (what: "initialising", "loading", "exporting", ...; done and
+    // total in parameters), reported after each tensor; the engine decides what to print. A 14B model
+    // spends minutes in it.
+    using Progress = std::function<void(const char* what, int64_t done, int64_t total)>;
+    void set_progress(Progress progress) { progress_ = std::move(progress); }
+
+protected:
+    void report_progress(const char* what, int64_t done, int64_t total) const {
+        if (progress_) progress_(what, done, total);
+    }
+
+private:
+    Progress progress_;
 };
 
 }  // namespace qtrain

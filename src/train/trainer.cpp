@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include <fmt/core.h>
@@ -247,6 +248,14 @@ int Trainer::run() {
     auto t_setup = Clock::now();
     std::unique_ptr<IModel> model = create_model(cfg, mopt, device);
     log.message(fmt::format("[Setup] model created and its memory allocated in {:.1f} s", seconds_since(t_setup)));
+    // per-tensor work on a large model takes minutes: a line every 10 s or so, none for small models
+    auto last_progress = std::make_shared<Clock::time_point>(Clock::now());
+    model->set_progress([&log, last_progress](const char* what, int64_t done, int64_t total) {
+        if (done >= total || std::chrono::duration<double>(Clock::now() - *last_progress).count() < 10.0) return;
+        *last_progress = Clock::now();
+        log.message(fmt::format("[Setup] {}: {:.0f}% ({:.2f}G of {:.2f}G parameters)", what, 100.0 * done / total,
+                                done / 1e9, total / 1e9));
+    });
     log.log_sol(training_flops_per_token(cfg, opt_.seq_len), peak);
     t_setup = Clock::now();
 

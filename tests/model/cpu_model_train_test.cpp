@@ -1,5 +1,6 @@
 // The CPU reference model as a whole: AdamW against a hand computation, a tiny run that learns,
 // determinism, checkpoint and HF round trips, options it refuses.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -280,6 +281,29 @@ TEST(CpuModelCheckpoint, MissingTensorIsAClearErrorAndChangesNothing) {
     }
     EXPECT_TRUE(bit_identical(before, all_params(b))) << "a failed load must leave the model as it was";
     EXPECT_THROW(b.load_checkpoint(dir / "does-not-exist"), Error);
+}
+
+// Long per-tensor work reports its progress in parameters: monotonic, ending at the model's size
+// (tied and untied), and a model without a callback runs as before.
+TEST(CpuModelProgress, InitialisationReportsEveryParameterOnce) {
+    for (bool tied : {false, true}) {
+        SCOPED_TRACE(tied ? "tied" : "untied");
+        const ModelConfig cfg = test::tiny_config(tied);
+        CpuModel model(cfg, CpuModel::fp32_options(1, 4));
+        std::vector<int64_t> seen;
+        model.set_progress([&](const char* what, int64_t done, int64_t total) {
+            EXPECT_STREQ(what, "initialising");
+            EXPECT_EQ(total, cfg.num_parameters());
+            seen.push_back(done);
+        });
+        model.init_random(3);
+        ASSERT_FALSE(seen.empty());
+        EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+        EXPECT_GT(seen.front(), 0);
+        EXPECT_EQ(seen.back(), cfg.num_parameters());
+        model.set_progress({});
+        model.init_random(3);  // no callback: nothing to call
+    }
 }
 
 TEST(CpuModelHf, SaveThenLoadGivesIdenticalWeights) {

@@ -137,7 +137,12 @@ float* CpuModel::lm_head_grad() {
 }
 
 void CpuModel::init_random(uint64_t seed) {
-    for (size_t i = 0; i < specs_.size(); ++i) init_parameter(specs_[i], config_, seed, params_.data() + offsets_[i]);
+    const int64_t total = config_.num_parameters();
+    int64_t done = 0;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        init_parameter(specs_[i], config_, seed, params_.data() + offsets_[i]);
+        report_progress("initialising", done += specs_[i].numel(), total);
+    }
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);

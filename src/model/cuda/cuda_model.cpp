@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 
 #include "core/error.h"
@@ -240,11 +241,14 @@ void CudaModel::refresh_weights() {
 
 void CudaModel::init_random(uint64_t seed) {
     std::vector<float> host;
+    const int64_t total = config_.num_parameters();
+    int64_t done = 0;
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         init_parameter(s, config_, seed, host.data());
         upload_parameters(layout_.offsets[i], host.data(), s.numel());
+        report_progress("initialising", done += s.numel(), total);
     }
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
@@ -255,11 +259,14 @@ void CudaModel::init_random(uint64_t seed) {
 void CudaModel::load_hf(const std::string& model_dir) {
     SafeTensorsReader reader = SafeTensorsReader::open_dir(model_dir);
     std::vector<float> host;
+    const int64_t total = config_.num_parameters();
+    int64_t done = 0;
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         reader.read_f32(s.name, s.shape, host.data());
         upload_parameters(layout_.offsets[i], host.data(), s.numel());
+        report_progress("loading", done += s.numel(), total);
     }
     refresh_weights();
     sync();
@@ -315,8 +322,14 @@ void CudaModel::save_hf(const std::string& dir) const {
     fs::create_directories(dir);
     const DType store = opt_.model_dtype;  // HF checkpoints carry the training dtype (bf16 or fp32)
     SafeTensorsWriter w;  // one tensor at a time in host memory (a 7B model is 30 GB of fp32)
+    const int64_t total = config_.num_parameters();
+    auto done = std::make_shared<int64_t>(0);
     for (const ParamSpec& s : qwen2_parameters(config_))  // canonical HF order
-        w.add_f32_deferred(s.name, s.shape, [this, name = s.name] { return download(name, Which::Master); }, store);
+        w.add_f32_deferred(s.name, s.shape, [this, name = s.name, n = s.numel(), total, done] {
+            auto values = download(name, Which::Master);
+            report_progress("exporting", *done += n, total);
+            return values;
+        }, store);
     w.set_metadata("format", "pt");
     w.write((fs::path(dir) / "model.safetensors").string());
     ModelConfig out = config_;
