@@ -339,9 +339,18 @@ void CudaModel::save_hf(const std::string& dir) const {
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
     SafeTensorsWriter model_w, opt_w;  // one tensor at a time in host memory
+    const int64_t total = 3 * config_.num_parameters();  // master, m, v
+    auto done = std::make_shared<int64_t>(0);
     for (const ParamSpec& s : qwen2_parameters(config_)) {
-        auto from = [this, name = s.name](Which which) { return [this, name, which] { return download(name, which); }; };
-        model_w.add_f32_deferred(s.name, s.shape, from(Which::Master), DType::F32);
+        auto from = [this, name = s.name, n = s.numel(), total, done](Which which) {
+            return [this, name, which, n, total, done] {
+                auto values = download(name, which);
+                report_progress("checkpointing", *done += n, total);
+                return values;
+            };
+        };
+        // the master as it is: fp32, or bf16 (exact: --master-dtype=bf16 keeps no more precision)
+        model_w.add_f32_deferred(s.name, s.shape, from(Which::Master), opt_.master_dtype);
         opt_w.add_f32_deferred(s.name + ".exp_avg", s.shape, from(Which::AdamM), opt_.opt_m_dtype);
         opt_w.add_f32_deferred(s.name + ".exp_avg_sq", s.shape, from(Which::AdamV), opt_.opt_v_dtype);
     }
@@ -359,6 +368,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
                    for (const auto& s : layout_.specs) m = std::max(m, s.numel());
                    return m;
                }()))));
+    int64_t done = 0;
     try {
         for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
             const ParamSpec& s = layout_.specs[i];
@@ -374,6 +384,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             };
             load_moment(s.name + ".exp_avg", buf_.adam_m, opt_.opt_m_dtype);
             load_moment(s.name + ".exp_avg_sq", buf_.adam_v, opt_.opt_v_dtype);
+            report_progress("loading the checkpoint", done += 3 * n, 3 * config_.num_parameters());
         }
     } catch (...) {
         cudaFree(staging);
