@@ -27,6 +27,13 @@ protected:
     std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
 };
 
+// The AdamW segment table on the device (freed with the buffer, also when an assertion returns early).
+DeviceBuffer device_segments(const std::vector<cuda::ParamSegment>& segs) {
+    DeviceBuffer d(sizeof(cuda::ParamSegment) * segs.size());
+    CUDA_CHECK(cudaMemcpy(d.get(), segs.data(), sizeof(cuda::ParamSegment) * segs.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
 }  // namespace
 
 TEST_P(KernelTest, ResidualRmsnormForward) {
@@ -296,9 +303,7 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     for (auto& x : v0) x = std::fabs(x);
     for (int64_t i = n1; i < n1 + gap; ++i) grad[i] = master0[i] = m0[i] = v0[i] = 0.0f;  // padding
     std::vector<cuda::ParamSegment> segs = {{0, n1, 1}, {n1 + gap, n2, 0}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 2));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 2, cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     DeviceBuffer gm(master0, DType::F32), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
         gw(total, DType::BF16), partials(cuda::norm_partials_count(), DType::F32), out(4, DType::F32);
 
@@ -311,7 +316,7 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     EXPECT_NEAR(o[1], clip / o[0], 1e-6);
 
     cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 7};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 2, total, gm.f32(), gg.f32(), DType::F32,
+    cuda::adamw_update(dsegs.as<const cuda::ParamSegment>(), 2, total, gm.f32(), gg.f32(), DType::F32,
                        gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr, nullptr);
     auto master = master0, m = m0, v = v0;
     cpu::adamw_update(master.data(), grad.data(), m.data(), v.data(), n1, a.lr, a.beta1, a.beta2, a.eps, 0.1f, o[1], 3);
@@ -321,7 +326,6 @@ TEST(OptimizerKernels, GlobalNormAndAdamWMatchTheReference) {
     EXPECT_LT(rel_max_error(gmm.download(), m), 1e-6);
     EXPECT_LT(rel_max_error(gvv.download(), v), 1e-6);
     EXPECT_LT(rel_max_error(gw.download(), round_bf16(master)), 1e-6);  // weights = bf16(master)
-    cudaFree(dsegs);
 }
 
 // --master-dtype=bf16: no fp32 master, AdamW updates the bf16 weights in place. Updates of about
@@ -336,13 +340,11 @@ TEST(OptimizerKernels, Bf16MasterUpdatesTheWeightsWithUnbiasedStochasticRounding
     auto grad = random_vector(n, 52, 0.3f);
     std::vector<float> m0(n, 0.0f), v0(n, 0.0f);
     std::vector<cuda::ParamSegment> segs = {{0, n, 1}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     DeviceBuffer gw(p0, DType::BF16), gg(grad, DType::F32), gmm(m0, DType::F32), gvv(v0, DType::F32),
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1234};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, nullptr, gg.f32(), DType::F32, gmm.get(),
+    cuda::adamw_update(dsegs.as<const cuda::ParamSegment>(), 1, n, nullptr, gg.f32(), DType::F32, gmm.get(),
                        DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16, clip.f32(), a, nullptr, nullptr);
     auto exact = p0, m = m0, v = v0;
     cpu::adamw_update(exact.data(), grad.data(), m.data(), v.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
@@ -364,7 +366,6 @@ TEST(OptimizerKernels, Bf16MasterUpdatesTheWeightsWithUnbiasedStochasticRounding
     EXPECT_LT(std::fabs(bias), 0.01) << "mean rounding error in ulps";  // ~0.002 expected from noise
     EXPECT_LT(moved_rn, n / 100) << "the test needs updates below half an ulp";
     EXPECT_GT(moved, n / 20) << "stochastic rounding must move some weights";
-    cudaFree(dsegs);
 }
 
 // --param-grad-dtype=bf16: the norm and the update read bf16 gradients; with the same values in
@@ -375,9 +376,7 @@ TEST(OptimizerKernels, Bf16GradientsGiveTheSameNormAndUpdateAsTheirFp32Values) {
     const auto grad = round_bf16(random_vector(n, 61, 0.3f)), p0 = random_vector(n, 62, 1.0f);
     std::vector<float> zero(n, 0.0f);
     std::vector<cuda::ParamSegment> segs = {{0, n, 1}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     std::vector<std::vector<float>> results[2];
     for (int bf16 = 0; bf16 < 2; ++bf16) {
         const DType gt = bf16 ? DType::BF16 : DType::F32;
@@ -385,7 +384,7 @@ TEST(OptimizerKernels, Bf16GradientsGiveTheSameNormAndUpdateAsTheirFp32Values) {
             gw(n, DType::BF16), partials(cuda::norm_partials_count(), DType::F32), out(4, DType::F32);
         cuda::global_norm(out.f32(), partials.f32(), gg.get(), gt, n, 1.0f, nullptr);
         cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, 5};
-        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.get(), gt, gmm.get(),
+        cuda::adamw_update(dsegs.as<const cuda::ParamSegment>(), 1, n, gm.f32(), gg.get(), gt, gmm.get(),
                            DType::BF16, gvv.get(), DType::F32, gw.get(), DType::BF16, out.f32(), a, nullptr, nullptr);
         results[bf16] = {out.download(), gm.download(), gmm.download(), gvv.download(), gw.download()};
     }
@@ -394,7 +393,6 @@ TEST(OptimizerKernels, Bf16GradientsGiveTheSameNormAndUpdateAsTheirFp32Values) {
     EXPECT_NEAR(results[1][0][0], std::sqrt(ss), 1e-5 * std::sqrt(ss));
     EXPECT_LT(results[1][0][1], 1.0f);  // clipping active
     for (int k = 0; k < 5; ++k) EXPECT_EQ(results[1][k], results[0][k]) << "result " << k;
-    cudaFree(dsegs);
 }
 
 // accumulate_bf16 (offloaded bf16 gradients): overwrite rounds src, add rounds float(dst) + src;
@@ -438,9 +436,7 @@ TEST(OptimizerKernels, AdamWWeightAmaxEqualsAbsMaxOfTheStoredWeights) {
     QTRAIN_REQUIRE_GPU();
     const int64_t n1 = 1000, gap = 20, n2 = 3000, n3 = 500, total = n1 + gap + n2 + gap + n3 + 16;
     std::vector<cuda::ParamSegment> segs = {{0, n1, 1, 0}, {n1 + gap, n2, 1, 2}, {n1 + gap + n2 + gap, n3, 0, -1}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 3));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 3, cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     auto p0 = random_vector(total, 81, 1.0f), grad = random_vector(total, 82, 0.5f);
     p0[n1 + gap + 17] = 7.5f;   // the largest weight of segment 2 (slot 2)
     p0[n1 + gap + n2 + gap + 3] = -100.0f;  // in the segment without a slot: must not leak into slot 2
@@ -455,7 +451,7 @@ TEST(OptimizerKernels, AdamWWeightAmaxEqualsAbsMaxOfTheStoredWeights) {
             gw(p0_bf16, DType::BF16), amax(std::vector<float>(4 * 4, 0.0f), DType::F32),
             clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
         cuda::AdamWArgs a{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 3};
-        cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 3, total, bf16_master ? nullptr : gm.f32(),
+        cuda::adamw_update(dsegs.as<const cuda::ParamSegment>(), 3, total, bf16_master ? nullptr : gm.f32(),
                            gg.f32(), DType::F32, gmm.get(), DType::F32, gvv.get(), DType::F32, gw.get(), DType::BF16,
                            clip.f32(), a, amax.f32(), nullptr);
         const auto w = gw.download(), got = amax.download();
@@ -467,7 +463,6 @@ TEST(OptimizerKernels, AdamWWeightAmaxEqualsAbsMaxOfTheStoredWeights) {
         EXPECT_GT(want[1], 7.0f);
         for (int slot : {1, 3}) EXPECT_EQ(got[4 * slot], 0.0f) << "slot " << slot << " has no segment";
     }
-    cudaFree(dsegs);
 }
 
 // adamw_update_range over consecutive chunks, each array given at its chunk start (as the
@@ -477,9 +472,7 @@ TEST(OptimizerKernels, ChunkedAdamWEqualsTheWholeUpdate) {
     QTRAIN_REQUIRE_GPU();
     const int64_t n1 = 5000, gap = 60, n2 = 3004, total = n1 + gap + n2 + 72;
     std::vector<cuda::ParamSegment> segs = {{0, n1, 1, -1}, {n1 + gap, n2, 0, -1}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment) * 2));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment) * 2, cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     auto p0 = random_vector(total, 91, 1.0f), grad = random_vector(total, 92, 0.5f);
     auto m0 = random_vector(total, 93, 0.01f), v0 = random_vector(total, 94, 0.01f);
     for (auto& x : v0) x = std::fabs(x);
@@ -493,7 +486,7 @@ TEST(OptimizerKernels, ChunkedAdamWEqualsTheWholeUpdate) {
         const int64_t step = chunked ? 1024 : total;
         for (int64_t b = 0; b < total; b += step) {
             const int64_t e = std::min(total, b + step);
-            cuda::adamw_update_range(static_cast<const cuda::ParamSegment*>(dsegs), 2, b, e, gm.f32() + b,
+            cuda::adamw_update_range(dsegs.as<const cuda::ParamSegment>(), 2, b, e, gm.f32() + b,
                                      gg.f32() + b, DType::F32, static_cast<uint16_t*>(gmm.get()) + b, DType::BF16,
                                      static_cast<uint16_t*>(gvv.get()) + b, DType::BF16,
                                      static_cast<uint16_t*>(gw.get()) + b, DType::BF16, clip.f32(), a, nullptr,
@@ -503,7 +496,6 @@ TEST(OptimizerKernels, ChunkedAdamWEqualsTheWholeUpdate) {
     }
     for (int k = 0; k < 4; ++k) EXPECT_EQ(got[1][k], got[0][k]) << "array " << k;
     for (int64_t i = n1; i < n1 + gap; ++i) ASSERT_EQ(got[0][3][i], 0.0f) << "padding weights are written as zeros";
-    cudaFree(dsegs);
 }
 
 TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
@@ -514,13 +506,11 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     const float g = 1.2345678f;
     std::vector<float> grad(n, g), zero(n, 0.0f), master(n, 0.0f);
     std::vector<cuda::ParamSegment> segs = {{0, n, 0}};
-    void* dsegs;
-    CUDA_CHECK(cudaMalloc(&dsegs, sizeof(cuda::ParamSegment)));
-    CUDA_CHECK(cudaMemcpy(dsegs, segs.data(), sizeof(cuda::ParamSegment), cudaMemcpyHostToDevice));
+    const DeviceBuffer dsegs = device_segments(segs);
     DeviceBuffer gm(master, DType::F32), gg(grad, DType::F32), gmm(zero, DType::BF16), gvv(zero, DType::BF16),
         clip(std::vector<float>{0, 1, 0, 0}, DType::F32);
     cuda::AdamWArgs a{1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1, 99};
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(dsegs), 1, n, gm.f32(), gg.f32(), DType::F32,
+    cuda::adamw_update(dsegs.as<const cuda::ParamSegment>(), 1, n, gm.f32(), gg.f32(), DType::F32,
                        gmm.get(), DType::BF16, gvv.get(), DType::BF16, nullptr, DType::F32, clip.f32(), a, nullptr, nullptr);
     auto m = gmm.download();
     double mean = 0;
@@ -531,5 +521,4 @@ TEST(OptimizerKernels, Bf16MomentsUseUnbiasedStochasticRounding) {
     EXPECT_NEAR(mean, exact, exact * 2e-4);                  // unbiased on average
     std::set<float> distinct(m.begin(), m.end());
     EXPECT_EQ(distinct.size(), 2u);                          // the two bf16 neighbours of `exact`
-    cudaFree(dsegs);
 }
