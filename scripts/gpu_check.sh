@@ -2,8 +2,9 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim]
+#                             [rehearse] [aboptim] [abquants]
 #        (default: tests train)
+# PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
 #   mkdir -p .refdata && cp demo-run/data/train.bin demo-run/data/eval.bin .refdata/
@@ -18,19 +19,24 @@ export LD_LIBRARY_PATH="$PWD/.devdeps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active --format=csv \
   > "$LOGS/gpu.txt" 2>&1
 t0=$(date +%s)
-if ! scripts/gpu_build.sh build-gpu > "$LOGS/build.log" 2>&1; then
-  tail -50 "$LOGS/build.log"; echo "BUILD FAILED"; exit 1
+# PREBUILT=dir uses binaries built elsewhere (scripts/carry_binaries.sh) instead of building here.
+B=${PREBUILT:-build-gpu}
+export BUILD_DIR=$B QTRAIN_TRAIN_EXE=$PWD/$B/train
+if [ -z "${PREBUILT:-}" ]; then
+  if ! scripts/gpu_build.sh build-gpu > "$LOGS/build.log" 2>&1; then
+    tail -50 "$LOGS/build.log"; echo "BUILD FAILED"; exit 1
+  fi
+  echo "build: $(( $(date +%s) - t0 )) s"
 fi
-echo "build: $(( $(date +%s) - t0 )) s"
 for phase in $PHASES; do
   case $phase in
     tests)
-      timeout 400 build-gpu/tests/qtrain_gpu_tests --gtest_brief=1 > "$LOGS/gpu-tests.log" 2>&1
+      timeout 400 $B/tests/qtrain_gpu_tests --gtest_brief=1 > "$LOGS/gpu-tests.log" 2>&1
       echo "gpu tests exit $?"
       grep -E "FAILED|PASSED|Failure|worst grad cosine" "$LOGS/gpu-tests.log" | head -40 ;;
     train)
       mkdir -p /tmp/qt && python3 bench/make_random_tokens.py /tmp/qt/tiny.bin --tokens 200000 --vocab 1000 >/dev/null
-      timeout 120 build-gpu/train --device=cuda --model=tests/reference/tiny-config --from-scratch \
+      timeout 120 $B/train --device=cuda --model=tests/reference/tiny-config --from-scratch \
         --train-file=/tmp/qt/tiny.bin --eval-file=/tmp/qt/tiny.bin --steps=30 --batch-size=4 --seq-len=128 \
         --learning-rate=3e-3 --eval-every-n-steps=10 --eval-num-steps=4 --out-dir=/tmp/qt/out \
         --checkpoint-dir=/tmp/qt/ckpt --ckpt-interval=15 > "$LOGS/train.log" 2>&1
@@ -49,11 +55,15 @@ for phase in $PHASES; do
     aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
+    abquants)  # bf16 vs FP8 weight copies streamed (--offload-quants), 7B under 24 GiB, FP8 gradients (~5 min)
+      STEPS=5 TIMEOUT=200 EXTRA=--gradient-dtype=e5m2 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
+      STEPS=5 TIMEOUT=200 EXTRA="--gradient-dtype=e5m2 --offload-quants" bench/rehearse_24gb.sh 7b-fp8-stream-bf16master \
+        2>&1 | tail -4 ;;
     torch)
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --compile 2>&1 | tail -1
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-1.5B --batch 8 --compile 2>&1 | tail -1 ;;
     attbench)
-      timeout 120 build-gpu/attention_bench 2>&1 | tail -20
+      timeout 120 $B/attention_bench 2>&1 | tail -20
       timeout 120 python3 bench/attention_sdpa.py 2>&1 | tail -12 ;;
     breakdown)
       for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do
@@ -61,10 +71,10 @@ for phase in $PHASES; do
         grep -A30 "Time breakdown" /tmp/qtrain-bench/train.out | head -30
       done ;;
     cmp)
-      timeout 400 python3 tests/reference/compare_training.py --build build-gpu --train .refdata/train.bin \
+      timeout 400 python3 tests/reference/compare_training.py --build "$B" --train .refdata/train.bin \
         --eval .refdata/eval.bin 2>&1 | grep -vE "Loading|Writing|transformers" | tail -12 ;;
     demo)  # scripts/demo.sh's GPU training step on the KJV token files in .refdata
-      timeout 300 build-gpu/train --device=cuda --model=configs/demo-gpu --from-scratch \
+      timeout 300 $B/train --device=cuda --model=configs/demo-gpu --from-scratch \
         --train-file=.refdata/train.bin --eval-file=.refdata/eval.bin --final-lr-fraction=0.1 --weight-decay=0.1 \
         --grad-clip=1.0 --out-dir=/tmp/qt-demo/output --checkpoint-dir=/tmp/qt-demo/ckpt --batch-size=16 \
         --seq-len=512 --grad-accumulation=1 --steps=600 --learning-rate=1e-3 --warmup=50 --eval-every-n-steps=100 \
@@ -73,9 +83,9 @@ for phase in $PHASES; do
     rehearse)  # issue 5's 24 GB rehearsal (1.5B, 3B, 7B bf16 and FP8 under --memory-limit=24GiB)
       bench/rehearse_24gb.sh 2>&1 | tail -12 ;;
     ref)
-      timeout 300 python3 tests/reference/compare_hf.py --build build-gpu 2>&1 | tail -20 ;;
+      timeout 300 python3 tests/reference/compare_hf.py --build "$B" 2>&1 | tail -20 ;;
     ref5)  # the HF comparison with issue 5's memory flags: everything streamed / offloaded / recomputed
-      timeout 300 python3 tests/reference/compare_hf.py --build build-gpu --dtypes bf16,e4m3 --flags \
+      timeout 300 python3 tests/reference/compare_hf.py --build "$B" --dtypes bf16,e4m3 --flags \
         "--recompute-block --shard-weights --offload-gradients --shard-gradients --offload-opt-m --offload-opt-v \
          --offload-residual --master-dtype=bf16 --param-grad-dtype=bf16 --attn-bwd-chunks=2" 2>&1 | tail -20 ;;
   esac

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -21,6 +22,13 @@
 namespace qtrain::test::train_cli {
 
 constexpr int kVocab = 64;
+
+// The `train` binary: the one built next to these tests, unless $QTRAIN_TRAIN_EXE names another
+// (binaries carried to the GPU machine run from a different folder than they were built in).
+inline std::string train_exe() {
+    const char* env = std::getenv("QTRAIN_TRAIN_EXE");
+    return env && *env ? env : QTRAIN_TRAIN_EXE;
+}
 
 // A learnable stream: mostly a fixed permutation walk, 10% random tokens.
 inline std::vector<int32_t> make_tokens(int n, uint64_t seed) {
@@ -56,7 +64,7 @@ struct Fixture {
     }
     // `train` (the executable) on `device` for a run named `run` (its out and checkpoint folders).
     std::string base_cmd(const std::string& run, const std::string& device = "cpu") const {
-        return std::string(QTRAIN_TRAIN_EXE) + " --device=" + device + " --model=" + model_dir + " --from-scratch --train-file=" +
+        return train_exe() + " --device=" + device + " --model=" + model_dir + " --from-scratch --train-file=" +
                train_file + " --eval-file=" + eval_file + " --out-dir=" + (dir / run) + " --checkpoint-dir=" +
                (dir / (run + "-ckpt")) + " --batch-size=4 --seq-len=64 --grad-accumulation=2 --learning-rate=1e-3";
     }

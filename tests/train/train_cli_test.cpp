@@ -82,7 +82,7 @@ TEST(TrainCli, Fp8FlagsTrainOnTheCpuEmulation) {
 }
 
 TEST(TrainCli, PlanOnlyNeedsNoData) {
-    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) + " --device=cpu --model=Qwen2.5-0.5B --from-scratch --plan-only");
+    auto r = run_command(train_exe() + " --device=cpu --model=Qwen2.5-0.5B --from-scratch --plan-only");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(Contains(r.output, "[Allocator State]"));
     EXPECT_TRUE(Contains(r.output, "Adam M"));
@@ -92,13 +92,13 @@ TEST(TrainCli, GpuPlanOnlyNeedsNoGpu) {
 #ifndef QTRAIN_HAVE_CUDA
     GTEST_SKIP() << "built without the CUDA backend";
 #endif
-    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) +
+    auto r = run_command(train_exe() +
                          " --device=cuda --model=Qwen2.5-1.5B --from-scratch --plan-only --batch-size=8");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(Contains(r.output, "[Allocator State] (cuda)"));
     EXPECT_TRUE(Contains(r.output, "Activations"));
     // a plan over --memory-limit fails before allocating, naming both numbers
-    auto over = run_command(std::string(QTRAIN_TRAIN_EXE) +
+    auto over = run_command(train_exe() +
                             " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --memory-limit=24GiB");
     EXPECT_EQ(over.exit_code, 1) << over.output;
     EXPECT_TRUE(Contains(over.output, "--memory-limit is 24.00 GiB"));
@@ -112,7 +112,7 @@ TEST(TrainCli, GpuPinnedPlanOverTheHostLimitNamesTheBf16FlagsThatFit) {
 #ifndef QTRAIN_HAVE_CUDA
     GTEST_SKIP() << "built without the CUDA backend";
 #endif
-    const std::string base = std::string(QTRAIN_TRAIN_EXE) +
+    const std::string base = train_exe() +
                              " --device=cuda --model=Qwen2.5-14B --from-scratch --plan-only --batch-size=8"
                              " --memory-limit=24GiB --recompute-block --offload-opt-m --offload-opt-v"
                              " --opt-m-dtype=bf16 --opt-v-dtype=bf16 --shard-weights --offload-gradients"
@@ -152,7 +152,7 @@ TEST(TrainCli, GpuRecomputeFlagsShrinkThePlanAndAreSuggestedWhenItDoesNotFit) {
     GTEST_SKIP() << "built without the CUDA backend";
 #endif
     const std::string base =
-        std::string(QTRAIN_TRAIN_EXE) + " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16";
+        train_exe() + " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16";
     auto none = run_command(base);
     ASSERT_EQ(none.exit_code, 0) << none.output;
     const long full = activations_mib(none.output);
@@ -214,7 +214,7 @@ TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
     EXPECT_ERROR(plan_model(cfg, bad, "cuda"), "--attn-bwd-chunks=3 must divide --batch-size=16");
 
     // through the program: --plan-only prints the smaller workspace; a non-divisor is a clear error
-    const std::string cmd = std::string(QTRAIN_TRAIN_EXE) +
+    const std::string cmd = train_exe() +
                             " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16 "
                             "--seq-len=8192";  // delta: 16 x 14 heads x 8192 x 4 bytes = 7 MiB
     auto full = run_command(cmd), chunked = run_command(cmd + " --attn-bwd-chunks=8");
@@ -236,7 +236,7 @@ TEST(TrainCli, BadInputsGiveClearErrors) {
     struct Case {
         std::string args, expect;
     };
-    const std::string exe = QTRAIN_TRAIN_EXE;
+    const std::string exe = train_exe();
     std::vector<Case> cases = {
         {f.base_cmd("x") + " --train-file=" + (f.dir / "nope*.bin"), "--train-file: no file matches"},
         {f.base_cmd("x") + " --model-dtype=fp64", "--model-dtype"},
@@ -268,7 +268,7 @@ TEST(TrainCli, TokenFileFromALargerVocabIsRejected) {
 }
 
 TEST(TrainCli, EveryFlagInHelpIsDocumentedInTheReadme) {
-    auto r = run_command(std::string(QTRAIN_TRAIN_EXE) + " --help");
+    auto r = run_command(train_exe() + " --help");
     ASSERT_EQ(r.exit_code, 0);
     const std::string readme = read_file(std::string(QTRAIN_SOURCE_DIR) + "/README.md");
     std::regex flag(R"(--[a-z][a-z0-9-]+)");
