@@ -49,4 +49,10 @@ void quantize_fp8(void* out, DType out_type, const void* in, DType in_type, int6
 void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType in_type, int64_t rows, int64_t cols,
                             const float* amax, float* inv_scale_out, cudaStream_t stream, void* out = nullptr);
 
+// out_t = in^T for an fp8 matrix already quantised (bytes moved as they are): in is [rows, cols],
+// out_t [cols, rows]. transpose_fp8(quantize_fp8(x)) equals quantize_fp8_transpose(x) bit for bit
+// (the scale is per tensor), which is how streamed persistent FP8 weights (--persistent-quants) get
+// their transposed copy on the device instead of crossing PCIe twice. Same requirements as above.
+void transpose_fp8(void* out_t, const void* in, int64_t rows, int64_t cols, cudaStream_t stream);
+
 }  // namespace qtrain::cuda

@@ -98,10 +98,30 @@ __global__ void quantize_kernel(uint8_t* out, const T* in, int64_t n, const floa
 constexpr int kTile = 64;
 constexpr int kTileStride = kTile + 4;  // bytes per shared row (17 words): column reads at most 2-way conflicted
 
+// Store phase shared by the transposing kernels: thread (oc = tid / 4, seg = tid % 4) gathers
+// tile[seg*16 .. seg*16+15][oc] and writes those 16 bytes of output row c0 + oc (4 threads write one
+// 64-byte run).
+__device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, uint8_t* out_t, int64_t rows, int64_t cols,
+                                                      int64_t r0, int64_t c0) {
+    const int oc = threadIdx.x >> 2, seg = threadIdx.x & 3;
+    const int64_t gc = c0 + oc, gr = r0 + seg * 16;
+    if (gc < cols && gr < rows) {
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+                word |= static_cast<uint32_t>(tile[(seg * 16 + q * 4 + b) * kTileStride + oc]) << (8 * b);
+            w[q] = word;
+        }
+        *reinterpret_cast<uint4*>(out_t + gc * rows + gr) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 // Block of 256 threads per 64 x 64 tile of `in`. Load phase: 16-byte packs of the input, quantised in
-// registers, written as bytes into tile[r][c] (and to `out` when given). Store phase: thread
-// (oc = tid / 4, seg = tid % 4) gathers tile[seg*16 .. seg*16+15][oc] and writes those 16 bytes of
-// output row c0 + oc (4 threads write one 64-byte run). rows, cols are multiples of 16, so every
+// registers, written as bytes into tile[r][c] (and to `out` when given); then store_tile_transposed.
+// rows, cols are multiples of 16, so every
 // pack and every 16-row segment is either wholly inside the matrix or wholly outside.
 template <class T, bool kE4M3>
 __global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t, uint8_t* out, const T* in,
@@ -129,21 +149,24 @@ __global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t,
         }
     }
     __syncthreads();
+    store_tile_transposed(tile, out_t, rows, cols, r0, c0);
+}
 
-    const int oc = threadIdx.x >> 2, seg = threadIdx.x & 3;
-    const int64_t gc = c0 + oc, gr = r0 + seg * 16;
-    if (gc < cols && gr < rows) {
-        uint32_t w[4];
+// A 64 x 64 byte matrix already in fp8 (one scale for the whole tensor): the same tiles, bytes moved
+// as they are. Load phase: one 16-byte pack per thread.
+__global__ void __launch_bounds__(256) transpose_bytes_kernel(uint8_t* out_t, const uint8_t* in, int64_t rows,
+                                                              int64_t cols) {
+    __shared__ __align__(16) uint8_t tile[kTile * kTileStride];
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+    const int r = threadIdx.x >> 2, c = (threadIdx.x & 3) * 16;
+    if (r0 + r < rows && c0 + c < cols) {
+        const uint4 v = *reinterpret_cast<const uint4*>(in + (r0 + r) * cols + c0 + c);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-                word |= static_cast<uint32_t>(tile[(seg * 16 + q * 4 + b) * kTileStride + oc]) << (8 * b);
-            w[q] = word;
-        }
-        *reinterpret_cast<uint4*>(out_t + gc * rows + gr) = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int w = 0; w < 4; ++w) *reinterpret_cast<uint32_t*>(&tile[r * kTileStride + c + 4 * w]) = words[w];
     }
+    __syncthreads();
+    store_tile_transposed(tile, out_t, rows, cols, r0, c0);
 }
 
 bool is_e4m3(DType t, const char* what) {
@@ -214,6 +237,17 @@ void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType i
         if (e4m3) quantize_transpose_kernel<T, true><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
         else quantize_transpose_kernel<T, false><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
     });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void transpose_fp8(void* out_t, const void* in, int64_t rows, int64_t cols, cudaStream_t s) {
+    QT_CHECK(rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0, "transpose_fp8: rows (", rows, ") and cols (",
+             cols, ") must be positive multiples of 16");
+    QT_CHECK(aligned(in, 16) && aligned(out_t, 16), "transpose_fp8: in and out_t must be 16-byte aligned");
+    QT_CHECK(ceil_div(rows, kTile) <= 65535, "transpose_fp8: too many rows (", rows, ")");
+    const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
+    transpose_bytes_kernel<<<grid, 256, 0, s>>>(static_cast<uint8_t*>(out_t), static_cast<const uint8_t*>(in), rows,
+                                                cols);
     CUDA_CHECK(cudaGetLastError());
 }
 

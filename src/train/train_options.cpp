@@ -47,9 +47,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--offload-master", o.offload_master, "Keep master weights in pinned host memory");
     g->add_flag("--offload-opt-m", o.offload_opt_m, "Keep Adam's first moment in pinned host memory");
     g->add_flag("--offload-opt-v", o.offload_opt_v, "Keep Adam's second moment in pinned host memory");
-    g->add_flag("--offload-quants", o.offload_quants, "Keep quantised weights in pinned host memory (with --persistent-quants)");
+    g->add_flag("--offload-quants", o.offload_quants, "Keep the FP8 copies of streamed layers (--persistent-quants) in pinned host memory instead of on the GPU (implies --persistent-quants; needs --shard-weights)");
     g->add_flag("--offload-gradients", o.offload_gradients, "Keep (sharded) gradients in pinned host memory");
-    g->add_flag("--persistent-quants", o.persistent_quants, "Keep quantised copies of the weights instead of re-quantising each step");
+    g->add_flag("--persistent-quants", o.persistent_quants, "With --shard-weights and FP8 (e4m3 matmuls, e4m3|e5m2 gradients): quantise each streamed layer once per optimizer step and keep its FP8 copy, so later passes move 1 byte per weight instead of 2 (resident FP8 weights are always kept)");
     g->add_flag("--offload-double-buffer", o.offload_double_buffer, "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side streams (copy engines, double-buffered) instead of reading host memory zero-copy");
     g->add_flag("--write-combined", o.write_combined, "Allocate offload buffers write-combined (faster host-to-device)");
     g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");

@@ -586,6 +586,11 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
         {"offloaded optimizer state, double-buffered", [](ModelOptions& o) {
              o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
          }},
+        {"fp8, streamed weights, persistent quants on the device", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.shard_weights = o.persistent_quants = true;
+         }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
     for (const Case& c : cases) {
@@ -660,6 +665,7 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
         struct Variant {
             const char* name;
             void (*apply)(ModelOptions&);
+            bool fp8_only = false;  // FP8 weight copies: only with --matmul-dtype=e4m3
         };
         const Variant variants[] = {
             {"shard-weights", [](ModelOptions& o) { o.shard_weights = true; }},
@@ -686,8 +692,17 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
                  o.offload_residual = o.recompute_block = true;
                  o.shard_weights = o.offload_gradients = o.shard_gradients = true;
              }},
+            {"persistent-quants (kept on the device) + streamed weights",
+             [](ModelOptions& o) { o.shard_weights = o.persistent_quants = true; }, true},
+            {"offload-quants + recompute-block + streamed weights and gradients",
+             [](ModelOptions& o) {
+                 o.shard_weights = o.offload_quants = o.recompute_block = true;
+                 o.offload_gradients = o.shard_gradients = true;
+             },
+             true},
         };
         for (const Variant& v : variants) {
+            if (v.fp8_only && act != DType::E4M3) continue;
             SCOPED_TRACE(std::string(v.name) + (tied ? ", tied" : ", untied"));
             ModelOptions o = options(act == DType::F32 ? DType::BF16 : act, B, T);
             v.apply(o);
@@ -722,6 +737,40 @@ TEST(OptimizerStagingPlan, TwoChunksPerOffloadedArray) {
     ModelOptions none = options(DType::BF16, 4, 1024);
     none.offload_double_buffer = true;
     EXPECT_ERROR(CudaModel::plan(cfg, none), "--offload-double-buffer applies to offloaded");
+}
+
+// --persistent-quants keeps one byte per layer element for every streamed layer: on the device, or
+// pinned with --offload-quants; resident FP8 weights are kept anyway (no change); the flags are
+// refused where they cannot work, naming what is missing.
+TEST(PersistentQuantsPlan, OneBytePerLayerElementOnTheDeviceOrPinned) {
+    ModelConfig cfg = preset_config("Qwen2.5-7B");
+    ModelOptions o = options(DType::E4M3, 4, 1024);
+    o.recompute_block = o.shard_weights = o.offload_gradients = true;
+    const MemoryPlan streamed = gpu_memory_plan(cfg, o, "cuda");
+    const GpuParamLayout layout = make_gpu_layout(cfg);
+    const std::size_t store = static_cast<std::size_t>(cfg.num_hidden_layers) * layout.layer_span;
+    o.persistent_quants = true;
+    const MemoryPlan on_device = gpu_memory_plan(cfg, o, "cuda");
+    EXPECT_EQ(on_device.total_device() - streamed.total_device(), store);
+    EXPECT_EQ(on_device.total_pinned(), streamed.total_pinned());
+    o.offload_quants = true;
+    const MemoryPlan offloaded = gpu_memory_plan(cfg, o, "cuda");
+    EXPECT_EQ(offloaded.total_device(), streamed.total_device());
+    EXPECT_EQ(offloaded.total_pinned() - streamed.total_pinned(), store);
+
+    ModelOptions resident = options(DType::E4M3, 4, 1024);
+    const MemoryPlan plain = gpu_memory_plan(cfg, resident, "cuda");
+    resident.persistent_quants = true;
+    EXPECT_EQ(CudaModel::plan(cfg, resident).total_device(), plain.total_device());
+    resident.offload_quants = true;
+    EXPECT_ERROR(CudaModel::plan(cfg, resident), "--offload-quants", "--shard-weights");
+    ModelOptions bf16 = options(DType::BF16, 4, 1024);
+    bf16.shard_weights = bf16.persistent_quants = true;
+    EXPECT_ERROR(CudaModel::plan(cfg, bf16), "--persistent-quants", "--matmul-dtype=e4m3");
+    ModelOptions bf16_grads = options(DType::E4M3, 4, 1024);
+    bf16_grads.gradient_dtype = DType::BF16;
+    bf16_grads.shard_weights = bf16_grads.offload_quants = true;
+    EXPECT_ERROR(CudaModel::plan(cfg, bf16_grads), "--offload-quants", "--gradient-dtype=e4m3|e5m2");
 }
 
 // --offload-residual keeps two layer input residuals on the device and all of them pinned.

@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "core/fp8_reference.h"
+#include "core/rng.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "gpu_test_util.h"
@@ -228,6 +229,12 @@ TEST(Fp8Kernels, QuantizeTransposeBitExact) {
                     EXPECT_TRUE(CodesEqual("row-major copy", to_host<uint8_t>(gq.get(), n), want, q_t,
                                            [&](std::size_t i) { return x[i]; }));
                     EXPECT_EQ(bits(slots.get(1)), bits(s.inv));
+                    // transposing the quantised bytes gives the same as quantising transposed
+                    DeviceBuffer gt2(n);
+                    gt2.fill_bytes(0xAB);
+                    cuda::transpose_fp8(gt2.get(), gq.get(), sh.rows, sh.cols, nullptr);
+                    sync_device();
+                    EXPECT_EQ(to_host<uint8_t>(gt2.get(), n), want_t) << "transpose_fp8 of the row-major copy";
                 }
             }
     // the shape rules are checked
@@ -240,6 +247,29 @@ TEST(Fp8Kernels, QuantizeTransposeBitExact) {
                  "16-byte aligned");
     EXPECT_ERROR(cuda::quantize_fp8(gt.get(), DType::BF16, gx.get(), DType::F32, 16, slots[0], slots[1], nullptr),
                  "e4m3 or e5m2");
+}
+
+// transpose_fp8 moves bytes as they are: every byte value (NaN codes included), random
+// matrices of several shapes, against a host transpose.
+TEST(Fp8Kernels, TransposeBytesExact) {
+    QTRAIN_REQUIRE_GPU();
+    Rng rng(31);
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 16}, {64, 64}, {48, 80}, {896, 1152}, {4864, 896},
+                              {1040, 64}}) {
+        SCOPED_TRACE(cat(rows, "x", cols));
+        std::vector<uint8_t> x(rows * cols), want(rows * cols);
+        for (auto& b : x) b = static_cast<uint8_t>(rng.below(256));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) want[c * rows + r] = x[r * cols + c];
+        DeviceBuffer gx(rows * cols), gt(rows * cols);
+        CUDA_CHECK(cudaMemcpy(gx.get(), x.data(), x.size(), cudaMemcpyHostToDevice));
+        gt.fill_bytes(0xAB);
+        cuda::transpose_fp8(gt.get(), gx.get(), rows, cols, nullptr);
+        sync_device();
+        EXPECT_EQ(to_host<uint8_t>(gt.get(), rows * cols), want);
+    }
+    DeviceBuffer g(24 * 16);
+    EXPECT_ERROR(cuda::transpose_fp8(g.get(), g.get(), 24, 12, nullptr), "multiples of 16");
 }
 
 // ---- GEMMs: operands quantised on the host (the kernels are tested above), uploaded as bytes ----

@@ -61,8 +61,20 @@ void CudaModel::check_options(const ModelOptions& o) {
              "--offload-opt-v, --offload-gradients or --shard-weights");
     QT_CHECK(o.optimizer_chunk >= 64 && o.optimizer_chunk % 64 == 0, "optimizer chunk of ", o.optimizer_chunk,
              " elements: must be a positive multiple of 64");
-    unsupported(o.offload_quants, "--offload-quants");
-    unsupported(o.persistent_quants, "--persistent-quants");
+    // Resident FP8 weights are always quantised once per optimizer step and kept (wq, wTq), so
+    // --persistent-quants only changes streamed layers, whose backward then reads the transposed copy
+    // made on the device from the kept one: that needs FP8 gradients (a bf16 backward reads the bf16
+    // weight matrices, which a persistent-quants pass no longer copies in).
+    QT_CHECK(!(o.persistent_quants || o.offload_quants) || fp8,
+             o.offload_quants ? "--offload-quants" : "--persistent-quants",
+             " keeps FP8 weight copies: it needs --matmul-dtype=e4m3");
+    QT_CHECK(!o.offload_quants || o.shard_weights,
+             "--offload-quants puts the FP8 copies of streamed layers in pinned host memory: it needs --shard-weights "
+             "(without it the FP8 copies are resident, quantised once per step, and need no offload)");
+    QT_CHECK(!(o.persistent_quants || o.offload_quants) || !o.shard_weights || is_fp8(o.gradient_dtype),
+             o.offload_quants ? "--offload-quants" : "--persistent-quants",
+             " with --shard-weights needs --gradient-dtype=e4m3|e5m2 (the backward then reads only FP8 weight "
+             "copies; with bf16 gradients it reads the bf16 weights, which are streamed anyway)");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     // On one GPU, sharding means streaming from host memory (cuda_model_stream.cpp).
     QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
@@ -154,8 +166,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     // weight-decay segments: one per tensor, sorted by offset, with the FP8 abs-max slot of the
     // matrix a tensor belongs to (q|k|v and gate|up are one FP8 tensor each)
     std::vector<cuda::ParamSegment> segs;
-    const int64_t h = config_.hidden_size, qkvd = config_.q_dim() + 2 * config_.kv_dim(), I = config_.intermediate_size;
-    const int64_t matrix_numel[4] = {qkvd * h, h * config_.q_dim(), 2 * I * h, h * I};
+    int64_t matrix_numel[4];
+    for (int m = 0; m < 4; ++m) {
+        int64_t rows = 0, cols = 0;
+        matrix_shape(static_cast<Matrix>(m), rows, cols);
+        matrix_numel[m] = rows * cols;
+    }
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const int64_t off = layout_.offsets[i];
         int slot = -1;

@@ -72,6 +72,7 @@ private:
     // The four matrices of a layer, in the order of the FP8 scale slots.
     enum Matrix { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3 };
     int64_t matrix_offset(int l, Matrix m) const;
+    void matrix_shape(Matrix m, int64_t& rows, int64_t& cols) const;  // W[rows = out, cols = in]
     // y[N,out] = x[N,in] W^T (+ bias) for matrix m of layer l: bf16 GEMM, or with --matmul-dtype=e4m3
     // x quantised with its current amax (kept per layer for the backward) times the fp8 weight.
     // amax_ready: x's producer already wrote its amax into the layer's activation slot.
@@ -92,6 +93,9 @@ private:
     // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
     // copies, laid out like the weights, one byte per element), on `stream`.
     void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready = false);
+    // qT = the transposes of the four matrices already quantised in q (a layer's FP8 copies, laid out
+    // like the weights): what quantize_layer writes to qT, bit for bit.
+    void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
 
     // ---- weight access protocol and gradient streaming (cuda_model_stream.cpp) ----
     // Layer code reads parameters through these: weight(off) is the model-dtype weight at flat
@@ -171,6 +175,12 @@ private:
     cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
     cudaEvent_t grads_done_ = nullptr;
     int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
+    // --persistent-quants with streamed FP8 layers: whether layer l's FP8 copy is in buf_.quant_store
+    // for the current weights, and whether each weight slot holds its layer's bf16 matrices (a layer
+    // filled from the store gets only its norms and biases in bf16; its matrices are FP8 only).
+    bool persist_quants_ = false;
+    std::vector<char> quant_stored_;
+    bool slot_has_matrices_[2] = {true, true};
     bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
     bool offload_res_ = false;       // --offload-residual
     cudaStream_t res_stream_ = nullptr;

@@ -20,6 +20,14 @@ int64_t CudaModel::matrix_offset(int l, Matrix m) const {
     }
 }
 
+void CudaModel::matrix_shape(Matrix m, int64_t& rows, int64_t& cols) const {
+    const ModelConfig& c = config_;
+    const int64_t h = c.hidden_size, qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
+    const int64_t all_rows[4] = {qkvd, h, 2 * I, h}, all_cols[4] = {h, c.q_dim(), h, I};
+    rows = all_rows[m];
+    cols = all_cols[m];
+}
+
 void CudaModel::quantize_weights(bool amax_ready) {
     if (!fp8_ || stream_weights_) return;  // streamed layers are quantised as they arrive (gather)
     auto t_ = timer_.scope("fp8 quantize", stream_);
@@ -33,24 +41,34 @@ void CudaModel::quantize_weights(bool amax_ready) {
 
 void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream,
                                bool amax_ready) {
-    const ModelConfig& c = config_;
-    const int64_t h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
-    const int64_t rows[4] = {qkvd, h, 2 * I, h}, cols[4] = {h, qd, h, I};  // W[out, in]
     const std::size_t es = dtype_size(opt_.model_dtype);
     const int64_t begin = layout_.layer_begin(l);
     for (int m = 0; m < 4; ++m) {
+        int64_t rows = 0, cols = 0;
+        matrix_shape(static_cast<Matrix>(m), rows, cols);
         const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
         const void* w = static_cast<const char*>(w_layer) + rel * es;
         float* amax = weight_amax_ptr(l, static_cast<Matrix>(m));
         float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
-        if (!amax_ready) cuda::abs_max(amax, opt_.model_dtype, w, rows[m] * cols[m], stream);
+        if (!amax_ready) cuda::abs_max(amax, opt_.model_dtype, w, rows * cols, stream);
         if (fp8_grads_) {  // row-major copy and transpose in one pass
-            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows[m],
-                                         cols[m], amax, inv, stream, static_cast<char*>(q_layer) + rel);
+            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows,
+                                         cols, amax, inv, stream, static_cast<char*>(q_layer) + rel);
         } else {
-            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows[m] * cols[m],
-                               amax, inv, stream);
+            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows * cols, amax,
+                               inv, stream);
         }
+    }
+}
+
+void CudaModel::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {
+    const int64_t begin = layout_.layer_begin(l);
+    for (int m = 0; m < 4; ++m) {
+        int64_t rows = 0, cols = 0;
+        matrix_shape(static_cast<Matrix>(m), rows, cols);
+        const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
+        cuda::transpose_fp8(static_cast<char*>(qT_layer) + rel, static_cast<const char*>(q_layer) + rel, rows, cols,
+                            stream);
     }
 }
 

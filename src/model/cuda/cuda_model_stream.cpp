@@ -7,6 +7,13 @@
 // for it, release(l) hands the slot back. Forward and backward visit layers in opposite orders, so
 // the two layers at the turn (and at the start of the next micro-batch) are still in their slots.
 //
+// --persistent-quants (FP8 with FP8 gradients): the first time a layer arrives after an optimizer
+// step it is copied in bf16 and quantised as above, and its row-major FP8 copy is then saved
+// (buf_.quant_store: on the device, or pinned with --offload-quants) behind the slot's ready event.
+// Every later pass of the step (the backward, the next micro-batches, eval) copies in the saved FP8
+// bytes and only the small bf16 tensors (norm weights, q|k|v bias), and makes the transposed copy on
+// the device: 1 byte per weight crosses PCIe instead of 2, and the codes are those of re-quantising.
+//
 // --offload-gradients: the fp32 gradients live in pinned host memory. Each layer's backward
 // accumulates into a zeroed device slot, then the gradient stream copies (first micro-batch after
 // an optimizer step) or adds (later micro-batches) the slot into the host copy while the compute
@@ -26,6 +33,9 @@
 // bit-identical to running without them (bf16 host gradients excepted: they round).
 #include "model/cuda/cuda_model.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
@@ -38,6 +48,8 @@ constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 
 void CudaModel::create_streams() {
     stream_weights_ = opt_.shard_weights;
+    persist_quants_ = streamed_quants_persist(opt_);
+    quant_stored_.assign(persist_quants_ ? config_.num_hidden_layers : 0, 0);
     stage_grads_ = opt_.offload_gradients;
     auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
     if (stream_weights_) {
@@ -72,6 +84,12 @@ void CudaModel::destroy_streams() {
 
 // ---- where a parameter is ----
 
+// Whether flat offset off, inside the span of the layer with offsets o, belongs to one of its four
+// matrices rather than a norm weight or the q|k|v bias.
+static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
+    return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
+}
+
 int64_t CudaModel::resident_index(int64_t off) const {
     const int64_t begin = layout_.layer_begin(0);
     return off < begin ? off : begin + (off - layout_.layers_end());
@@ -83,7 +101,10 @@ const void* CudaModel::weight(int64_t off) const {
     const int l = layout_.layer_of(off);
     if (l < 0) return static_cast<const char*>(buf_.resident_weights) + resident_index(off) * es;
     QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
-    return static_cast<const char*>(buf_.weight_slots[l & 1]) + (off - layout_.layer_begin(l)) * es;
+    const int64_t rel = off - layout_.layer_begin(l);
+    QT_CHECK(slot_has_matrices_[l & 1] || !in_weight_matrix(layout_.layers[l], off),
+             "weight streaming: internal error (bf16 matrix of layer ", l, " read with only its FP8 copy in the slot)");
+    return static_cast<const char*>(buf_.weight_slots[l & 1]) + rel * es;
 }
 
 // The FP8 copy at flat offset off: in the flat copy, or in the slot of its (streamed) layer.
@@ -118,11 +139,33 @@ void CudaModel::gather(int l) {
     const int s = l & 1;
     if (slot_layer_[s] == l) return;
     const std::size_t es = dtype_size(opt_.model_dtype);
+    const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
+    const char* host = static_cast<const char*>(buf_.weights) + begin * es;
+    char* slot = static_cast<char*>(buf_.weight_slots[s]);
+    char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, w_free_[s], 0));
-    CUDA_CHECK(cudaMemcpyAsync(buf_.weight_slots[s], static_cast<const char*>(buf_.weights) + layout_.layer_begin(l) * es,
-                               layout_.layer_span * es, cudaMemcpyDefault, copy_stream_));
-    if (fp8_) quantize_layer(l, buf_.weight_slots[s], buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
-    CUDA_CHECK(cudaEventRecord(w_ready_[s], copy_stream_));
+    if (persist_quants_ && quant_stored_[l]) {
+        // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
+        const GpuLayerOffsets& o = layout_.layers[l];
+        for (auto [from, to] : {std::pair{o.ln1, o.qkv_w}, {o.qkv_b, o.o_w}, {o.ln2, o.gate_up_w}})
+            CUDA_CHECK(cudaMemcpyAsync(slot + (from - begin) * es, host + (from - begin) * es, (to - from) * es,
+                                       cudaMemcpyDefault, copy_stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
+        transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+        CUDA_CHECK(cudaEventRecord(w_ready_[s], copy_stream_));
+        slot_has_matrices_[s] = false;
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(slot, host, span * es, cudaMemcpyDefault, copy_stream_));
+        if (fp8_) quantize_layer(l, slot, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+        CUDA_CHECK(cudaEventRecord(w_ready_[s], copy_stream_));
+        // saved after the ready event (the compute stream need not wait for it); the next copy into
+        // this slot is queued behind it on the same stream
+        if (persist_quants_) {
+            CUDA_CHECK(cudaMemcpyAsync(stored, buf_.quant_slots[s], span, cudaMemcpyDefault, copy_stream_));
+            quant_stored_[l] = 1;
+        }
+        slot_has_matrices_[s] = true;
+    }
     slot_layer_[s] = l;
 }
 
@@ -147,6 +190,7 @@ void CudaModel::weights_changed() {
     CUDA_CHECK(cudaMemcpyAsync(r + head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault, stream_));
     // the next copies into the slots must wait for whatever just wrote the host weights
     slot_layer_[0] = slot_layer_[1] = -1;
+    std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use
     for (cudaEvent_t e : w_free_) CUDA_CHECK(cudaEventRecord(e, stream_));
 }
 

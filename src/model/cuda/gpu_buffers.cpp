@@ -13,7 +13,8 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     // --shard-weights puts the model-dtype weights there too and streams them through two device
     // layer slots ("Weight slots"); --offload-gradients does the same for the gradients ("Gradient
     // slots", added to the host copy on a side stream). --offload-residual keeps the layers' input
-    // residuals there ("Residuals"), two device slots in "Activations".
+    // residuals there ("Residuals"), two device slots in "Activations". --persistent-quants keeps the
+    // FP8 copies of streamed layers ("Persistent quants"), in pinned memory with --offload-quants.
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
@@ -28,6 +29,7 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"Gradient slots", false, nullptr, 0});
     a.push_back(Arena{"Residuals", true, nullptr, 0});  // --offload-residual: every layer's input residual
     a.push_back(Arena{"Optimizer staging", false, nullptr, 0});  // --offload-double-buffer
+    a.push_back(Arena{"Persistent quants", opt.offload_quants, nullptr, 0});  // streamed FP8 layers' copies
     return a;
 }
 
@@ -40,6 +42,10 @@ bool optimizer_array_on_host(const ModelOptions& o, OptArray a) {
         case kOptWeights: return o.shard_weights;
     }
     return false;
+}
+
+bool streamed_quants_persist(const ModelOptions& o) {
+    return is_fp8(o.matmul_dtype) && o.shard_weights && (o.persistent_quants || o.offload_quants);
 }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
@@ -70,6 +76,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& gslots = arenas[10];
     Arena& residuals = arenas[11];
     Arena& opt_staging = arenas[12];
+    Arena& quant_store = arenas[13];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -176,6 +183,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                 b.quant_slots[s] = quants.take(span);
                 if (fp8_grads) b.quantT_slots[s] = quants.take(span);
             }
+            if (streamed_quants_persist(opt)) b.quant_store = quant_store.take(static_cast<std::size_t>(L) * span);
         } else {
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);
@@ -203,8 +211,9 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     plan.device = device_name;
     for (const Arena& a : arenas) {
         if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
-                            a.category == "Residuals" || a.category == "Optimizer staging"))
-            continue;  // no FP8, no streaming, no residual offload
+                            a.category == "Residuals" || a.category == "Optimizer staging" ||
+                            a.category == "Persistent quants"))
+            continue;  // no FP8, no streaming, no residual offload, ...
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
     }

@@ -107,6 +107,11 @@ struct GpuBuffers {
     void* weight_slots[2] = {nullptr, nullptr};
     void* quant_slots[2] = {nullptr, nullptr};
     void* quantT_slots[2] = {nullptr, nullptr};
+    // --persistent-quants with streamed FP8 layers: every layer's row-major FP8 copy (layer l at
+    // l * layer_span bytes, the layer's offsets), written the first time the layer is quantised after
+    // an optimizer step and copied into quant_slots for every later pass; on the device, or in pinned
+    // host memory with --offload-quants.
+    void* quant_store = nullptr;
     // Gradient streaming (--offload-gradients): `grads` is in pinned host memory; the device keeps
     // the non-layer gradients (resident_grads, same split as resident_weights) and two layer slots
     // each layer's backward writes into before a side stream adds them to the host copy.
@@ -133,9 +138,13 @@ enum OptArray { kOptMaster = 0, kOptGrads = 1, kOptM = 2, kOptV = 3, kOptWeights
 // Whether array a lives in pinned host memory under these options (so the double-buffered optimizer
 // stages it).
 bool optimizer_array_on_host(const ModelOptions& opt, OptArray a);
+// Whether streamed FP8 layers keep their quantised copies for the whole optimizer step
+// (--persistent-quants or --offload-quants with --shard-weights and --matmul-dtype=e4m3).
+bool streamed_quants_persist(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
-// Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals). With null arena bases it only measures.
+// Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
+// Persistent quants). With null arena bases it only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);
 std::vector<Arena> make_arenas(const ModelOptions& opt);
