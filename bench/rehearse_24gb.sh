@@ -11,13 +11,17 @@
 #   ~193 GiB pinned, the two-GPU machine). 7B with FP8 but without --shard-weights does not fit 24 GiB
 #   (bf16 weights + fp8 copies + resident embedding/LM-head gradients).
 #   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each,
-#   EXTRA: flags added to every run (e.g. EXTRA=--offload-double-buffer for the A/B of the optimizer).
+#   EXTRA: flags added to every run (e.g. EXTRA=--offload-double-buffer for the A/B of the optimizer),
+#   FP8_GRAD: the gradient dtype of the FP8 configurations (default e5m2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STEPS=${STEPS:-6}
 LIMIT=--memory-limit=24GiB
 OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
 STREAM="--shard-weights --offload-gradients --shard-gradients"
+# FP8 configurations run their backward GEMMs in FP8 too (e5m2 gradients: +10% at 7B and 14B over
+# bf16 gradients, docs/benchmarks.md); FP8_GRAD=bf16 gives the sessions 3-4 configuration.
+FP8="--matmul-dtype=e4m3 --gradient-dtype=${FP8_GRAD:-e5m2}"
 run() {
   local name=$1 model=$2 batch=$3 ga=$4; shift 4
   echo "== $name: $model batch $batch grad-accumulation $ga: $* ${EXTRA:-}"
@@ -34,13 +38,13 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
     7b-bf16) run 7b-bf16 Qwen2.5-7B 4 8 --recompute-block $OFFLOAD --offload-gradients --lmhead-chunks=8 ;;
     7b-bf16-stream) run 7b-bf16-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 ;;
     7b-fp8-stream) run 7b-fp8-stream Qwen2.5-7B 16 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
-                     --matmul-dtype=e4m3 ;;
+                     $FP8 ;;
     7b-fp8-stream-bf16master) run 7b-fp8-stream-bf16master Qwen2.5-7B 16 2 --recompute-block --offload-opt-m \
-                     --offload-opt-v $STREAM --lmhead-chunks=8 --matmul-dtype=e4m3 --master-dtype=bf16 ;;
+                     --offload-opt-v $STREAM --lmhead-chunks=8 $FP8 --master-dtype=bf16 ;;
     14b-fp8-stream-bf16) run 14b-fp8-stream-bf16 Qwen2.5-14B 8 4 --recompute-block --offload-opt-m --offload-opt-v $STREAM \
-                      --lmhead-chunks=8 --matmul-dtype=e4m3 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
+                      --lmhead-chunks=8 $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
-                      --matmul-dtype=e4m3 ;;
+                      $FP8 ;;
     *) echo "unknown configuration $cfg" ;;
   esac
 done

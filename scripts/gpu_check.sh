@@ -56,9 +56,8 @@ for phase in $PHASES; do
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
     abquants)  # bf16 vs FP8 weight copies streamed (--offload-quants), 7B under 24 GiB, FP8 gradients (~5 min)
-      STEPS=5 TIMEOUT=200 EXTRA=--gradient-dtype=e5m2 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
-      STEPS=5 TIMEOUT=200 EXTRA="--gradient-dtype=e5m2 --offload-quants" bench/rehearse_24gb.sh 7b-fp8-stream-bf16master \
-        2>&1 | tail -4 ;;
+      STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
+      STEPS=5 TIMEOUT=200 EXTRA=--offload-quants bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
     torch)
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --compile 2>&1 | tail -1
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-1.5B --batch 8 --compile 2>&1 | tail -1 ;;
