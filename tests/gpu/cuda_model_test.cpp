@@ -586,6 +586,10 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
         {"offloaded optimizer state, double-buffered", [](ModelOptions& o) {
              o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
          }},
+        {"fp8 with fp8 gradients, kept transposed inputs", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+         }},
         {"fp8, streamed weights, persistent quants on the device", [](ModelOptions& o) {
              o.matmul_dtype = DType::E4M3;
              o.gradient_dtype = DType::E5M2;
@@ -737,6 +741,36 @@ TEST(OptimizerStagingPlan, TwoChunksPerOffloadedArray) {
     ModelOptions none = options(DType::BF16, 4, 1024);
     none.offload_double_buffer = true;
     EXPECT_ERROR(CudaModel::plan(cfg, none), "--offload-double-buffer applies to offloaded");
+}
+
+// FP8 gradients: the inputs of the four matrices are kept quantised and transposed (1 byte per
+// element per layer) and the bf16 ln1, ln2 and SwiGLU output are then one shared buffer; where an
+// input is recomputed, nothing is kept for it (and a bf16 input a recompute reads stays per layer).
+TEST(KeptTransposedActivationsPlan, OneFp8CopyPerInputReplacesThreeBf16Ones) {
+    ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    const int B = 4, T = 1024;
+    const std::size_t N = static_cast<std::size_t>(B) * T, L = cfg.num_hidden_layers;
+    const std::size_t h = cfg.hidden_size, q = cfg.q_dim(), I = cfg.intermediate_size;
+    auto activations = [&](const ModelOptions& o) {
+        for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
+            if (e.category == "Activations") return static_cast<int64_t>(e.device_bytes);
+        return int64_t{-1};
+    };
+    ModelOptions bf16_grads = options(DType::E4M3, B, T);
+    bf16_grads.gradient_dtype = DType::BF16;
+    const ModelOptions fp8_grads = options(DType::E4M3, B, T);
+    const int64_t kept = static_cast<int64_t>(L * N * (h + q + h + I));
+    const int64_t shared = static_cast<int64_t>((L - 1) * N * (h + h + I) * 2);
+    // (256-byte alignment of each buffer: a few KiB at most)
+    EXPECT_NEAR(static_cast<double>(activations(fp8_grads) - activations(bf16_grads)),
+                static_cast<double>(kept - shared), 4096.0 * L);
+    // --recompute-swiglu: no kept copy of the SwiGLU output (it is recomputed, then quantised)
+    ModelOptions rs_bf16 = bf16_grads, rs_fp8 = fp8_grads;
+    rs_bf16.recompute_swiglu = rs_fp8.recompute_swiglu = true;
+    EXPECT_NEAR(static_cast<double>(activations(rs_fp8) - activations(rs_bf16)),
+                static_cast<double>(static_cast<int64_t>(L * N * (h + q + h)) -
+                                    static_cast<int64_t>((L - 1) * N * (h + h) * 2)),
+                4096.0 * L);
 }
 
 // --persistent-quants keeps one byte per layer element for every streamed layer: on the device, or

@@ -62,7 +62,8 @@ private:
     // micro-batch's loss and logit-gradient scales.
     void upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale);
     void forward_backward_ops(int B, int T);  // forward, LM head + loss, backward (graph-capturable)
-    void forward(int B, int T);
+    // for_backward: a training forward, which also keeps the FP8 transposed matrix inputs (xT)
+    void forward(int B, int T, bool for_backward = false);
     // LM head + loss over all rows: *loss_acc += loss_scale * sum of row losses; with grads, writes
     // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
     // The scales come from step_scalars (set by upload_batch).
@@ -169,6 +170,7 @@ private:
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
+    bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
     // streaming state (cuda_model_stream.cpp)
     bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
     cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;

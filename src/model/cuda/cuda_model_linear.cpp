@@ -94,7 +94,10 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
         if (!amax_ready) cuda::abs_max(xa, A, x, static_cast<int64_t>(N) * in, stream_);
-        cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
+        if (void* xT = keep_xT_ ? buf_.layers[l].xT[m] : nullptr)  // the backward's copy in the same pass
+            cuda::quantize_fp8_transpose(xT, DType::E4M3, x, A, N, in, xa, xi, stream_, buf_.xq);
+        else
+            cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
     }
     auto t_ = timer_.scope("gemm fwd", stream_);
     gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weight_q(off), DType::E4M3,
@@ -120,12 +123,18 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     const int L = config_.num_hidden_layers;
     float* ga = fp8_slot_ptr(fp8_grad_amax_slot(L));
     float* gi = fp8_slot_ptr(fp8_grad_inv_slot(L));
+    // x^T: kept by the training forward, or (recomputed input) quantised again with the forward's
+    // scale, which gives the same codes
+    const void* xT = buf_.layers[l].xT[m];
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
         if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
         cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
-        cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in, fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)),
-                                     nullptr, stream_);
+        if (!xT) {
+            cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in,
+                                         fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)), nullptr, stream_);
+            xT = buf_.xTq;
+        }
     }
     {
         auto t_ = timer_.scope("gemm bwd dx", stream_);
@@ -134,7 +143,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                                          stream_);
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);
-    gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, buf_.xTq, DType::E4M3,
+    gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, xT, DType::E4M3,
                                       fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_);
 }
 

@@ -64,7 +64,8 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
 }
 
-void CudaModel::forward(int B, int T) {
+void CudaModel::forward(int B, int T, bool for_backward) {
+    keep_xT_ = for_backward;
     const ModelConfig& c = config_;
     const DType A = opt_.model_dtype;
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
@@ -131,6 +132,7 @@ void CudaModel::forward(int B, int T) {
         if (!last) residual_written(l + 1);
         release(l);
     }
+    keep_xT_ = false;
 }
 
 // Regenerates the activations of layer l that the recompute flags did not keep, with the same
@@ -282,7 +284,7 @@ void CudaModel::backward(int B, int T) {
 }
 
 void CudaModel::forward_backward_ops(int B, int T) {
-    forward(B, T);
+    forward(B, T, true);
     lm_head(B * T, buf_.loss_acc, true);
     backward(B, T);
 }

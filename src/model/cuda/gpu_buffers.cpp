@@ -123,6 +123,17 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         return sh.p;
     };
     const std::size_t es = dtype_size(A);
+    // FP8 gradients: each matrix input that is not recomputed is kept quantised and transposed
+    // (xT) for the backward's weight-gradient GEMM. ln1, ln2 and the SwiGLU output are then needed
+    // in bf16 only inside the forward (and ln1 / ln2 by a backward recompute of the QKV / gate|up
+    // projection from them), so they share one buffer across layers like recomputed activations.
+    const bool fp8_grads = is_fp8(opt.matmul_dtype) && is_fp8(opt.gradient_dtype);
+    const bool keep_xT[4] = {fp8_grads && !rc.ln1, fp8_grads && !rc.att, fp8_grads && !rc.ln2,
+                             fp8_grads && !rc.swi};
+    const int64_t x_dims[4] = {h, q, h, I};
+    const bool ln1_shared = rc.ln1 || (keep_xT[0] && !rc.qkv);
+    const bool ln2_shared = rc.ln2 || (keep_xT[2] && !rc.gate_up);
+    const bool swi_shared = rc.swi || keep_xT[3];
     if (opt.offload_residual) {
         b.res_host = residuals.take_typed(static_cast<std::size_t>(L) * N * h, A);
         for (void*& s : b.res_slots) s = act.take_typed(N * h, A);
@@ -130,16 +141,18 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     for (int l = 0; l < L; ++l) {
         GpuLayerActivations& x = b.layers[l];
         x.res_in = opt.offload_residual ? b.res_slots[l & 1] : act.take_typed(N * h, A);
-        x.ln1 = slot(rc.ln1, s_ln1, N * h * es);
+        x.ln1 = slot(ln1_shared, s_ln1, N * h * es);
         x.rstd1 = act.take_n<float>(N);
         x.qkv = slot(rc.qkv, s_qkv, N * qkvd * es);
         x.att = slot(rc.att, s_att, N * q * es);
         x.lse = static_cast<float*>(slot(rc.att, s_lse, static_cast<std::size_t>(N) * c.num_attention_heads * 4));
         x.res_mid = slot(rc.res_mid, s_res_mid, N * h * es);
-        x.ln2 = slot(rc.ln2, s_ln2, N * h * es);
+        x.ln2 = slot(ln2_shared, s_ln2, N * h * es);
         x.rstd2 = act.take_n<float>(N);
         x.gate_up = slot(rc.gate_up, s_gate_up, N * 2 * I * es);
-        x.swi = slot(rc.swi, s_swi, N * I * es);
+        x.swi = slot(swi_shared, s_swi, N * I * es);
+        for (int m = 0; m < 4; ++m)
+            if (keep_xT[m]) x.xT[m] = act.take(static_cast<std::size_t>(N) * x_dims[m]);
     }
     b.res_final = act.take_typed(N * h, A);
     b.xf = act.take_typed(N * h, A);
@@ -177,7 +190,6 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.step_scalars = ws.take_n<float>(4);
 
     if (is_fp8(opt.matmul_dtype)) {
-        const bool fp8_grads = is_fp8(opt.gradient_dtype);
         if (opt.shard_weights) {  // quantised as each layer arrives in its slot
             for (int s = 0; s < 2; ++s) {
                 b.quant_slots[s] = quants.take(span);

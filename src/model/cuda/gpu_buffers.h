@@ -63,6 +63,11 @@ inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
     float *rstd1, *rstd2, *lse;
+    // FP8 with FP8 gradients: the input of matrix m (ln1, att, ln2, swi) quantised and transposed
+    // ([in, N], one byte per element), written by the training forward for the weight-gradient
+    // GEMM, so the backward need not re-quantise it; null where that input is recomputed (the
+    // backward quantises the recomputed one) or without FP8 gradients.
+    void* xT[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
 struct GpuBuffers {
