@@ -16,6 +16,7 @@
 #include "cuda/gemm.h"
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
+#include "cuda/pinned_memory.h"
 #include "io/safetensors.h"
 #include "model/cpu/cpu_ops.h"
 #include "model/parameters.h"
@@ -131,11 +132,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
         if (a.pinned_host) {
             // mapped, so kernels can use it (zero-copy); write-combined only for the offloaded state
             const bool wc = opt_.write_combined && a.category != "Host staging";
-            CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | (wc ? cudaHostAllocWriteCombined : 0)));
-            void* dev = nullptr;
-            CUDA_CHECK(cudaHostGetDevicePointer(&dev, p, 0));
-            QT_CHECK(dev == p, "pinned host memory of category ", a.category,
-                     " is not mapped at the same address on the GPU (unified addressing is required)");
+            cuda::PinnedBlock block = cuda::pinned_alloc(bytes, wc, a.category.c_str());
+            p = block.ptr;
+            a.registered = block.registered;
         } else {
             CUDA_CHECK(cudaMalloc(&p, bytes));
         }
@@ -197,8 +196,12 @@ CudaModel::~CudaModel() {
     gemm_.reset();
     for (Arena& a : arenas_) {
         if (!a.base) continue;
-        if (a.pinned_host) cudaFreeHost(a.base);
-        else cudaFree(a.base);
+        if (a.pinned_host) {
+            cuda::PinnedBlock block{a.base, a.used, a.registered};
+            cuda::pinned_free(block);
+        } else {
+            cudaFree(a.base);
+        }
     }
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);

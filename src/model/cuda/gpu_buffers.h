@@ -22,6 +22,7 @@ struct Arena {
     bool pinned_host = false;
     char* base = nullptr;  // null while measuring
     std::size_t used = 0;
+    bool registered = false;  // pinned by cudaHostRegister of an mmap (cuda/pinned_memory.h)
 
     void* take(std::size_t bytes) {
         used = (used + 255) / 256 * 256;
