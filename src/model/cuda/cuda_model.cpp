@@ -139,6 +139,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
             CUDA_CHECK(cudaMalloc(&p, bytes));
         }
         a.base = static_cast<char*>(p);
+        a.allocated = bytes;
     }
     bind_gpu_buffers(buf_, arenas_, config_, opt_, layout_);
 
@@ -197,7 +198,7 @@ CudaModel::~CudaModel() {
     for (Arena& a : arenas_) {
         if (!a.base) continue;
         if (a.pinned_host) {
-            cuda::PinnedBlock block{a.base, a.used, a.registered};
+            cuda::PinnedBlock block{a.base, a.allocated, a.registered};
             cuda::pinned_free(block);
         } else {
             cudaFree(a.base);

@@ -22,7 +22,8 @@ struct Arena {
     bool pinned_host = false;
     char* base = nullptr;  // null while measuring
     std::size_t used = 0;
-    bool registered = false;  // pinned by cudaHostRegister of an mmap (cuda/pinned_memory.h)
+    std::size_t allocated = 0;  // bytes at base (what the constructor allocated)
+    bool registered = false;    // pinned by cudaHostRegister of an mmap (cuda/pinned_memory.h)
 
     void* take(std::size_t bytes) {
         used = (used + 255) / 256 * 256;
