@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants]
+#                             [rehearse] [aboptim] [abquants] [setup]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
@@ -58,6 +58,10 @@ for phase in $PHASES; do
     abquants)  # bf16 vs FP8 weight copies streamed (--offload-quants), 7B under 24 GiB, FP8 gradients (~5 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-quants bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;
+    setup)  # set-up time of a pinned-heavy run (71 GiB pinned): [Setup] lines of the 7B rehearsal (~2.5 min)
+      STEPS=4 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -3
+      grep -E "^\[Setup\] [a-z ]+ in " /tmp/qtrain-bench/train.out
+      timeout 60 $B/pinned_alloc_bench 8 16 ;;
     torch)
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --compile 2>&1 | tail -1
       timeout 240 python3 bench/torch_baseline.py --model Qwen2.5-1.5B --batch 8 --compile 2>&1 | tail -1 ;;
