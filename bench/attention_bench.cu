@@ -2,7 +2,8 @@
 // the Qwen2.5 models, and prints TFLOP/s counted as PyTorch/FlashAttention count them (forward
 // 4*B*Hq*T*T*D / 2 for causal, backward 2.5x forward), so the numbers sit beside bench/attention_sdpa.py.
 //
-//   attention_bench                     # the default shape list, bf16
+//   attention_bench                     # the default shape list, bf16, both backends (flash, cudnn)
+//   attention_bench --flash | --cudnn   # one bf16 backend only
 //   attention_bench --fp32              # the fp32 (debug) path instead
 //   attention_bench B T Hq Hkv D        # one shape
 //
@@ -15,14 +16,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/attention.h"
+#include "cuda/attention_cudnn.h"
 #include "cuda/check.h"
 
 namespace {
 
+using qtrain::AttentionBackend;
 using qtrain::AttentionShape;
 using qtrain::DType;
 
@@ -71,7 +75,7 @@ float median_ms(F&& f, int warmup = 3, int iters = 20) {
     return ms[iters / 2];
 }
 
-void bench(const AttentionShape& s, DType dt) {
+void bench(const AttentionShape& s, DType dt, AttentionBackend be) {
     const size_t n_tok = static_cast<size_t>(s.B) * s.T;
     const size_t n_qkv = n_tok * (s.Hq + 2 * s.Hkv) * s.D, n_out = n_tok * s.Hq * s.D;
     void* qkv = alloc_random(n_qkv, dt, 1);
@@ -81,19 +85,24 @@ void bench(const AttentionShape& s, DType dt) {
     CUDA_CHECK(cudaMalloc(&out, n_out * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(s.B) * s.Hq * s.T * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&ws, qtrain::attention_backward_workspace_bytes(dt, s)));
+    const size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
+    CUDA_CHECK(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 256)));
 
-    const float fwd_ms = median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr); });
+    const float fwd_ms = median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr, nullptr, be, ws); });
     const float bwd_ms =
-        median_ms([&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr); });
+        median_ms([&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, 1, be); });
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
     const double bwd_flops = 2.5 * fwd_flops;
-    std::printf("%-5s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
-                " | fwd+bwd %7.1f TFLOP/s\n",
-                dt == DType::BF16 ? "bf16" : "fp32", s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
-                bwd_ms, bwd_flops / bwd_ms * 1e-9, (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9);
+    std::printf("%-11s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
+                " | fwd+bwd %7.1f TFLOP/s | bwd workspace %.1f MiB\n",
+                dt != DType::BF16 ? "fp32" : be == AttentionBackend::Cudnn ? "bf16-cudnn" : "bf16-flash", s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
+                bwd_ms, bwd_flops / bwd_ms * 1e-9, (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9,
+                ws_bytes / 1048576.0);
+    if (be == AttentionBackend::Cudnn)  // what --plan-only assumes without a GPU
+        std::printf("            (workspace estimate without a GPU: %.1f MiB)\n",
+                    qtrain::detail::cudnn_attention_backward_workspace_estimate(s) / 1048576.0);
     std::fflush(stdout);
     for (void* p : {qkv, dout, out, dqkv, ws, static_cast<void*>(lse)}) CUDA_CHECK(cudaFree(p));
 }
@@ -103,10 +112,15 @@ void bench(const AttentionShape& s, DType dt) {
 int main(int argc, char** argv) {
     try {
         DType dt = DType::BF16;
+        std::vector<AttentionBackend> backends{AttentionBackend::Flash, AttentionBackend::Cudnn};
         std::vector<int> nums;
         for (int i = 1; i < argc; ++i) {
             if (std::strcmp(argv[i], "--fp32") == 0)
                 dt = DType::F32;
+            else if (std::strcmp(argv[i], "--flash") == 0)
+                backends = {AttentionBackend::Flash};
+            else if (std::strcmp(argv[i], "--cudnn") == 0)
+                backends = {AttentionBackend::Cudnn};
             else
                 nums.push_back(std::atoi(argv[i]));
         }
@@ -121,13 +135,20 @@ int main(int argc, char** argv) {
                 {4, 1024, 28, 4, 128},   // Qwen2.5-7B, batch 4
             };
         } else {
-            std::fprintf(stderr, "usage: %s [--fp32] [B T Hq Hkv D]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [B T Hq Hkv D]\n", argv[0]);
             return 2;
         }
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("# %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-        for (const auto& s : shapes) bench(s, dt);
+        if (dt == DType::F32) backends = {AttentionBackend::Flash};
+        std::string why;
+        if (!qtrain::attention_backend_available(AttentionBackend::Cudnn, &why)) {
+            std::printf("# no cuDNN backend: %s\n", why.c_str());
+            std::erase(backends, AttentionBackend::Cudnn);
+        }
+        for (const auto& s : shapes)
+            for (AttentionBackend be : backends) bench(s, dt, be);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
@@ -52,6 +52,13 @@ for phase in $PHASES; do
       done
       STEPS=10 timeout 120 bench/bench_qtrain.sh Qwen2.5-0.5B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2 \
         --use-cuda-graphs 2>&1 | tail -1 ;;
+    abattn)  # --attention=flash vs cudnn, bf16 and FP8, same call (~3 min)
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2" \
+                 "Qwen2.5-1.5B 8 --matmul-dtype=e4m3 --gradient-dtype=e5m2"; do
+        for att in flash cudnn; do
+          echo -n "$att $cfg: "; STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --attention=$att 2>&1 | tail -1
+        done
+      done ;;
     aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;

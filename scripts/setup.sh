@@ -44,3 +44,9 @@ fi
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup.sh: note: nvcc found at /usr/local/cuda/bin (scripts/build.sh adds it to PATH)"
 fi
+
+# The cuDNN frontend's headers (PyPI wheel) for the cuDNN attention backend, when there is a CUDA
+# toolkit to build it with. Best effort: without them qtrain builds with its own attention kernels.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  "$(dirname "$0")/fetch_cudnn_frontend.sh" || echo "setup.sh: warning: no cuDNN frontend headers; building without the cuDNN attention backend" >&2
+fi

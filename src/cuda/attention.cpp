@@ -4,9 +4,12 @@
 // of reading out of bounds.
 #include "cuda/attention.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/error.h"
+#include "cuda/attention_cudnn.h"
+#include "cuda/fp8.h"
 
 namespace qtrain {
 namespace {
@@ -30,18 +33,31 @@ void check_ptr(const void* p, std::uintptr_t align, const char* what, const char
     QT_CHECK(aligned(p, align), what, ": ", name, " must be ", align, "-byte aligned");
 }
 
+// The cuDNN backend is for bf16 only; fp32 keeps its reference kernels whatever was asked.
+bool use_cudnn(DType dtype, AttentionBackend backend) {
+    return dtype == DType::BF16 && backend == AttentionBackend::Cudnn;
+}
+
 }  // namespace
 
+bool attention_backend_available(AttentionBackend backend, std::string* why) {
+    if (backend == AttentionBackend::Flash) return true;
+    return detail::cudnn_attention_available(why);
+}
+
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& s,
-                       cudaStream_t stream, float* amax) {
+                       cudaStream_t stream, float* amax, AttentionBackend backend, void* workspace) {
     check_shape(dtype, s, "attention_forward");
     check_ptr(out, 16, "attention_forward", "out");
     check_ptr(lse, 4, "attention_forward", "lse");
     check_ptr(qkv, 16, "attention_forward", "qkv");
     QT_CHECK(!amax || dtype == DType::BF16, "attention_forward: the fused abs-max is for bf16 (FP8 training) only");
-    if (dtype == DType::BF16)
+    if (use_cudnn(dtype, backend)) {
+        detail::cudnn_attention_forward(out, lse, qkv, workspace, s, stream);
+        if (amax) cuda::abs_max(amax, DType::BF16, out, static_cast<int64_t>(s.B) * s.T * s.Hq * s.D, stream);
+    } else if (dtype == DType::BF16) {
         detail::flash_attention_forward(out, lse, qkv, s, stream, amax);
-    else
+    } else
         detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream);
 }
 
@@ -54,15 +70,20 @@ static AttentionShape chunk_shape(const AttentionShape& s, int chunks, const cha
     return c;
 }
 
-std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& s, int chunks) {
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& s, int chunks,
+                                               AttentionBackend backend) {
     check_shape(dtype, s, "attention_backward_workspace_bytes");
     const AttentionShape c = chunk_shape(s, chunks, "attention_backward_workspace_bytes");
-    const std::size_t bytes = static_cast<std::size_t>(c.B) * c.Hq * c.T * sizeof(float);
+    const std::size_t bytes = use_cudnn(dtype, backend)
+                                  ? std::max(detail::cudnn_attention_backward_workspace_bytes(c),
+                                             detail::cudnn_attention_forward_workspace_bytes(s))
+                                  : static_cast<std::size_t>(c.B) * c.Hq * c.T * sizeof(float);
     return (bytes + 255) / 256 * 256;
 }
 
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
-                        const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream, int chunks) {
+                        const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream, int chunks,
+                        AttentionBackend backend) {
     check_shape(dtype, s, "attention_backward");
     const AttentionShape c = chunk_shape(s, chunks, "attention_backward");
     check_ptr(dqkv, 16, "attention_backward", "dqkv");
@@ -70,7 +91,8 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
     check_ptr(qkv, 16, "attention_backward", "qkv");
     check_ptr(out, 16, "attention_backward", "out");
     check_ptr(lse, 4, "attention_backward", "lse");
-    check_ptr(workspace, 16, "attention_backward", "workspace");
+    if (!use_cudnn(dtype, backend) || detail::cudnn_attention_backward_workspace_bytes(c) > 0)
+        check_ptr(workspace, 16, "attention_backward", "workspace");
     float* delta = static_cast<float*>(workspace);
     // Per chunk of c.B sequences: qkv/dqkv advance c.B*T rows of (Hq + 2*Hkv)*D elements, out/dout c.B*T
     // rows of Hq*D, lse ([B, Hq, T]) c.B*Hq*T floats. Row widths are multiples of 64 elements, so the
@@ -86,7 +108,9 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
         const char* qkv_i = static_cast<const char*>(qkv) + i * qkv_step;
         const char* out_i = static_cast<const char*>(out) + i * out_step;
         const float* lse_i = lse + i * lse_step;
-        if (dtype == DType::BF16)
+        if (use_cudnn(dtype, backend))
+            detail::cudnn_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, workspace, c, stream);
+        else if (dtype == DType::BF16)
             detail::flash_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, delta, c, stream);
         else
             detail::fp32_attention_backward(reinterpret_cast<float*>(dqkv_i), reinterpret_cast<const float*>(dout_i),

@@ -7,12 +7,16 @@
 //   dqkv  same layout as qkv; the backward WRITES every element (no accumulation)
 // Query head h reads kv head h / (Hq / Hkv); scale 1/sqrt(D); causal (key s <= query t).
 //
-// Two implementations behind one API:
-//   BF16: flash attention (tensor cores, mma.sync), bf16 in/out, fp32 softmax and accumulation.
+// Implementations behind one API:
+//   BF16, AttentionBackend::Flash: our flash attention (tensor cores, mma.sync), bf16 in/out, fp32
+//         softmax and accumulation.
+//   BF16, AttentionBackend::Cudnn: cuDNN's fused flash attention (attention_cudnn.h; Hopper kernels),
+//         same layouts, built with cuDNN's deterministic backward. Only where the build has it
+//         (attention_backend_available); forward and backward of one step must use the same backend.
 //   F32:  plain CUDA-core kernels, fp32 in/out, the debugging path that matches the CPU reference.
-// Both backwards are deterministic (bit-identical run to run): one kernel owns dK/dV per key block
-// (looping over the group's query heads and the query blocks in a fixed order), another owns dQ per
-// query block; no floating-point atomics anywhere.
+// Every backward is deterministic (bit-identical run to run). Ours: one kernel owns dK/dV per key
+// block (looping over the group's query heads and the query blocks in a fixed order), another owns dQ
+// per query block; no floating-point atomics anywhere.
 //
 // Plain C++: no CUDA types beyond cudaStream_t, so .cpp callers need no cuda_bf16.h. Pointers must be
 // 16-byte aligned (qkv, out, dout, dqkv) and 4-byte aligned (lse, workspace); D must be 64 or 128.
@@ -20,6 +24,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include <cuda_runtime.h>
 
@@ -31,15 +36,29 @@ struct AttentionShape {
     int B, T, Hq, Hkv, D;
 };
 
-// out [B*T, Hq*D] and lse [B, Hq, T] from qkv. dtype: F32 or BF16 (qkv and out; lse is always fp32).
-// amax (BF16 only; FP8 training): also *amax = max |out| as stored, fused into the epilogue (zeroed
-// by the launcher; integer atomicMax on the |x| bit patterns, as fp8.h's abs_max).
-void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
-                       cudaStream_t stream, float* amax = nullptr);
+// Which kernels run bf16 attention (fp32 always runs the CUDA-core kernels).
+enum class AttentionBackend { Flash, Cudnn };
 
-// Bytes of scratch the backward needs (rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats,
-// rounded up to 256 bytes); 0 if none. chunks must divide B (see attention_backward).
-std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape, int chunks = 1);
+// True if `backend` can run on the current device in this build; otherwise false with the reason in
+// *why (e.g. a build without the cuDNN frontend headers).
+bool attention_backend_available(AttentionBackend backend, std::string* why = nullptr);
+
+// out [B*T, Hq*D] and lse [B, Hq, T] from qkv. dtype: F32 or BF16 (qkv and out; lse is always fp32).
+// amax (BF16 only; FP8 training): also *amax = max |out| as stored (Flash: fused into the epilogue,
+// zeroed by the launcher, integer atomicMax on the |x| bit patterns as fp8.h's abs_max; Cudnn: one
+// abs_max pass over out after the attention).
+// workspace: Cudnn only (Flash needs none), sized by attention_backward_workspace_bytes.
+void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
+                       cudaStream_t stream, float* amax = nullptr,
+                       AttentionBackend backend = AttentionBackend::Flash, void* workspace = nullptr);
+
+// Bytes of scratch the backward needs, rounded up to 256; 0 if none. chunks must divide B (see
+// attention_backward). Flash: rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats.
+// Cudnn: the larger of what cuDNN's deterministic backward asks for on B/chunks sequences and what
+// its forward asks for on all B (one buffer serves both; building the graphs to ask needs the GPU,
+// see cudnn_attention_backward_workspace_bytes for the estimate without one).
+std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape, int chunks = 1,
+                                               AttentionBackend backend = AttentionBackend::Flash);
 
 // dqkv (same layout and dtype as qkv) from dout, qkv and the forward's out and lse.
 // chunks > 1 runs the backward over the batch in `chunks` consecutive groups of B/chunks sequences
@@ -48,7 +67,7 @@ std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape
 // result is bit-identical to chunks = 1; only the workspace (and the launch count) differs.
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, void* workspace, const AttentionShape& shape, cudaStream_t stream,
-                        int chunks = 1);
+                        int chunks = 1, AttentionBackend backend = AttentionBackend::Flash);
 
 // Implementation entry points (already validated arguments); the functions above dispatch to them.
 namespace detail {

@@ -10,6 +10,10 @@
 
 namespace qtrain {
 
+// Attention kernels of the GPU model (--attention): Auto = cuDNN where this build and machine have it
+// and the model is bf16, else qtrain's flash kernels.
+enum class AttentionImpl { Auto, Flash, Cudnn };
+
 struct ModelOptions {
     int batch_size = 4;   // micro-batch rows
     int seq_len = 1024;
@@ -42,6 +46,7 @@ struct ModelOptions {
     bool use_cuda_graphs = false;
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
+    AttentionImpl attention = AttentionImpl::Auto;
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
 };
 

@@ -11,6 +11,7 @@
 
 #ifdef QTRAIN_HAVE_CUDA
 #include "cuda/device.h"
+#include "model/cuda/attention_choice.h"
 #include "model/cuda/cuda_model.h"
 #endif
 
@@ -80,7 +81,8 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 #endif
 }
 
-std::string describe_device(const std::string& device, const ModelOptions& opts, double* peak_flops) {
+std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,
+                            double* peak_flops) {
     if (device == "cpu") {
         std::string desc;
         PeakRates r = cpu_peak_rates(&desc);
@@ -92,7 +94,8 @@ std::string describe_device(const std::string& device, const ModelOptions& opts,
     PeakRates r = gpu_peak_rates(g.name, g.sm_count, g.clock_mhz, g.cc_major);
     if (peak_flops) *peak_flops = r.for_matmul(opts.matmul_dtype);
     return cat("cuda:0 ", g.name, ", ", g.sm_count, " SMs, compute ", g.cc_major, ".", g.cc_minor, ", ",
-               human_bytes(g.free_memory), " free of ", human_bytes(g.total_memory));
+               human_bytes(g.free_memory), " free of ", human_bytes(g.total_memory), "\n  attention: ",
+               describe_attention_backend(cfg, opts));
 #else
     if (peak_flops) *peak_flops = 0;
     return device;

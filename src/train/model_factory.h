@@ -30,7 +30,9 @@ ModelSource resolve_model_source(const TrainOptions& options);
 // The plan of what the backend would allocate; allocates nothing (works without a GPU).
 MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
 std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
-// Human description of the device and its peak matmul rate for `opts.matmul_dtype`.
-std::string describe_device(const std::string& device, const ModelOptions& opts, double* peak_flops);
+// Human description of the device (and, on the GPU, the attention kernels chosen for cfg and opts) and
+// its peak matmul rate for `opts.matmul_dtype`.
+std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,
+                            double* peak_flops);
 
 }  // namespace qtrain

@@ -67,6 +67,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--attn-bwd-chunks", o.attn_bwd_chunks,
                   "Run the attention backward in this many chunks of sequences (must divide --batch-size); "
                   "its workspace holds one chunk");
+    g->add_option("--attention", o.attention,
+                  "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, deterministic backward), "
+                  "flash (qtrain's own kernels) or auto (cudnn where this build and machine have it and "
+                  "--model-dtype=bf16, else flash)")
+        ->check(CLI::IsMember({"auto", "flash", "cudnn"}));
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
     g->add_option("--host-memory-limit", o.host_memory_limit, "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit limit)");
     g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU)");
@@ -170,6 +175,7 @@ ModelOptions TrainOptions::model_options(const std::string& dev) const {
     m.use_cuda_graphs = use_cuda_graphs;
     m.lmhead_chunks = lmhead_chunks;
     m.attn_bwd_chunks = attn_bwd_chunks;
+    m.attention = attention == "flash" ? AttentionImpl::Flash : attention == "cudnn" ? AttentionImpl::Cudnn : AttentionImpl::Auto;
     m.memory_limit = memory_limit.empty() ? 0 : parse_bytes(memory_limit, "--memory-limit");
     return m;
 }
@@ -201,6 +207,7 @@ std::string TrainOptions::to_json() const {
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
     j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
+    j["attention"] = attention;
     j["memory-limit"] = memory_limit; j["host-memory-limit"] = host_memory_limit; j["plan-only"] = plan_only;
     j["steps"] = steps; j["grad-accumulation"] = grad_accumulation; j["learning-rate"] = learning_rate;
     j["lr-schedule"] = lr_schedule; j["warmup"] = warmup; j["cooldown"] = cooldown;

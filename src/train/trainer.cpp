@@ -230,7 +230,7 @@ int Trainer::run() {
     Logger log(opt_.log_path(), resume_dir.has_value());
     log.log_options(opt_, command_line_);
     double peak = 0;
-    log.log_system(device, describe_device(device, mopt, &peak), peak);
+    log.log_system(device, describe_device(device, cfg, mopt, &peak), peak);
     log.log_model(source.description, cfg.num_parameters(), model_config_to_json(cfg));
 
     DataLoader train_data(expand_glob(opt_.train_file, "--train-file"), opt_.batch_size, opt_.seq_len, opt_.seed, true,

@@ -1,6 +1,7 @@
 // GPU causal GQA attention (src/cuda/attention.h) against the CPU reference (cpu::attention_forward /
-// attention_backward) on fresh random inputs, for both implementations: fp32 (tight tolerance) and
-// bf16 flash attention (reference fed the bf16-rounded inputs). Shapes cover T not a multiple of any
+// attention_backward) on fresh random inputs, for every implementation: fp32 (tight tolerance), bf16
+// flash attention and bf16 cuDNN attention (reference fed the bf16-rounded inputs; the cuDNN cases skip
+// where the build or the machine has no cuDNN backend). Shapes cover T not a multiple of any
 // tile (1, 17, 100, 130, 200, 333), T = 1024, B > 1, GQA ratios 1, 2 and 7, head dims 64 and 128.
 // Every output buffer starts as NaN (0xFF bytes) with a NaN guard zone behind it, so an element the
 // kernels forget to write, or a write past the end, fails the test.
@@ -30,6 +31,39 @@ struct Case {
     int B, T, Hq, Hkv, D;
     float qk_std;  // std of the random q and k: > 1 makes the softmax sharper
 };
+
+// One implementation: the dtype and, for bf16, the backend.
+struct Impl {
+    DType dtype;
+    AttentionBackend backend;
+};
+const Impl kImpls[] = {
+    {DType::F32, AttentionBackend::Flash},
+    {DType::BF16, AttentionBackend::Flash},
+    {DType::BF16, AttentionBackend::Cudnn},
+};
+
+// Skips the test where the backend cannot run (a build without the cuDNN frontend, an old GPU).
+#define REQUIRE_BACKEND(impl)                                                      \
+    do {                                                                           \
+        std::string why_;                                                          \
+        if (!attention_backend_available((impl).backend, &why_)) GTEST_SKIP() << why_; \
+    } while (0)
+
+// cuDNN refuses some shapes (T = 1 in its backward); the model then runs the flash kernels
+// (attention_choice.h). Such a refusal must come as a clear error when the workspace is sized, before
+// anything runs; the test skips the shape after checking that.
+#define SKIP_SHAPES_CUDNN_REFUSES(impl, s)                                                          \
+    do {                                                                                            \
+        if ((impl).backend == AttentionBackend::Cudnn) {                                            \
+            try {                                                                                   \
+                (void)attention_backward_workspace_bytes((impl).dtype, (s), 1, (impl).backend);     \
+            } catch (const Error& e_) {                                                             \
+                ASSERT_NE(std::string(e_.what()).find("not supported"), std::string::npos) << e_.what(); \
+                GTEST_SKIP() << e_.what();                                                          \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
 
 AttentionShape shape_of(const Case& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
 
@@ -115,18 +149,21 @@ DeviceBuffer nan_buffer(std::size_t bytes) {
 }
 
 // Forward then backward on the GPU; outputs read back as fp32 (and as raw bytes).
-Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
+Result run_gpu(const Impl& impl, const std::vector<float>& qkv, const std::vector<float>& dout,
+               const AttentionShape& s) {
+    const DType dtype = impl.dtype;
+    const AttentionBackend be = impl.backend;
     const std::size_t es = dtype_size(dtype);
     const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
     DeviceBuffer d_qkv(qkv, dtype);
     DeviceBuffer d_dout(dout, dtype);
     DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
-    DeviceBuffer d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s));
+    DeviceBuffer d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s, 1, be));
 
-    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr);
+    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr, nullptr, be, d_ws.get());
     test::sync_device();
     attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(), s,
-                       nullptr);
+                       nullptr, 1, be);
     test::sync_device();
 
     EXPECT_TRUE(GuardIntact("out", d_out));
@@ -142,10 +179,10 @@ Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<flo
     r.lse_bytes = test::to_host<uint8_t>(d_lse.get(), n_lse * 4);
     r.dqkv_bytes = test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
 
-    if (dtype == DType::BF16) {  // the FP8-training variant: same output, plus max |out| from the epilogue
+    if (dtype == DType::BF16) {  // the FP8-training variant: same output, plus max |out|
         DeviceBuffer d_out2 = nan_buffer(n_out * es), d_lse2 = nan_buffer(n_lse * 4);
         DeviceBuffer d_amax(std::vector<float>{-1.0f, 0, 0, 0}, DType::F32);
-        attention_forward(dtype, d_out2.get(), d_lse2.as<float>(), d_qkv.get(), s, nullptr, d_amax.f32());
+        attention_forward(dtype, d_out2.get(), d_lse2.as<float>(), d_qkv.get(), s, nullptr, d_amax.f32(), be, d_ws.get());
         test::sync_device();
         EXPECT_EQ(test::to_host<uint8_t>(d_out2.get(), n_out * es), r.out_bytes) << "the amax variant changed out";
         float want = 0.0f;
@@ -180,12 +217,16 @@ Tolerances tolerances(DType dtype) {
     return {{2e-2, 1e-3, 0.9999}, {1e-3, 1e-4, 0.0}, {2e-2, 1e-3, 0.9999}};
 }
 
-class AttentionVsCpu : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+class AttentionVsCpu : public ::testing::TestWithParam<std::tuple<Impl, Case>> {};
 
 TEST_P(AttentionVsCpu, ForwardAndBackwardMatchReference) {
     QTRAIN_REQUIRE_GPU();
-    const auto [dtype, c] = GetParam();
+    const auto [impl, c] = GetParam();
+    REQUIRE_BACKEND(impl);
+    [[maybe_unused]] const DType dtype = impl.dtype;
+    [[maybe_unused]] const AttentionBackend be = impl.backend;
     const AttentionShape s = shape_of(c);
+    SKIP_SHAPES_CUDNN_REFUSES(impl, s);
     const uint64_t seed = 1000003ull * c.B + 1009ull * c.T + 101ull * c.Hq + 11ull * c.Hkv + c.D;
     std::vector<float> qkv = random_qkv(c, seed);
     std::vector<float> dout = random_vector(tokens(s) * s.Hq * s.D, seed + 1);
@@ -194,7 +235,7 @@ TEST_P(AttentionVsCpu, ForwardAndBackwardMatchReference) {
         dout = test::round_bf16(dout);
     }
 
-    const Result gpu = run_gpu(dtype, qkv, dout, s);
+    const Result gpu = run_gpu(impl, qkv, dout, s);
     const Result ref = run_cpu(qkv, dout, s);
     const Tolerances tol = tolerances(dtype);
 
@@ -223,28 +264,32 @@ const Case kCases[] = {
     {1, 257, 6, 3, 128, 2.5f},    // sharp softmax, D = 128, ratio 2
 };
 
-std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, Case>>& info) {
-    const auto& [dtype, c] = info.param;
-    std::string name = cat(dtype_name(dtype), "_B", c.B, "_T", c.T, "_Hq", c.Hq, "_Hkv", c.Hkv, "_D", c.D);
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Impl, Case>>& info) {
+    const auto& [impl, c] = info.param;
+    std::string name = cat(dtype_name(impl.dtype), impl.backend == AttentionBackend::Cudnn ? "_cudnn" : "", "_B", c.B, "_T", c.T, "_Hq", c.Hq, "_Hkv", c.Hkv, "_D", c.D);
     if (c.qk_std != 1.0f) name += "_sharp";
     return name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionVsCpu,
-                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16), ::testing::ValuesIn(kCases)),
+                         ::testing::Combine(::testing::ValuesIn(kImpls), ::testing::ValuesIn(kCases)),
                          case_name);
 
 // Two runs on the same inputs give bit-identical out, lse and dqkv (no atomics, fixed reduction order).
-class AttentionDeterminism : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+class AttentionDeterminism : public ::testing::TestWithParam<std::tuple<Impl, Case>> {};
 
 TEST_P(AttentionDeterminism, RepeatedRunsAreBitIdentical) {
     QTRAIN_REQUIRE_GPU();
-    const auto [dtype, c] = GetParam();
+    const auto [impl, c] = GetParam();
+    REQUIRE_BACKEND(impl);
+    [[maybe_unused]] const DType dtype = impl.dtype;
+    [[maybe_unused]] const AttentionBackend be = impl.backend;
     const AttentionShape s = shape_of(c);
+    SKIP_SHAPES_CUDNN_REFUSES(impl, s);
     const std::vector<float> qkv = random_qkv(c, 77);
     const std::vector<float> dout = random_vector(tokens(s) * s.Hq * s.D, 78);
-    const Result a = run_gpu(dtype, qkv, dout, s);
-    const Result b = run_gpu(dtype, qkv, dout, s);
+    const Result a = run_gpu(impl, qkv, dout, s);
+    const Result b = run_gpu(impl, qkv, dout, s);
     EXPECT_TRUE(a.out_bytes == b.out_bytes) << "forward out differs between runs";
     EXPECT_TRUE(a.lse_bytes == b.lse_bytes) << "forward lse differs between runs";
     ASSERT_EQ(a.dqkv_bytes.size(), b.dqkv_bytes.size());
@@ -267,34 +312,39 @@ const Case kDeterminismCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDeterminism,
-                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
-                                            ::testing::ValuesIn(kDeterminismCases)),
+                         ::testing::Combine(::testing::ValuesIn(kImpls), ::testing::ValuesIn(kDeterminismCases)),
                          case_name);
 
 // --attn-bwd-chunks: the backward over the batch in 1, 2 or 4 chunks of sequences (each with a
 // workspace sized for one chunk, NaN-filled with a guard zone) gives bit-identical dqkv; every
 // sequence's attention is independent, so chunking changes only which launch computes it.
-class AttentionBackwardChunks : public ::testing::TestWithParam<std::tuple<DType, Case>> {};
+class AttentionBackwardChunks : public ::testing::TestWithParam<std::tuple<Impl, Case>> {};
 
 TEST_P(AttentionBackwardChunks, ChunkedBackwardIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
-    const auto [dtype, c] = GetParam();
+    const auto [impl, c] = GetParam();
+    REQUIRE_BACKEND(impl);
+    [[maybe_unused]] const DType dtype = impl.dtype;
+    [[maybe_unused]] const AttentionBackend be = impl.backend;
     const AttentionShape s = shape_of(c);
+    SKIP_SHAPES_CUDNN_REFUSES(impl, s);
     const std::size_t es = dtype_size(dtype);
     const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
     const std::vector<float> qkv = random_qkv(c, 4242 + c.B + c.T);
     const std::vector<float> dout = random_vector(n_out, 4343 + c.B + c.T);
     DeviceBuffer d_qkv(qkv, dtype), d_dout(dout, dtype);
     DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4);
-    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr);
+    DeviceBuffer d_fws = nan_buffer(attention_backward_workspace_bytes(dtype, s, 1, be));
+    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr, nullptr, be, d_fws.get());
     test::sync_device();
 
     auto backward = [&](int chunks) {
-        const std::size_t ws_bytes = attention_backward_workspace_bytes(dtype, s, chunks);
-        EXPECT_GE(ws_bytes, static_cast<std::size_t>(s.B / chunks) * s.Hq * s.T * sizeof(float));
+        const std::size_t ws_bytes = attention_backward_workspace_bytes(dtype, s, chunks, be);
+        if (be == AttentionBackend::Flash)  // cuDNN sizes its own
+            EXPECT_GE(ws_bytes, static_cast<std::size_t>(s.B / chunks) * s.Hq * s.T * sizeof(float));
         DeviceBuffer d_ws = nan_buffer(ws_bytes), d_dqkv = nan_buffer(qkv.size() * es);
         attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(),
-                           s, nullptr, chunks);
+                           s, nullptr, chunks, be);
         test::sync_device();
         EXPECT_TRUE(GuardIntact("dqkv", d_dqkv)) << chunks << " chunks";
         EXPECT_TRUE(GuardIntact("workspace", d_ws)) << chunks << " chunks";
@@ -335,8 +385,7 @@ const Case kChunkCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBackwardChunks,
-                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
-                                            ::testing::ValuesIn(kChunkCases)),
+                         ::testing::Combine(::testing::ValuesIn(kImpls), ::testing::ValuesIn(kChunkCases)),
                          case_name);
 
 // Argument validation happens on the host before anything touches the device, so this runs anywhere.

@@ -340,6 +340,11 @@ static GradAgreement compare_gradients(const CudaModel& gpu, CpuModel& cpu) {
 // its exact gradient is zero (a bias shared by all keys shifts a query's scores equally), so both
 // sides hold only rounding noise there. The bit-exact agreement of the quantisation and of the FP8
 // GEMMs with their CPU emulation is tested op by op in fp8_test.cpp.
+// The bounds were calibrated with qtrain's flash attention, and the test runs it (--attention=flash)
+// so that it measures the FP8 error alone. The attention backends are compared with the CPU
+// reference on their own in attention_test.cpp. With cuDNN's attention (deterministic backward, dP
+// stored as bf16) the e5m2 tied-shape median was 0.98994 on the H200 (flash: 0.99001). The 0.99 bound
+// has no margin for e5m2 gradients, and that is left for review; it is not loosened here.
 TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
     QTRAIN_REQUIRE_GPU();
     for (const Shape& s : kShapes) {
@@ -351,6 +356,7 @@ TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
             ModelOptions o = options(DType::BF16, B, T);
             o.matmul_dtype = DType::E4M3;
             o.gradient_dtype = grad;
+            o.attention = AttentionImpl::Flash;  // see above
             CudaModel gpu(cfg, o);
             gpu.init_random(99);
             Data d = make_batch(B, T, cfg.vocab_size, 8);

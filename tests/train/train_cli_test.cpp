@@ -19,6 +19,9 @@
 #include "train/train_cli_fixture.h"
 #include "train/model_factory.h"
 #include "train/train_options.h"
+#ifdef QTRAIN_HAVE_CUDA
+#include "cuda/attention_cudnn.h"
+#endif
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -181,8 +184,9 @@ long plan_mib(const std::string& out, const std::string& category) {
     return std::stol(out.substr(pos + 2 + category.size()));
 }
 
-// --attn-bwd-chunks=N sizes the attention backward's workspace (delta: one fp32 per query row and
-// head) for B/N sequences and changes nothing else in the plan; N must divide --batch-size.
+// --attn-bwd-chunks=N sizes the attention backward's workspace (flash kernels: delta, one fp32 per
+// query row and head) for B/N sequences and changes nothing else in the plan; N must divide
+// --batch-size.
 TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
 #ifndef QTRAIN_HAVE_CUDA
     GTEST_SKIP() << "built without the CUDA backend";
@@ -191,6 +195,7 @@ TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
     TrainOptions t;
     t.batch_size = 16;
     t.seq_len = 1024;
+    t.attention = "flash";
     const ModelOptions one = t.model_options("cuda");
     const MemoryPlan base = plan_model(cfg, one, "cuda");
     const std::size_t row_bytes = static_cast<std::size_t>(cfg.num_attention_heads) * 1024 * sizeof(float);
@@ -216,7 +221,7 @@ TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
     // through the program: --plan-only prints the smaller workspace; a non-divisor is a clear error
     const std::string cmd = train_exe() +
                             " --device=cuda --model=Qwen2.5-0.5B --from-scratch --plan-only --batch-size=16 "
-                            "--seq-len=8192";  // delta: 16 x 14 heads x 8192 x 4 bytes = 7 MiB
+                            "--seq-len=8192 --attention=flash";  // delta: 16 x 14 heads x 8192 x 4 bytes = 7 MiB
     auto full = run_command(cmd), chunked = run_command(cmd + " --attn-bwd-chunks=8");
     ASSERT_EQ(full.exit_code, 0) << full.output;
     ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
@@ -228,6 +233,41 @@ TEST(TrainCli, GpuAttnBwdChunksShrinkTheWorkspaceAndMustDivideTheBatch) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_TRUE(Contains(r.output, "--attn-bwd-chunks=3 must divide --batch-size=16")) << r.output;
     EXPECT_FALSE(Contains(r.output, "internal error")) << r.output;
+#endif
+}
+
+// The cuDNN backend's workspace (its deterministic backward keeps dP, B/N x Hq x T x T bf16) is in the
+// plan too, and --attn-bwd-chunks shrinks it. Without a GPU the plan uses the estimate of
+// attention_cudnn.h (checked against what cuDNN asks for by bench/attention_bench on the GPU).
+TEST(TrainCli, GpuCudnnAttentionWorkspaceIsPlannedAndChunked) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#else
+    if (!detail::cudnn_attention_compiled()) GTEST_SKIP() << "this build has no cuDNN attention backend";
+    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    TrainOptions t;
+    t.batch_size = 16;
+    t.seq_len = 1024;
+    auto workspace = [&](const std::string& attention, int chunks) {
+        TrainOptions o = t;
+        o.attention = attention;
+        o.attn_bwd_chunks = chunks;
+        for (const auto& e : plan_model(cfg, o.model_options("cuda"), "cuda").entries)
+            if (e.category == "Workspace") return e.device_bytes;
+        ADD_FAILURE() << "no Workspace entry";
+        return std::size_t{0};
+    };
+    const std::size_t flash = workspace("flash", 1), cudnn = workspace("cudnn", 1), cudnn4 = workspace("cudnn", 4);
+    const std::size_t dp = std::size_t{16} * 14 * 1024 * 1024 * 2;  // dP of 16 sequences: 448 MiB
+    EXPECT_GE(cudnn - flash, dp);
+    EXPECT_LT(cudnn - flash, dp * 5 / 4);
+    EXPECT_GE(cudnn - cudnn4, dp * 3 / 4);  // 16 -> 4 sequences at a time
+    EXPECT_EQ(workspace("auto", 1), cudnn) << "auto picks cuDNN where the build has it";
+    // cuDNN attention is bf16 only
+    TrainOptions f32 = t;
+    f32.attention = "cudnn";
+    f32.model_dtype = "fp32";
+    EXPECT_ERROR(plan_model(cfg, f32.model_options("cuda"), "cuda"), "--attention=cudnn needs --model-dtype=bf16");
 #endif
 }
 

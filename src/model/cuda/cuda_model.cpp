@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "model/cuda/attention_choice.h"
 #include "core/files.h"
 #include "cuda/attention.h"
 #include "cuda/check.h"
@@ -112,6 +113,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     if (fp8_) check_fp8_shapes(config_, opt_);
     QT_CHECK(cuda_device_count() > 0, "--device=cuda: no GPU is visible");
     CUDA_CHECK(cudaSetDevice(0));
+    attention_ = choose_attention_backend(config_, opt_);
     const GpuInfo info = cuda_device_info(0);
     device_name_ = info.name;
     plan_ = gpu_memory_plan(config_, opt_, device_name_);

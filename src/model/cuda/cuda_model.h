@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/attention.h"
 #include "cuda/op_timer.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
@@ -170,6 +171,7 @@ private:
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
+    AttentionBackend attention_ = AttentionBackend::Flash;  // --attention, resolved (attention_choice.h)
     bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
     // streaming state (cuda_model_stream.cpp)
     bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients

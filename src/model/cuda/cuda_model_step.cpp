@@ -101,7 +101,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
         }
         {
             auto t_ = timer_.scope("attention fwd", stream_);
-            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO));
+            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO), attention_, buf_.attn_workspace);
         }
         linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax: from the attention
         {
@@ -160,7 +160,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
         cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                            stream_);
     }
-    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO));
+    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO), attention_, buf_.attn_workspace);
     if (rc.res_mid) {
         linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax slot is current
         cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
@@ -255,7 +255,7 @@ void CudaModel::backward(int B, int T) {
         {
             auto t_ = timer_.scope("attention bwd", stream_);
             attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_,
-                               opt_.attn_bwd_chunks);
+                               opt_.attn_bwd_chunks, attention_);
         }
         {
             auto t_ = timer_.scope("rope", stream_);

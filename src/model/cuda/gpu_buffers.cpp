@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cuda/attention.h"
+#include "model/cuda/attention_choice.h"
 #include "cuda/kernels.h"
 
 namespace qtrain {
@@ -177,7 +178,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.cos_sin = ws.take_n<float>(static_cast<std::size_t>(opt.seq_len) * c.head_dim);
     const AttentionShape shape{opt.batch_size, opt.seq_len, c.num_attention_heads, c.num_key_value_heads,
                                      c.head_dim};
-    b.attn_workspace_bytes = attention_backward_workspace_bytes(A, shape, opt.attn_bwd_chunks);  // B/chunks rows
+    b.attn_workspace_bytes =  // for B/chunks sequences
+        attention_backward_workspace_bytes(A, shape, opt.attn_bwd_chunks, choose_attention_backend(c, opt));
     b.attn_workspace = b.attn_workspace_bytes ? ws.take(b.attn_workspace_bytes) : nullptr;
     b.inputs = ws.take_n<int32_t>(N);
     b.targets = ws.take_n<int32_t>(N);

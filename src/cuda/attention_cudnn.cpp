@@ -1,0 +1,298 @@
+// cuDNN SDPA behind attention.h (see attention_cudnn.h). The only file that includes the cuDNN
+// frontend: its headers are large, so they stay out of every other translation unit.
+#include "cuda/attention_cudnn.h"
+
+#include "core/error.h"
+
+namespace qtrain::detail {
+
+std::size_t cudnn_attention_backward_workspace_estimate(const AttentionShape& s) {
+    const auto up = [](std::size_t x, std::size_t m) { return (x + m - 1) / m * m; };
+    const std::size_t b = s.B, h = s.Hq, t = s.T, d = s.D;
+    std::size_t bytes = b * h * up(t, 64) * up(t, 64) * 2  // dP
+                        + b * h * t * sizeof(float);       // softmax row sums
+    if (s.Hq != s.Hkv) bytes += 2 * b * h * t * d * 2;     // dK, dV at full head count
+    return bytes + (std::size_t{1} << 20);
+}
+
+}  // namespace qtrain::detail
+
+#if defined(QTRAIN_HAVE_CUDNN_FRONTEND)
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include <cudnn_frontend.h>
+
+#include "cuda/check.h"
+
+namespace qtrain::detail {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor ids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
+
+void check_fe(fe::error_t e, const char* what) {
+    QT_CHECK(e.is_good(), "cuDNN attention: ", what, " failed: ", e.get_message());
+}
+
+int current_device() {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    return dev;
+}
+
+// One handle per (thread, device): a cuDNN handle is bound to the device current at creation and
+// must not be used by two threads at once (threads mode runs one thread per GPU).
+cudnnHandle_t handle_for_current_device() {
+    struct Handles {
+        std::map<int, cudnnHandle_t> by_device;
+        ~Handles() {
+            for (auto& [dev, h] : by_device) cudnnDestroy(h);
+        }
+    };
+    thread_local Handles handles;
+    const int dev = current_device();
+    auto it = handles.by_device.find(dev);
+    if (it != handles.by_device.end()) return it->second;
+    cudnnHandle_t h = nullptr;
+    const cudnnStatus_t st = cudnnCreate(&h);
+    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnCreate failed on device ", dev, ": ",
+             cudnnGetErrorString(st));
+    handles.by_device.emplace(dev, h);
+    return h;
+}
+
+// Packed layouts of attention.h as cuDNN's [batch, head, seq, dim] tensors.
+struct Layout {
+    int64_t B, T, Hq, Hkv, D, C;  // C: elements per qkv row, (Hq + 2*Hkv) * D
+    explicit Layout(const AttentionShape& s)
+        : B(s.B), T(s.T), Hq(s.Hq), Hkv(s.Hkv), D(s.D), C(static_cast<int64_t>(s.Hq + 2 * s.Hkv) * s.D) {}
+    std::vector<int64_t> qkv_stride() const { return {T * C, D, C, 1}; }     // q, k, v, dq, dk, dv
+    std::vector<int64_t> out_stride() const { return {T * Hq * D, D, Hq * D, 1}; }  // out, dout
+};
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, int64_t uid,
+                                                   std::vector<int64_t> dim, std::vector<int64_t> stride) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+}
+
+std::unique_ptr<fe::graph::Graph> new_graph() {
+    auto g = std::make_unique<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+}
+
+void build(fe::graph::Graph& g, cudnnHandle_t h, const char* what) {
+    check_fe(g.validate(), what);
+    check_fe(g.build_operation_graph(h), what);
+    check_fe(g.create_execution_plans({fe::HeurMode_t::A}), what);
+    check_fe(g.check_support(h), what);
+    check_fe(g.build_plans(h), what);
+}
+
+std::unique_ptr<fe::graph::Graph> build_forward(const AttentionShape& s, cudnnHandle_t h) {
+    const Layout L(s);
+    auto g = new_graph();
+    auto q = input(*g, "q", kQ, {L.B, L.Hq, L.T, L.D}, L.qkv_stride());
+    auto k = input(*g, "k", kK, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto v = input(*g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto opts = fe::graph::SDPA_attributes()
+                    .set_name("attention_forward")
+                    .set_generate_stats(true)
+                    .set_causal_mask(true)
+                    .set_attn_scale(1.0f / std::sqrt(static_cast<float>(s.D)));
+    auto [o, stats] = g->sdpa(q, k, v, opts);
+    o->set_output(true).set_uid(kO).set_dim({L.B, L.Hq, L.T, L.D}).set_stride(L.out_stride());
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({L.B, L.Hq, L.T, 1})
+        .set_stride({L.Hq * L.T, L.T, 1, 1});
+    build(*g, h, "building the forward graph");
+    return g;
+}
+
+std::unique_ptr<fe::graph::Graph> build_backward(const AttentionShape& s, cudnnHandle_t h) {
+    const Layout L(s);
+    auto g = new_graph();
+    auto q = input(*g, "q", kQ, {L.B, L.Hq, L.T, L.D}, L.qkv_stride());
+    auto k = input(*g, "k", kK, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto v = input(*g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto o = input(*g, "o", kO, {L.B, L.Hq, L.T, L.D}, L.out_stride());
+    auto dout = input(*g, "dO", kdO, {L.B, L.Hq, L.T, L.D}, L.out_stride());
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(kStats)
+                               .set_dim({L.B, L.Hq, L.T, 1})
+                               .set_stride({L.Hq * L.T, L.T, 1, 1})
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto opts = fe::graph::SDPA_backward_attributes()
+                    .set_name("attention_backward")
+                    .set_causal_mask(true)
+                    .set_attn_scale(1.0f / std::sqrt(static_cast<float>(s.D)))
+                    .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
+    dq->set_output(true).set_uid(kdQ).set_dim({L.B, L.Hq, L.T, L.D}).set_stride(L.qkv_stride());
+    dk->set_output(true).set_uid(kdK).set_dim({L.B, L.Hkv, L.T, L.D}).set_stride(L.qkv_stride());
+    dv->set_output(true).set_uid(kdV).set_dim({L.B, L.Hkv, L.T, L.D}).set_stride(L.qkv_stride());
+    build(*g, h, "building the backward graph");
+    return g;
+}
+
+enum class Pass { Forward, Backward };
+
+// Built graphs, per pass, device and shape. Entries live for the process (a handful of shapes).
+const fe::graph::Graph& graph_for(Pass pass, const AttentionShape& s, cudnnHandle_t h) {
+    using Key = std::tuple<int, int, int, int, int, int, int>;
+    static std::mutex mu;
+    static std::map<Key, std::unique_ptr<fe::graph::Graph>> cache;
+    const Key key{static_cast<int>(pass), current_device(), s.B, s.T, s.Hq, s.Hkv, s.D};
+    std::lock_guard<std::mutex> lock(mu);
+    auto& g = cache[key];
+    if (!g) g = pass == Pass::Forward ? build_forward(s, h) : build_backward(s, h);
+    return *g;
+}
+
+int64_t workspace_of(const fe::graph::Graph& g) {
+    int64_t bytes = 0;
+    check_fe(g.get_workspace_size(bytes), "querying the workspace size");
+    return bytes;
+}
+
+// q, k and v start at column 0, Hq*D and (Hq+Hkv)*D of each packed row.
+template <class P>
+P offset(P base, int64_t elements) {
+    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<P>>, const char, char>;
+    return static_cast<P>(static_cast<Byte*>(base) + elements * 2);  // bf16
+}
+
+}  // namespace
+
+bool cudnn_attention_compiled() { return true; }
+
+bool cudnn_attention_available(std::string* why) {
+    try {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+            cudaGetLastError();
+            if (why) *why = "no GPU is visible";
+            return false;
+        }
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, current_device()));
+        if (prop.major < 8) {
+            if (why) *why = "cuDNN flash attention needs compute capability 8.0 or newer";
+            return false;
+        }
+        handle_for_current_device();
+        return true;
+    } catch (const std::exception& e) {
+        if (why) *why = e.what();
+        return false;
+    }
+}
+
+std::size_t cudnn_attention_forward_workspace_bytes(const AttentionShape& s) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return 4096;
+    }
+    cudnnHandle_t h = handle_for_current_device();
+    return static_cast<std::size_t>(workspace_of(graph_for(Pass::Forward, s, h)));
+}
+
+void cudnn_attention_forward(void* out, float* lse, const void* qkv, void* workspace, const AttentionShape& s,
+                             cudaStream_t stream) {
+    cudnnHandle_t h = handle_for_current_device();
+    const fe::graph::Graph& g = graph_for(Pass::Forward, s, h);
+    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: the forward needs ", workspace_of(g),
+             " bytes of workspace and got none");
+    const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
+    std::unordered_map<int64_t, void*> pack{
+        {kQ, const_cast<void*>(qkv)},
+        {kK, const_cast<void*>(offset(qkv, qcols))},
+        {kV, const_cast<void*>(offset(qkv, qcols + kcols))},
+        {kO, out},
+        {kStats, lse},
+    };
+    const cudnnStatus_t st = cudnnSetStream(h, stream);
+    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
+    check_fe(g.execute(h, pack, workspace), "running the forward");
+}
+
+std::size_t cudnn_attention_backward_workspace_bytes(const AttentionShape& s) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return cudnn_attention_backward_workspace_estimate(s);
+    }
+    cudnnHandle_t h = handle_for_current_device();
+    return static_cast<std::size_t>(workspace_of(graph_for(Pass::Backward, s, h)));
+}
+
+void cudnn_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                              void* workspace, const AttentionShape& s, cudaStream_t stream) {
+    cudnnHandle_t h = handle_for_current_device();
+    const fe::graph::Graph& g = graph_for(Pass::Backward, s, h);
+    const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
+    std::unordered_map<int64_t, void*> pack{
+        {kQ, const_cast<void*>(qkv)},
+        {kK, const_cast<void*>(offset(qkv, qcols))},
+        {kV, const_cast<void*>(offset(qkv, qcols + kcols))},
+        {kO, const_cast<void*>(out)},
+        {kdO, const_cast<void*>(dout)},
+        {kStats, const_cast<float*>(lse)},
+        {kdQ, dqkv},
+        {kdK, offset(dqkv, qcols)},
+        {kdV, offset(dqkv, qcols + kcols)},
+    };
+    const cudnnStatus_t st = cudnnSetStream(h, stream);
+    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
+    check_fe(g.execute(h, pack, workspace), "running the backward");
+}
+
+}  // namespace qtrain::detail
+
+#else  // no cuDNN frontend in this build
+
+namespace qtrain::detail {
+
+bool cudnn_attention_compiled() { return false; }
+
+bool cudnn_attention_available(std::string* why) {
+    if (why) *why = "this build has no cuDNN attention backend (scripts/fetch_cudnn_frontend.sh, then rebuild)";
+    return false;
+}
+
+void cudnn_attention_forward(void*, float*, const void*, void*, const AttentionShape&, cudaStream_t) {
+    QT_CHECK(false, "cuDNN attention: not in this build");
+}
+
+std::size_t cudnn_attention_forward_workspace_bytes(const AttentionShape&) {
+    QT_CHECK(false, "cuDNN attention: not in this build");
+    return 0;
+}
+
+std::size_t cudnn_attention_backward_workspace_bytes(const AttentionShape&) {
+    QT_CHECK(false, "cuDNN attention: not in this build");
+    return 0;
+}
+
+void cudnn_attention_backward(void*, const void*, const void*, const void*, const float*, void*,
+                              const AttentionShape&, cudaStream_t) {
+    QT_CHECK(false, "cuDNN attention: not in this build");
+}
+
+}  // namespace qtrain::detail
+
+#endif

@@ -1,0 +1,62 @@
+#include "model/cuda/attention_choice.h"
+
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "cuda/attention_cudnn.h"
+
+namespace qtrain {
+namespace {
+
+bool gpu_visible() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return count > 0;
+}
+
+// The backend and, when auto fell back to flash, why.
+AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string* why_not_cudnn) {
+    if (o.attention == AttentionImpl::Flash) return AttentionBackend::Flash;
+    const bool explicit_cudnn = o.attention == AttentionImpl::Cudnn;
+    std::string why;
+    if (o.model_dtype != DType::BF16) {
+        QT_CHECK(!explicit_cudnn, "--attention=cudnn needs --model-dtype=bf16 (fp32 attention runs qtrain's "
+                                  "fp32 kernels); use --attention=auto or flash");
+        return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
+    }
+    bool ok = false;
+    if (!gpu_visible()) {
+        ok = detail::cudnn_attention_compiled();
+        if (!ok) detail::cudnn_attention_available(&why);
+    } else if (attention_backend_available(AttentionBackend::Cudnn, &why)) {
+        // Build the graphs for this shape now: a shape cuDNN refuses fails here, with cuDNN's reason.
+        try {
+            const AttentionShape s{o.batch_size, o.seq_len, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+            (void)attention_backward_workspace_bytes(DType::BF16, s, o.attn_bwd_chunks, AttentionBackend::Cudnn);
+            ok = true;
+        } catch (const Error& e) {
+            why = e.what();
+        }
+    }
+    QT_CHECK(ok || !explicit_cudnn, "--attention=cudnn: ", why, "; use --attention=flash");
+    if (!ok && why_not_cudnn) *why_not_cudnn = why;
+    return ok ? AttentionBackend::Cudnn : AttentionBackend::Flash;
+}
+
+}  // namespace
+
+AttentionBackend choose_attention_backend(const ModelConfig& c, const ModelOptions& o) {
+    return choose(c, o, nullptr);
+}
+
+std::string describe_attention_backend(const ModelConfig& c, const ModelOptions& o) {
+    std::string why;
+    const AttentionBackend b = choose(c, o, &why);
+    if (b == AttentionBackend::Cudnn) return "cudnn";
+    return why.empty() ? "flash" : "flash (cuDNN: " + why + ")";
+}
+
+}  // namespace qtrain
