@@ -19,6 +19,7 @@ std::size_t cudnn_attention_backward_workspace_estimate(const AttentionShape& s)
 
 #if defined(QTRAIN_HAVE_CUDNN_FRONTEND)
 
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -83,6 +84,13 @@ std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const c
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
 }
 
+// q, k and v: strided views of the packed qkv rows (pointers offset in the variant pack).
+std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 3> qkv_inputs(fe::graph::Graph& g, const Layout& L) {
+    return {input(g, "q", kQ, {L.B, L.Hq, L.T, L.D}, L.qkv_stride()),
+            input(g, "k", kK, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride()),
+            input(g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride())};
+}
+
 std::unique_ptr<fe::graph::Graph> new_graph() {
     auto g = std::make_unique<fe::graph::Graph>();
     g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -102,9 +110,7 @@ void build(fe::graph::Graph& g, cudnnHandle_t h, const char* what) {
 std::unique_ptr<fe::graph::Graph> build_forward(const AttentionShape& s, cudnnHandle_t h) {
     const Layout L(s);
     auto g = new_graph();
-    auto q = input(*g, "q", kQ, {L.B, L.Hq, L.T, L.D}, L.qkv_stride());
-    auto k = input(*g, "k", kK, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
-    auto v = input(*g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto [q, k, v] = qkv_inputs(*g, L);
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("attention_forward")
                     .set_generate_stats(true)
@@ -124,9 +130,7 @@ std::unique_ptr<fe::graph::Graph> build_forward(const AttentionShape& s, cudnnHa
 std::unique_ptr<fe::graph::Graph> build_backward(const AttentionShape& s, cudnnHandle_t h) {
     const Layout L(s);
     auto g = new_graph();
-    auto q = input(*g, "q", kQ, {L.B, L.Hq, L.T, L.D}, L.qkv_stride());
-    auto k = input(*g, "k", kK, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
-    auto v = input(*g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride());
+    auto [q, k, v] = qkv_inputs(*g, L);
     auto o = input(*g, "o", kO, {L.B, L.Hq, L.T, L.D}, L.out_stride());
     auto dout = input(*g, "dO", kdO, {L.B, L.Hq, L.T, L.D}, L.out_stride());
     auto stats = g->tensor(fe::graph::Tensor_attributes()
