@@ -240,15 +240,35 @@ void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
 
 // Sets parameter values [off, off + n) from fp32 host data: into the fp32 master, or, with
 // --master-dtype=bf16, into the bf16 weights (rounded to nearest, as an HF bf16 checkpoint would be).
+// Offloaded (pinned host) destinations are written by all cores directly: a cudaMemcpy between two
+// host buffers runs on one thread, and a temporary bf16 copy would be zero-filled and page-faulted on
+// one thread too (for 14B, ~30 GB each way at initialisation and load).
 void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
-    if (buf_.master) {
-        upload(buf_.master + off, host, n * sizeof(float));
+    void* dst = buf_.master ? static_cast<void*>(buf_.master + off)
+                            : static_cast<void*>(static_cast<uint16_t*>(buf_.weights) + off);
+    cudaPointerAttributes attr{};
+    CUDA_CHECK(cudaPointerGetAttributes(&attr, dst));
+    if (attr.type == cudaMemoryTypeHost) {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued may still read the old values
+        if (buf_.master) {
+            float* out = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+            for (int64_t i = 0; i < n; ++i) out[i] = host[i];
+        } else {
+            uint16_t* out = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+            for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(host[i]);
+        }
         return;
     }
-    std::vector<uint16_t> rounded(n);
+    if (buf_.master) {
+        upload(dst, host, n * sizeof(float));
+        return;
+    }
+    std::unique_ptr<uint16_t[]> rounded(new uint16_t[n]);  // not value-initialised: every element is set
 #pragma omp parallel for schedule(static) if (n > (1 << 16))  // 14.7G values for 14B: 26 s on one core
     for (int64_t i = 0; i < n; ++i) rounded[i] = float_to_bf16(host[i]);
-    upload(static_cast<uint16_t*>(buf_.weights) + off, rounded.data(), n * sizeof(uint16_t));
+    upload(dst, rounded.get(), n * sizeof(uint16_t));
 }
 
 void CudaModel::refresh_weights() {
@@ -262,14 +282,17 @@ void CudaModel::refresh_weights() {
 // ---------------------------------------------------------------------------------------------
 
 void CudaModel::init_random(uint64_t seed) {
-    std::vector<float> host;
+    // One buffer for the largest tensor, not value-initialised: init_parameter sets every element, and
+    // its first touch then happens on all cores.
+    int64_t largest = 0;
+    for (const ParamSpec& s : layout_.specs) largest = std::max(largest, s.numel());
+    std::unique_ptr<float[]> host(new float[largest]);
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
-        host.resize(s.numel());
-        init_parameter(s, config_, seed, host.data());
-        upload_parameters(layout_.offsets[i], host.data(), s.numel());
+        init_parameter(s, config_, seed, host.get());
+        upload_parameters(layout_.offsets[i], host.get(), s.numel());
         report_progress("initialising", done += s.numel(), total);
     }
     zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
