@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
             for (double m : medians) mean += m;
             mean /= medians.size();
             for (double m : medians) sd += (m - mean) * (m - mean);
-            sd = std::sqrt(sd / (medians.size() - 1));
+            sd = medians.size() > 1 ? std::sqrt(sd / (medians.size() - 1)) : 0.0;
             int below = 0;
             for (double m : medians) below += m < 0.99;
             std::printf("%-16s grads %s: median-cosine over %d seeds: min %.5f  mean %.5f  sd %.5f  max %.5f  below 0.99: %d\n",

@@ -348,7 +348,9 @@ static GradAgreement compare_gradients(const CudaModel& gpu, CpuModel& cpu) {
 // bench/fp8_grad_cosine_spread measures the same statistic for FP8 itself: the CPU model emulating
 // FP8, against fp32, over 100 inits and batches. Medians below 0.99 there, e5m2: 3, 61 and 93 of the
 // 100 seeds on the three shapes (means 0.9922, 0.9895, 0.9886, minima down to 0.9857); e4m3: 0, 8
-// and 13. So 0.99 is not a bound that FP8 gradients meet in general: this test's one seed passes it.
+// and 13. On this test's own init and batch, the emulation itself gives 0.98958 for e5m2 on the tied
+// shape. So 0.99 is not a bound that FP8 gradients meet in general; the GPU passes it on this seed only
+// narrowly.
 TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
     QTRAIN_REQUIRE_GPU();
     for (const Shape& s : kShapes) {
