@@ -248,6 +248,8 @@ void cudnn_attention_backward(void* dqkv, const void* dout, const void* qkv, con
                               void* workspace, const AttentionShape& s, cudaStream_t stream) {
     cudnnHandle_t h = handle_for_current_device();
     const fe::graph::Graph& g = graph_for(Pass::Backward, s, h);
+    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: the backward needs ", workspace_of(g),
+             " bytes of workspace and got none");
     const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
     std::unordered_map<int64_t, void*> pack{
         {kQ, const_cast<void*>(qkv)},
