@@ -23,7 +23,6 @@ std::size_t cudnn_attention_backward_workspace_estimate(const AttentionShape& s)
 #include <cmath>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <tuple>
 #include <unordered_map>
 
@@ -154,13 +153,13 @@ std::unique_ptr<fe::graph::Graph> build_backward(const AttentionShape& s, cudnnH
 
 enum class Pass { Forward, Backward };
 
-// Built graphs, per pass, device and shape. Entries live for the process (a handful of shapes).
+// Built graphs, per pass, device and shape, per thread like the handles they are built with (a plan
+// is executed with the handle it was built on; one thread per GPU in threads mode, so no lock).
+// Entries live as long as the thread (a handful of shapes).
 const fe::graph::Graph& graph_for(Pass pass, const AttentionShape& s, cudnnHandle_t h) {
     using Key = std::tuple<int, int, int, int, int, int, int>;
-    static std::mutex mu;
-    static std::map<Key, std::unique_ptr<fe::graph::Graph>> cache;
+    thread_local std::map<Key, std::unique_ptr<fe::graph::Graph>> cache;
     const Key key{static_cast<int>(pass), current_device(), s.B, s.T, s.Hq, s.Hkv, s.D};
-    std::lock_guard<std::mutex> lock(mu);
     auto& g = cache[key];
     if (!g) g = pass == Pass::Forward ? build_forward(s, h) : build_backward(s, h);
     return *g;

@@ -9,7 +9,7 @@
 //
 // Compiled only when CMake finds the frontend headers (scripts/fetch_cudnn_frontend.sh) and libcudnn;
 // otherwise cudnn_attention_available() says why not and the other functions throw.
-// Graphs are built once per shape and device and cached (building takes ~0.1–1 s).
+// Graphs are built once per thread, device and shape and cached (building takes ~0.1–1 s).
 #pragma once
 
 #include <cstddef>
