@@ -42,6 +42,14 @@ void check_fe(fe::error_t e, const char* what) {
     QT_CHECK(e.is_good(), "cuDNN attention: ", what, " failed: ", e.get_message());
 }
 
+// False on a machine without a GPU (--plan-only there), with CUDA's sticky error state cleared.
+bool gpu_visible() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) return true;
+    cudaGetLastError();
+    return false;
+}
+
 int current_device() {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -178,15 +186,34 @@ P offset(P base, int64_t elements) {
     return static_cast<P>(static_cast<Byte*>(base) + elements * 2);  // bf16
 }
 
+// The variant pack's q, k and v: views into the packed qkv rows.
+std::unordered_map<int64_t, void*> qkv_pack(const void* qkv, const AttentionShape& s) {
+    const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
+    return {{kQ, const_cast<void*>(qkv)},
+            {kK, const_cast<void*>(offset(qkv, qcols))},
+            {kV, const_cast<void*>(offset(qkv, qcols + kcols))}};
+}
+
+// Runs the cached graph of `pass` for shape s on `stream` with the pointers of `pack`.
+void execute(Pass pass, const AttentionShape& s, std::unordered_map<int64_t, void*>& pack, void* workspace,
+             cudaStream_t stream) {
+    const char* what = pass == Pass::Forward ? "the forward" : "the backward";
+    cudnnHandle_t h = handle_for_current_device();
+    const fe::graph::Graph& g = graph_for(pass, s, h);
+    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: ", what, " needs ", workspace_of(g),
+             " bytes of workspace and got none");
+    const cudnnStatus_t st = cudnnSetStream(h, stream);
+    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
+    check_fe(g.execute(h, pack, workspace), what);
+}
+
 }  // namespace
 
 bool cudnn_attention_compiled() { return true; }
 
 bool cudnn_attention_available(std::string* why) {
     try {
-        int count = 0;
-        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-            cudaGetLastError();
+        if (!gpu_visible()) {
             if (why) *why = "no GPU is visible";
             return false;
         }
@@ -205,65 +232,35 @@ bool cudnn_attention_available(std::string* why) {
 }
 
 std::size_t cudnn_attention_forward_workspace_bytes(const AttentionShape& s) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();
-        return 4096;
-    }
+    if (!gpu_visible()) return 4096;
     cudnnHandle_t h = handle_for_current_device();
     return static_cast<std::size_t>(workspace_of(graph_for(Pass::Forward, s, h)));
 }
 
 void cudnn_attention_forward(void* out, float* lse, const void* qkv, void* workspace, const AttentionShape& s,
                              cudaStream_t stream) {
-    cudnnHandle_t h = handle_for_current_device();
-    const fe::graph::Graph& g = graph_for(Pass::Forward, s, h);
-    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: the forward needs ", workspace_of(g),
-             " bytes of workspace and got none");
-    const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
-    std::unordered_map<int64_t, void*> pack{
-        {kQ, const_cast<void*>(qkv)},
-        {kK, const_cast<void*>(offset(qkv, qcols))},
-        {kV, const_cast<void*>(offset(qkv, qcols + kcols))},
-        {kO, out},
-        {kStats, lse},
-    };
-    const cudnnStatus_t st = cudnnSetStream(h, stream);
-    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
-    check_fe(g.execute(h, pack, workspace), "running the forward");
+    auto pack = qkv_pack(qkv, s);
+    pack.insert({{kO, out}, {kStats, lse}});
+    execute(Pass::Forward, s, pack, workspace, stream);
 }
 
 std::size_t cudnn_attention_backward_workspace_bytes(const AttentionShape& s) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();
-        return cudnn_attention_backward_workspace_estimate(s);
-    }
+    if (!gpu_visible()) return cudnn_attention_backward_workspace_estimate(s);
     cudnnHandle_t h = handle_for_current_device();
     return static_cast<std::size_t>(workspace_of(graph_for(Pass::Backward, s, h)));
 }
 
 void cudnn_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                               void* workspace, const AttentionShape& s, cudaStream_t stream) {
-    cudnnHandle_t h = handle_for_current_device();
-    const fe::graph::Graph& g = graph_for(Pass::Backward, s, h);
-    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: the backward needs ", workspace_of(g),
-             " bytes of workspace and got none");
     const int64_t qcols = static_cast<int64_t>(s.Hq) * s.D, kcols = static_cast<int64_t>(s.Hkv) * s.D;
-    std::unordered_map<int64_t, void*> pack{
-        {kQ, const_cast<void*>(qkv)},
-        {kK, const_cast<void*>(offset(qkv, qcols))},
-        {kV, const_cast<void*>(offset(qkv, qcols + kcols))},
-        {kO, const_cast<void*>(out)},
-        {kdO, const_cast<void*>(dout)},
-        {kStats, const_cast<float*>(lse)},
-        {kdQ, dqkv},
-        {kdK, offset(dqkv, qcols)},
-        {kdV, offset(dqkv, qcols + kcols)},
-    };
-    const cudnnStatus_t st = cudnnSetStream(h, stream);
-    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
-    check_fe(g.execute(h, pack, workspace), "running the backward");
+    auto pack = qkv_pack(qkv, s);
+    pack.insert({{kO, const_cast<void*>(out)},
+                 {kdO, const_cast<void*>(dout)},
+                 {kStats, const_cast<float*>(lse)},
+                 {kdQ, dqkv},
+                 {kdK, offset(dqkv, qcols)},
+                 {kdV, offset(dqkv, qcols + kcols)}});
+    execute(Pass::Backward, s, pack, workspace, stream);
 }
 
 }  // namespace qtrain::detail
