@@ -2,7 +2,9 @@
 # Times qtrain on one GPU with the settings llm.q publishes its H100 numbers with:
 #   --from-scratch --seq-len=1024 --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16, random tokens.
 # usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]
-# GA=n sets --grad-accumulation (default 1). Prints one JSON line: median tokens/s over steps after the first 3, and the plan's memory.
+# GA=n sets --grad-accumulation (default 1); SKIP=n leaves out the first n steps (default 3; --gemm-autotune
+# needs ~20: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
+# steps after those, and the plan's memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
@@ -15,10 +17,10 @@ STEPS=${STEPS:-12}
   --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
   --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1
-python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" <<'PY'
+python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" "${SKIP:-3}" <<'PY'
 import json, statistics, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
-steps = [e for e in ev if e["log"] == "step"][3:]
+steps = [e for e in ev if e["log"] == "step"][int(sys.argv[4]):]
 alloc = next(e for e in ev if e["log"] == "allocator")
 tps = statistics.median(e["step_tokens"] / e["duration_ms"] * 1000 for e in steps)
 sol = next(e for e in ev if e["log"] == "sol")

@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
@@ -59,6 +59,18 @@ for phase in $PHASES; do
           echo -n "$att $cfg: "; STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --attention=$att 2>&1 | tail -1
         done
       done ;;
+    abgemm)  # FP8 fast accumulation and in-place GEMM autotuning against the plain heuristic, same call (~4 min)
+      F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2"
+      for cfg in "Qwen2.5-0.5B 16 $F8" "Qwen2.5-0.5B 16 $F8 --fp8-fast-accum=forward" \
+                 "Qwen2.5-0.5B 16 $F8 --fp8-fast-accum=all" "Qwen2.5-0.5B 16 $F8 --fp8-fast-accum=all --gemm-autotune" \
+                 "Qwen2.5-0.5B 16 $F8 --fp8-fast-accum=all --use-cuda-graphs" \
+                 "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 16 --gemm-autotune" \
+                 "Qwen2.5-1.5B 8 $F8" "Qwen2.5-1.5B 8 $F8 --fp8-fast-accum=all" \
+                 "Qwen2.5-1.5B 8 $F8 --fp8-fast-accum=all --gemm-autotune"; do
+        echo -n "$cfg: "; STEPS=30 SKIP=20 timeout 200 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
+        grep -h "GEMM autotune" /tmp/qtrain-bench/train.out || true
+      done
+      timeout 60 $B/gemm_algo_bench 0.5b 16384 16 | tail -3 ;;
     aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;

@@ -2,11 +2,16 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/check.h"
+#include "cuda/gemm_autotune.h"
 
 namespace qtrain {
 
@@ -79,7 +84,18 @@ struct Plan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    std::unique_ptr<detail::AlgoTrials> trials;  // --gemm-autotune, until this shape is decided
 };
+
+// Autotuned choices of the whole process, per device and shape (see GemmRunner's comment).
+struct TunedChoices {
+    std::mutex mutex;
+    std::map<std::pair<int, Key>, cublasLtMatmulAlgo_t> algos;
+};
+TunedChoices& tuned_choices() {
+    static TunedChoices t;
+    return t;
+}
 
 }  // namespace
 
@@ -88,6 +104,8 @@ struct GemmRunner::Impl {
     void* workspace = nullptr;
     std::size_t workspace_bytes = 0;
     std::map<Key, Plan> plans;
+    bool autotune = false;
+    GemmTuningStats stats;
 
     ~Impl() {
         for (auto& [k, p] : plans) {
@@ -100,11 +118,15 @@ struct GemmRunner::Impl {
         if (handle) cublasLtDestroy(handle);
     }
 
-    Plan& plan_for(const GemmOp& op) {
+    static Key key_of(const GemmOp& op) {
         const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
-        Key key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
-                static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
-                op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum};
+        return Key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
+                   static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
+                   op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum};
+    }
+
+    Plan& plan_for(const Key& key, const GemmOp& op) {
+        const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
         auto it = plans.find(key);
         if (it != plans.end()) return it->second;
 
@@ -121,6 +143,8 @@ struct GemmRunner::Impl {
             cudaDataType_t bt = cuda_type(op.bias_type);
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
         }
+        if (op.bias)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
         if (fp8) {
             // Scale pointers are set again on every call (they may differ per call); set here too so the
             // heuristic sees a scaled FP8 matmul.
@@ -139,9 +163,11 @@ struct GemmRunner::Impl {
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &workspace_bytes, sizeof workspace_bytes));
-        cublasLtMatmulHeuristicResult_t result{};
+        const int wanted = autotune ? GemmRunner::kAutotuneCandidates : 1;
+        std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
         int found = 0;
-        cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+        cublasStatus_t st =
+            cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, wanted, results.data(), &found);
         cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
             throw_error(cat("cuBLASLt has no algorithm for ", op.trans_a ? "T" : "N", op.trans_b ? "T" : "N", " GEMM m=",
@@ -149,14 +175,72 @@ struct GemmRunner::Impl {
                             " C ", dtype_name(op.c_type), op.bias ? " with bias" : "", " (status ",
                             cublasGetStatusName(st), ")"));
         }
-        p.algo = result.algo;
-        return plans.emplace(key, p).first->second;
+        p.algo = results[0].algo;
+        if (autotune && found > 1) {
+            std::lock_guard<std::mutex> lock(tuned_choices().mutex);
+            auto it = tuned_choices().algos.find({device(), key});
+            if (it != tuned_choices().algos.end()) {
+                p.algo = it->second;  // decided by an earlier runner of this process
+                ++stats.shapes_from_cache;
+            } else {
+                std::vector<cublasLtMatmulAlgo_t> cands;
+                for (int i = 0; i < found; ++i) cands.push_back(results[i].algo);
+                p.trials = std::make_unique<detail::AlgoTrials>(std::move(cands));
+                ++shapes_exploring;
+            }
+        }
+        return plans.emplace(key, std::move(p)).first->second;
     }
+
+    static int device() {
+        int d = 0;
+        CUDA_CHECK(cudaGetDevice(&d));
+        return d;
+    }
+
+    // A shape still being tuned: one call with the next candidate (not while a CUDA graph is being
+    // captured: its events could not be read, so the heuristic's choice runs then), and the choice
+    // once every candidate has its timings. The process keeps the first choice made for a shape.
+    void run_trial(const Key& key, Plan& p, const GemmOp& op, cudaStream_t stream) {
+        detail::AlgoTrials& t = *p.trials;
+        auto launch = [&](const cublasLtMatmulAlgo_t& algo) {
+            return cublasLtMatmul(handle, p.desc, &op.alpha, op.a, p.a, op.b, p.b, &op.beta, op.c, p.c, op.c, p.c,
+                                  &algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+        };
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+        if (capture != cudaStreamCaptureStatusNone || t.decided()) {
+            if (capture == cudaStreamCaptureStatusNone) decide(key, p);
+            CUBLAS_CHECK(cublasLtMatmul(handle, p.desc, &op.alpha, op.a, p.a, op.b, p.b, &op.beta, op.c, p.c, op.c,
+                                        p.c, &p.algo, workspace, workspace_bytes, stream));
+            return;
+        }
+        ++stats.calls_timed;
+        if (!t.run(launch, stream))
+            throw_error(cat("cuBLASLt refused its own first choice for GEMM m=", op.m, " n=", op.n, " k=", op.k));
+    }
+
+    void decide(const Key& key, Plan& p) {
+        detail::AlgoTrials& t = *p.trials;
+        const int pick = t.best();
+        ++stats.shapes_tuned;
+        stats.heuristic_ms += std::max(0.0, t.best_ms(0));
+        stats.chosen_ms += std::max(0.0, t.best_ms(pick));
+        {
+            std::lock_guard<std::mutex> lock(tuned_choices().mutex);
+            p.algo = tuned_choices().algos.emplace(std::make_pair(device(), key), t.candidate(pick)).first->second;
+        }
+        p.trials.reset();
+        --shapes_exploring;
+    }
+
+    int shapes_exploring = 0;
 };
 
-GemmRunner::GemmRunner(std::size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+GemmRunner::GemmRunner(std::size_t workspace_bytes, bool autotune) : impl_(std::make_unique<Impl>()) {
     CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
     impl_->workspace_bytes = workspace_bytes;
+    impl_->autotune = autotune;
     CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
 }
 
@@ -164,15 +248,26 @@ GemmRunner::~GemmRunner() = default;
 
 std::size_t GemmRunner::cached_shapes() const { return impl_->plans.size(); }
 
+GemmTuningStats GemmRunner::tuning_stats() const {
+    GemmTuningStats s = impl_->stats;
+    s.shapes_exploring = impl_->shapes_exploring;
+    return s;
+}
+
 void GemmRunner::run(const GemmOp& op, cudaStream_t stream) {
     if (is_fp8(op.a_type) || is_fp8(op.b_type)) check_fp8_op(op);
-    Plan& p = impl_->plan_for(op);
+    const Key key = Impl::key_of(op);
+    Plan& p = impl_->plan_for(key, op);
     if (op.bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
     if (op.a_scale)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.a_scale, sizeof op.a_scale));
     if (op.b_scale)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.b_scale, sizeof op.b_scale));
+    if (p.trials) {
+        impl_->run_trial(key, p, op, stream);
+        return;
+    }
     CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &op.alpha, op.a, p.a, op.b, p.b, &op.beta, op.c, p.c, op.c, p.c,
                                 &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
 }

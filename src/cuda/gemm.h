@@ -52,9 +52,28 @@ struct GemmOp {
     bool fp8_fast_accum = false;
 };
 
+// What autotuning found (GemmRunner with autotune on): shapes decided, and the summed mean time of one
+// call of each, with cuBLASLt's first heuristic choice and with the algorithm kept.
+struct GemmTuningStats {
+    int shapes_tuned = 0;
+    int shapes_from_cache = 0;   // decided earlier in this process (another GemmRunner, same device)
+    int shapes_exploring = 0;    // still trying candidates
+    int64_t calls_timed = 0;     // real calls made with a candidate under trial
+    double heuristic_ms = 0.0;   // sum over decided shapes of one call (best timing) with the heuristic's first algorithm
+    double chosen_ms = 0.0;      // ... with the algorithm kept
+};
+
 class GemmRunner {
 public:
-    explicit GemmRunner(std::size_t workspace_bytes = 64ull << 20);
+    // autotune: each shape's first calls try up to kAutotuneCandidates of cuBLASLt's heuristic
+    // candidates in turn, timed in place (cuda/gemm_autotune.h), and the fastest is kept. Every call is
+    // a real product (only the algorithm differs). Choices are shared by every GemmRunner of the
+    // process on the same device, so models compared within one process end up with the same
+    // algorithms; separate runs may choose differently and then differ in the last bits. Off: the
+    // heuristic's first choice, deterministic.
+    static constexpr int kAutotuneCandidates = 16;
+    static constexpr int kAutotuneSamples = 2;  // timed calls per candidate, after one not counted
+    explicit GemmRunner(std::size_t workspace_bytes = 64ull << 20, bool autotune = false);
     ~GemmRunner();
     GemmRunner(const GemmRunner&) = delete;
     GemmRunner& operator=(const GemmRunner&) = delete;
@@ -94,6 +113,7 @@ public:
                                     bool fast_accum = false);
 
     std::size_t cached_shapes() const;
+    GemmTuningStats tuning_stats() const;
 
 private:
     struct Impl;

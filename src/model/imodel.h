@@ -62,6 +62,10 @@ public:
 
     virtual MemoryPlan memory_plan() const = 0;
 
+    // What the backend learnt while running that a user should see once (e.g. the GEMM autotuner's
+    // findings once it has decided); asked after every step, empty when there is nothing (new) to say.
+    virtual std::string performance_notes() const { return {}; }
+
     // Progress of long per-tensor work (what: "initialising", "loading", "exporting", ...; done and
     // total in parameters), reported after each tensor; the engine decides what to print. A 14B model
     // spends minutes in it.

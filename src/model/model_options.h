@@ -14,6 +14,11 @@ namespace qtrain {
 // and the model is bf16, else qtrain's flash kernels.
 enum class AttentionImpl { Auto, Flash, Cudnn };
 
+// Which FP8 GEMMs use cuBLASLt's fast accumulation (--fp8-fast-accum): the tensor cores' partial sums
+// are not promoted to full fp32 every few k-blocks. Faster (up to ~20% on narrow GEMMs), slightly
+// less accurate. Forward = the forward products only (as TransformerEngine does by default).
+enum class Fp8FastAccum { Off, Forward, All };
+
 struct ModelOptions {
     int batch_size = 4;   // micro-batch rows
     int seq_len = 1024;
@@ -47,6 +52,8 @@ struct ModelOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     AttentionImpl attention = AttentionImpl::Auto;
+    Fp8FastAccum fp8_fast_accum = Fp8FastAccum::Off;
+    bool gemm_autotune = false;  // time cuBLASLt's candidate algorithms per shape (cuda/gemm.h)
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
 };
 

@@ -95,7 +95,13 @@ std::string describe_device(const std::string& device, const ModelConfig& cfg, c
     if (peak_flops) *peak_flops = r.for_matmul(opts.matmul_dtype);
     return cat("cuda:0 ", g.name, ", ", g.sm_count, " SMs, compute ", g.cc_major, ".", g.cc_minor, ", ",
                human_bytes(g.free_memory), " free of ", human_bytes(g.total_memory), "\n  attention: ",
-               describe_attention_backend(cfg, opts));
+               describe_attention_backend(cfg, opts), "\n  GEMMs: cuBLASLt, ",
+               opts.gemm_autotune ? "autotuned (--gemm-autotune)" : "heuristic's first choice",
+               opts.matmul_dtype == DType::E4M3
+                   ? cat("; FP8 fast accumulation: ", opts.fp8_fast_accum == Fp8FastAccum::Off       ? "off"
+                                                      : opts.fp8_fast_accum == Fp8FastAccum::Forward ? "forward"
+                                                                                                     : "all")
+                   : std::string());
 #else
     if (peak_flops) *peak_flops = 0;
     return device;

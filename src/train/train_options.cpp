@@ -72,6 +72,15 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                   "flash (qtrain's own kernels) or auto (cudnn where this build and machine have it and "
                   "--model-dtype=bf16, else flash)")
         ->check(CLI::IsMember({"auto", "flash", "cudnn"}));
+    g->add_option("--fp8-fast-accum", o.fp8_fast_accum,
+                  "FP8 GEMMs that use cuBLASLt's fast accumulation (partial sums kept at tensor-core precision, "
+                  "not promoted to fp32 every few blocks): off, forward (the forward products, as "
+                  "TransformerEngine does) or all; faster, slightly less accurate")
+        ->check(CLI::IsMember({"off", "forward", "all"}));
+    g->add_flag("--gemm-autotune", o.gemm_autotune,
+                "Try cuBLASLt's candidate algorithms for each GEMM shape on the step's own calls, timed in place, "
+                "and keep the fastest (decided within ~16 steps; CUDA graphs are captured after that); runs are "
+                "then reproducible only to the last bits");
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
     g->add_option("--host-memory-limit", o.host_memory_limit, "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit limit)");
     g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU)");
@@ -176,6 +185,10 @@ ModelOptions TrainOptions::model_options(const std::string& dev) const {
     m.lmhead_chunks = lmhead_chunks;
     m.attn_bwd_chunks = attn_bwd_chunks;
     m.attention = attention == "flash" ? AttentionImpl::Flash : attention == "cudnn" ? AttentionImpl::Cudnn : AttentionImpl::Auto;
+    m.fp8_fast_accum = fp8_fast_accum == "forward" ? Fp8FastAccum::Forward
+                       : fp8_fast_accum == "all"   ? Fp8FastAccum::All
+                                                   : Fp8FastAccum::Off;
+    m.gemm_autotune = gemm_autotune;
     m.memory_limit = memory_limit.empty() ? 0 : parse_bytes(memory_limit, "--memory-limit");
     return m;
 }
@@ -207,7 +220,7 @@ std::string TrainOptions::to_json() const {
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
     j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
-    j["attention"] = attention;
+    j["attention"] = attention; j["fp8-fast-accum"] = fp8_fast_accum; j["gemm-autotune"] = gemm_autotune;
     j["memory-limit"] = memory_limit; j["host-memory-limit"] = host_memory_limit; j["plan-only"] = plan_only;
     j["steps"] = steps; j["grad-accumulation"] = grad_accumulation; j["learning-rate"] = learning_rate;
     j["lr-schedule"] = lr_schedule; j["warmup"] = warmup; j["cooldown"] = cooldown;

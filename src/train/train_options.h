@@ -46,6 +46,8 @@ struct TrainOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     std::string attention = "auto";
+    std::string fp8_fast_accum = "off";
+    bool gemm_autotune = false;
     std::string memory_limit;       // e.g. 24GiB; "" = no limit beyond the device
     std::string host_memory_limit;  // pinned host memory cap; "" = this machine's RAM (training runs only)
     bool plan_only = false;

@@ -331,6 +331,7 @@ int Trainer::run() {
         OptimizerParams p{lr, opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, step + 1};
         const StepStats stats = model->optimizer_step(p);
         log.log_step(step, train_data.epoch_progress(), step_tokens, ms_since(t0), stats.grad_norm, stats.loss, lr);
+        if (std::string notes = model->performance_notes(); !notes.empty()) log.message(notes);
         QT_CHECK(std::isfinite(stats.loss) && std::isfinite(stats.grad_norm), "training diverged at step ", step,
                  ": loss ", stats.loss, ", grad norm ", stats.grad_norm,
                  " (try a lower --learning-rate or --grad-clip; resume from the last checkpoint with --continue)");

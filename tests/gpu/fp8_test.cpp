@@ -300,6 +300,10 @@ QuantOperand quantise(const std::vector<float>& x, int64_t rows, int64_t cols, D
 
 constexpr int64_t kN = 256, kIn = 896, kOut = 1152;
 
+// Calls after which every candidate of a shape has been timed enough times to decide, plus one
+// made with the choice.
+constexpr int calls_to_decide() { return GemmRunner::kAutotuneCandidates * (GemmRunner::kAutotuneSamples + 1) + 1; }
+
 constexpr double kFp32Tol = 1e-3;
 double tol_for(DType out) { return out == DType::BF16 ? 1e-2 : kFp32Tol; }
 
@@ -407,6 +411,75 @@ TEST(Fp8Gemm, FastAccumulation) {
     fp8_gemm_reference(ref.data(), xq.host.data(), xq.type, xq.inv, wq.host.data(), wq.type, wq.inv, nullptr, kN,
                        kOut, kIn);
     EXPECT_TRUE(Close("forward fp32, fast accumulation", gy.download(), ref, 1e-2, kOut));
+}
+
+// --gemm-autotune: a shape's first calls try cuBLASLt's candidates in turn, timed in place. Every one
+// of those calls must still be the right product (an accumulating one, beta = 1 as for the weight
+// gradients, adds its product exactly once per call), the shape must be decided after enough calls,
+// and a second runner in the process must reuse the first one's choices (so models compared in one
+// process use the same algorithms) and then give the same bits. Shapes unique to this test.
+TEST(GemmAutotune, EveryTrialCallIsRightAndChoicesAreSharedInTheProcess) {
+    QTRAIN_REQUIRE_GPU();
+    constexpr int64_t N = 320, In = 640, Out = 768;
+    constexpr int kCalls = calls_to_decide();
+    ScaleSlots slots(2);
+    const std::vector<float> x = random_vector(N * In, 900), w = random_vector(Out * In, 901, 0.02f);
+    const std::vector<float> dy = random_vector(N * Out, 902, 1e-3f), dw0 = random_vector(Out * In, 903, 0.05f);
+    QuantOperand xq = quantise(x, N, In, DType::E4M3, false, slots, 0);
+    QuantOperand wq = quantise(w, Out, In, DType::E4M3, false, slots, 1);
+    std::vector<float> y_ref(N * Out);
+    fp8_gemm_reference(y_ref.data(), xq.host.data(), xq.type, xq.inv, wq.host.data(), wq.type, wq.inv, nullptr, N,
+                       Out, In);
+    // bf16 weight gradient accumulated into fp32 (the LM head's path): dW += dy^T x, kCalls times
+    const std::vector<float> xb = round_bf16(x), dyb = round_bf16(dy);
+    DeviceBuffer gx(xb, DType::BF16), gdy(dyb, DType::BF16);
+    std::vector<float> prod_ref(Out * In, 0.0f);
+    for (int64_t o = 0; o < Out; ++o)
+        for (int64_t n = 0; n < N; ++n) {
+            const float g = dyb[n * Out + o];
+            for (int64_t i = 0; i < In; ++i) prod_ref[o * In + i] += g * xb[n * In + i];
+        }
+
+    struct Result {
+        std::vector<float> y_first, y_last, dw;
+        GemmTuningStats stats;
+    };
+    auto run = [&] {
+        GemmRunner gemm(16 << 20, /*autotune=*/true);
+        DeviceBuffer gy(N * Out, DType::F32), gdw(dw0, DType::F32);
+        Result r;
+        for (int call = 0; call < kCalls; ++call) {
+            gemm.linear_forward_fp8(gy.get(), DType::F32, xq.q.get(), xq.type, slots[0], wq.q.get(), wq.type,
+                                    slots[1], nullptr, N, In, Out, nullptr);
+            gemm.linear_backward_weight(gdw.f32(), DType::F32, gdy.get(), gx.get(), DType::BF16, N, In, Out, true,
+                                        nullptr);
+            sync_device();  // so the trial timings are ready at the next call
+            if (call == 0) r.y_first = gy.download();
+        }
+        r.y_last = gy.download();
+        r.dw = gdw.download();
+        r.stats = gemm.tuning_stats();
+        return r;
+    };
+    const Result first = run();
+    EXPECT_TRUE(Close("autotuned FP8 forward, first trial call", first.y_first, y_ref, kFp32Tol, Out));
+    EXPECT_TRUE(Close("autotuned FP8 forward, after the decision", first.y_last, y_ref, kFp32Tol, Out));
+    std::vector<float> prod(Out * In);
+    for (std::size_t i = 0; i < prod.size(); ++i) prod[i] = (first.dw[i] - dw0[i]) / kCalls;
+    EXPECT_TRUE(Close("accumulating dW over the trial calls (product part / calls)", prod, prod_ref, 1e-4, In));
+    std::printf("[autotune] first runner: %d shapes decided, %d still trying, %lld timed calls; "
+                "heuristic %.4f ms -> kept %.4f ms\n",
+                first.stats.shapes_tuned, first.stats.shapes_exploring,
+                static_cast<long long>(first.stats.calls_timed), first.stats.heuristic_ms, first.stats.chosen_ms);
+    EXPECT_EQ(first.stats.shapes_exploring, 0);
+    EXPECT_GE(first.stats.shapes_tuned, 1) << "cuBLASLt offered one algorithm for both shapes: nothing was tuned";
+    EXPECT_EQ(first.stats.shapes_from_cache, 0);
+
+    const Result second = run();
+    EXPECT_EQ(second.stats.shapes_tuned, 0);
+    EXPECT_EQ(second.stats.calls_timed, 0);
+    EXPECT_EQ(second.stats.shapes_from_cache, first.stats.shapes_tuned);
+    EXPECT_EQ(second.y_first, first.y_last);  // the same algorithm from the second runner's first call
 }
 
 TEST(Fp8Gemm, RejectsWhatCublasLtCannotDo) {

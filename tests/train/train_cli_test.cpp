@@ -271,6 +271,33 @@ TEST(TrainCli, GpuCudnnAttentionWorkspaceIsPlannedAndChunked) {
 #endif
 }
 
+// --fp8-fast-accum needs FP8 GEMMs (and `all` FP8 gradients); neither it nor --gemm-autotune (both
+// cuBLASLt settings) means anything to the CPU reference model.
+TEST(TrainCli, FastAccumulationAndAutotuneFlagsAreCheckedAgainstTheRest) {
+    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    TrainOptions t;
+    t.batch_size = 4;
+    t.seq_len = 256;
+    TrainOptions cpu = t;
+    cpu.fp8_fast_accum = "forward";
+    EXPECT_ERROR(plan_model(cfg, cpu.model_options("cpu"), "cpu"), "--fp8-fast-accum is not supported on --device=cpu");
+    cpu = t;
+    cpu.gemm_autotune = true;
+    EXPECT_ERROR(plan_model(cfg, cpu.model_options("cpu"), "cpu"), "--gemm-autotune is not supported on --device=cpu");
+#ifdef QTRAIN_HAVE_CUDA
+    TrainOptions g = t;
+    g.fp8_fast_accum = "forward";
+    EXPECT_ERROR(plan_model(cfg, g.model_options("cuda"), "cuda"), "--fp8-fast-accum applies to FP8 GEMMs");
+    g.matmul_dtype = "e4m3";
+    EXPECT_NO_THROW(plan_model(cfg, g.model_options("cuda"), "cuda"));
+    g.fp8_fast_accum = "all";  // the backward GEMMs are bf16 with the default gradient dtype
+    EXPECT_ERROR(plan_model(cfg, g.model_options("cuda"), "cuda"), "--fp8-fast-accum=all also covers the backward");
+    g.gradient_dtype = "e5m2";
+    g.gemm_autotune = true;
+    EXPECT_NO_THROW(plan_model(cfg, g.model_options("cuda"), "cuda"));
+#endif
+}
+
 TEST(TrainCli, BadInputsGiveClearErrors) {
     Fixture f;
     struct Case {

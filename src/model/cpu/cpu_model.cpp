@@ -76,7 +76,8 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--persistent-quants", o.persistent_quants}, {"--write-combined", o.write_combined},
         {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights},
         {"--shard-gradients", o.shard_gradients},     {"--use-cuda-graphs", o.use_cuda_graphs},
-        {"--offload-double-buffer", o.offload_double_buffer}};
+        {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
+        {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off}};
     for (const auto& [flag, on] : flags) QT_CHECK(!on, flag, " is not supported on --device=cpu");
     QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported on --device=cpu (it runs on one device)");
     QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);

@@ -77,6 +77,11 @@ void CudaModel::check_options(const ModelOptions& o) {
              o.offload_quants ? "--offload-quants" : "--persistent-quants",
              " with --shard-weights needs --gradient-dtype=e4m3|e5m2 (the backward then reads only FP8 weight "
              "copies; with bf16 gradients it reads the bf16 weights, which are streamed anyway)");
+    QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8,
+             "--fp8-fast-accum applies to FP8 GEMMs: it needs --matmul-dtype=e4m3 (or drop it)");
+    QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype),
+             "--fp8-fast-accum=all also covers the backward GEMMs, which are FP8 only with --gradient-dtype=e4m3|e5m2 "
+             "(add that, or use --fp8-fast-accum=forward)");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     // On one GPU, sharding means streaming from host memory (cuda_model_stream.cpp).
     QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
@@ -149,7 +154,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
     create_streams();
-    gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes);
+    gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
 
     // zero everything with state (padding stays zero forever)
     if (buf_.master) zero(buf_.master, layout_.total * sizeof(float));
@@ -210,6 +215,23 @@ CudaModel::~CudaModel() {
     if (graph_) cudaGraphDestroy(graph_);
     if (staging_free_) cudaEventDestroy(staging_free_);
     if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaModel::performance_notes() const {
+    // Once: when every GEMM shape seen so far has been decided (the LM head, one call per micro-batch,
+    // takes a few steps), or after 50 steps with what is known by then.
+    if (!opt_.gemm_autotune || tuning_reported_) return {};
+    const GemmTuningStats t = gemm_->tuning_stats();
+    if (t.shapes_exploring > 0 && ++tuning_note_calls_ < 50) return {};
+    tuning_reported_ = true;
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "[System] GEMM autotune: %d shapes decided in place (%lld timed calls), %d taken from this process's "
+                  "earlier choices, %d still undecided; one call of each decided shape: %.3f ms with cuBLASLt's first "
+                  "choice, %.3f ms with the one kept",
+                  t.shapes_tuned, static_cast<long long>(t.calls_timed), t.shapes_from_cache, t.shapes_exploring,
+                  t.heuristic_ms, t.chosen_ms);
+    return line;
 }
 
 void CudaModel::sync() const {

@@ -36,6 +36,7 @@ public:
 
     const ModelConfig& config() const override { return config_; }
     std::string device_name() const override { return device_name_; }
+    std::string performance_notes() const override;
 
     void init_random(uint64_t seed) override;
     void load_hf(const std::string& model_dir) override;
@@ -160,6 +161,9 @@ private:
     GpuParamLayout layout_;
     MemoryPlan plan_;
     std::string device_name_;
+    mutable bool tuning_reported_ = false;  // performance_notes() says it once
+    mutable int tuning_note_calls_ = 0;
+    int eager_tuning_calls_ = 0;  // micro-batches run without the graph while GEMMs are autotuned
     std::vector<Arena> arenas_;
     GpuBuffers buf_;
     std::unique_ptr<GemmRunner> gemm_;

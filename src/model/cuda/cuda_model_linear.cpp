@@ -101,7 +101,8 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     }
     auto t_ = timer_.scope("gemm fwd", stream_);
     gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weight_q(off), DType::E4M3,
-                              fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_);
+                              fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_, 0.0f,
+                              opt_.fp8_fast_accum != Fp8FastAccum::Off);
 }
 
 void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
@@ -140,11 +141,12 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
         auto t_ = timer_.scope("gemm bwd dx", stream_);
         gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weight_qT(off),
                                          DType::E4M3, fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), N, in, out,
-                                         stream_);
+                                         stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, xT, DType::E4M3,
-                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_);
+                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_,
+                                      opt_.fp8_fast_accum == Fp8FastAccum::All);
 }
 
 // ---------------------------------------------------------------------------------------------

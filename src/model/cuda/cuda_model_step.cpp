@@ -299,7 +299,12 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
         return;
     }
     // The per-op timer records events between ops, which a graph would hide: it runs eagerly.
-    if (!opt_.use_cuda_graphs || timer_.enabled()) {
+    // --gemm-autotune tries algorithms on real calls, which a captured graph would freeze: the step
+    // runs eagerly until every GEMM shape is decided (or for at most 64 micro-batches).
+    const bool tuning = opt_.gemm_autotune && !graph_exec_ && eager_tuning_calls_ < 64 &&
+                        (gemm_->cached_shapes() == 0 || gemm_->tuning_stats().shapes_exploring > 0);
+    if (!opt_.use_cuda_graphs || timer_.enabled() || tuning) {
+        if (tuning) ++eager_tuning_calls_;
         forward_backward_ops(B, T);
         return;
     }
