@@ -238,7 +238,7 @@ TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
 }
 
 TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
-  for (const int V : {3001, 4096}) {  // scalar path, vector path
+  for (const int V : {3001, 4096, 151936}) {  // scalar path, vector path, and a Qwen-sized vocab
     SCOPED_TRACE(V);
     const int n = 9;
     auto logits = in(random_vector(n * V, 17, 3.0f));
