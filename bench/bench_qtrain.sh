@@ -3,7 +3,7 @@
 #   --from-scratch --seq-len=1024 --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16, random tokens.
 # usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]
 # GA=n sets --grad-accumulation (default 1); SKIP=n leaves out the first n steps (default 3; --gemm-autotune
-# needs ~20: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
+# needs ~25: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
 # steps after those, and the plan's memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."

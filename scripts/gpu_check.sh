@@ -51,7 +51,11 @@ for phase in $PHASES; do
         STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --matmul-dtype=e4m3 --gradient-dtype=e5m2 2>&1 | tail -1
       done
       STEPS=10 timeout 120 bench/bench_qtrain.sh Qwen2.5-0.5B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2 \
-        --use-cuda-graphs 2>&1 | tail -1 ;;
+        --use-cuda-graphs 2>&1 | tail -1
+      for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-1.5B 8"; do  # with fast accumulation in every FP8 GEMM
+        STEPS=10 timeout 120 bench/bench_qtrain.sh $cfg --matmul-dtype=e4m3 --gradient-dtype=e5m2 \
+          --fp8-fast-accum=all 2>&1 | tail -1
+      done ;;
     abattn)  # --attention=flash vs cudnn, bf16 and FP8, same call (~3 min)
       for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2" \
                  "Qwen2.5-1.5B 8 --matmul-dtype=e4m3 --gradient-dtype=e5m2"; do
@@ -67,7 +71,7 @@ for phase in $PHASES; do
                  "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 16 --gemm-autotune" \
                  "Qwen2.5-1.5B 8 $F8" "Qwen2.5-1.5B 8 $F8 --fp8-fast-accum=all" \
                  "Qwen2.5-1.5B 8 $F8 --fp8-fast-accum=all --gemm-autotune"; do
-        echo -n "$cfg: "; STEPS=30 SKIP=20 timeout 200 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
+        echo -n "$cfg: "; STEPS=40 SKIP=28 timeout 200 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
         grep -h "GEMM autotune" /tmp/qtrain-bench/train.out || true
       done
       timeout 60 $B/gemm_algo_bench 0.5b 16384 16 | tail -3 ;;

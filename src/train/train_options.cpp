@@ -79,7 +79,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
         ->check(CLI::IsMember({"off", "forward", "all"}));
     g->add_flag("--gemm-autotune", o.gemm_autotune,
                 "Try cuBLASLt's candidate algorithms for each GEMM shape on the step's own calls, timed in place, "
-                "and keep the fastest (decided within ~16 steps; CUDA graphs are captured after that); runs are "
+                "and keep the fastest (decided within ~25 steps; CUDA graphs are captured after that); runs are "
                 "then reproducible only to the last bits");
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
     g->add_option("--host-memory-limit", o.host_memory_limit, "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit limit)");
