@@ -52,15 +52,15 @@ struct GemmOp {
     bool fp8_fast_accum = false;
 };
 
-// What autotuning found (GemmRunner with autotune on): shapes decided, and the summed mean time of one
-// call of each, with cuBLASLt's first heuristic choice and with the algorithm kept.
+// What autotuning found (GemmRunner with autotune on): shapes decided, and for those the summed time of
+// one call (the best of its timed calls) with cuBLASLt's first heuristic choice and with the one kept.
 struct GemmTuningStats {
     int shapes_tuned = 0;
     int shapes_from_cache = 0;   // decided earlier in this process (another GemmRunner, same device)
     int shapes_exploring = 0;    // still trying candidates
     int64_t calls_timed = 0;     // real calls made with a candidate under trial
-    double heuristic_ms = 0.0;   // sum over decided shapes of one call (best timing) with the heuristic's first algorithm
-    double chosen_ms = 0.0;      // ... with the algorithm kept
+    double heuristic_ms = 0.0;   // with the heuristic's first algorithm
+    double chosen_ms = 0.0;      // with the algorithm kept
 };
 
 class GemmRunner {
