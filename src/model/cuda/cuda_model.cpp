@@ -219,7 +219,7 @@ CudaModel::~CudaModel() {
 
 std::string CudaModel::performance_notes() const {
     // Once: when every GEMM shape seen so far has been decided (the LM head, one call per micro-batch,
-    // takes a few steps), or after 50 steps with what is known by then.
+    // takes ~25 steps), or after 50 steps with what is known by then.
     if (!opt_.gemm_autotune || tuning_reported_) return {};
     const GemmTuningStats t = gemm_->tuning_stats();
     if (t.shapes_exploring > 0 && ++tuning_note_calls_ < 50) return {};
