@@ -261,15 +261,28 @@ TEST_P(KernelTest, SoftmaxCrossEntropyLossAndGradient) {
 }
 
 TEST_P(KernelTest, BiasGradIsAColumnSum) {
-    const int N = 1000, C = 77;
-    auto d = in(random_vector(N * C, 18));
-    auto db0 = random_vector(C, 19);
-    DeviceBuffer gd(d, act()), gdb(db0, DType::F32), scratch(cuda::bias_grad_scratch_floats(N, C), DType::F32);
-    cuda::bias_grad(gdb.f32(), scratch.f32(), act(), gd.get(), N, C, nullptr);
-    auto db = db0;
-    for (int n = 0; n < N; ++n)
-        for (int c = 0; c < C; ++c) db[c] += d[n * C + c];
-    EXPECT_LT(rel_max_error(gdb.download(), db), 1e-5);
+    // 77 columns: 2-byte loads; 1152 (a Qwen q|k|v width) and 2000 rows (> the 1024 partial rows):
+    // 16-byte loads, which must give the same bits as the 2-byte path on the same values (run on a
+    // copy of the matrix one element off 16-byte alignment).
+    for (const auto [N, C] : {std::pair{1000, 77}, std::pair{2000, 1152}}) {
+        SCOPED_TRACE(C);
+        auto d = in(random_vector(N * C, 18));
+        auto db0 = random_vector(C, 19);
+        DeviceBuffer gd(d, act()), gdb(db0, DType::F32), scratch(cuda::bias_grad_scratch_floats(N, C), DType::F32);
+        cuda::bias_grad(gdb.f32(), scratch.f32(), act(), gd.get(), N, C, nullptr);
+        auto db = db0;
+        for (int n = 0; n < N; ++n)
+            for (int c = 0; c < C; ++c) db[c] += d[n * C + c];
+        const std::vector<float> got = gdb.download();
+        EXPECT_LT(rel_max_error(got, db), 1e-5);
+
+        std::vector<float> shifted(d.size() + 1, 0.0f);
+        std::copy(d.begin(), d.end(), shifted.begin() + 1);
+        DeviceBuffer gs(shifted, act()), gdb2(db0, DType::F32);
+        const void* misaligned = static_cast<const char*>(gs.get()) + dtype_size(act());
+        cuda::bias_grad(gdb2.f32(), scratch.f32(), act(), misaligned, N, C, nullptr);
+        EXPECT_EQ(gdb2.download(), got) << "16-byte and 2-byte loads must sum in the same order";
+    }
 }
 
 TEST_P(KernelTest, LinearForwardAndBackwardThroughCublasLt) {
