@@ -87,10 +87,12 @@ struct Plan {
     std::unique_ptr<detail::AlgoTrials> trials;  // --gemm-autotune, until this shape is decided
 };
 
-// Autotuned choices of the whole process, per device and shape (see GemmRunner's comment).
+// Autotuned choices of the whole process, per device, workspace size (a candidate may need up to the
+// runner's workspace) and shape (see GemmRunner's comment).
+using TunedKey = std::tuple<int, std::size_t, Key>;
 struct TunedChoices {
     std::mutex mutex;
-    std::map<std::pair<int, Key>, cublasLtMatmulAlgo_t> algos;
+    std::map<TunedKey, cublasLtMatmulAlgo_t> algos;
 };
 TunedChoices& tuned_choices() {
     static TunedChoices t;
@@ -178,7 +180,7 @@ struct GemmRunner::Impl {
         p.algo = results[0].algo;
         if (autotune && found > 1) {
             std::lock_guard<std::mutex> lock(tuned_choices().mutex);
-            auto it = tuned_choices().algos.find({device(), key});
+            auto it = tuned_choices().algos.find(TunedKey{device(), workspace_bytes, key});
             if (it != tuned_choices().algos.end()) {
                 p.algo = it->second;  // decided by an earlier runner of this process
                 ++stats.shapes_from_cache;
@@ -228,7 +230,7 @@ struct GemmRunner::Impl {
         stats.chosen_ms += std::max(0.0, t.best_ms(pick));
         {
             std::lock_guard<std::mutex> lock(tuned_choices().mutex);
-            p.algo = tuned_choices().algos.emplace(std::make_pair(device(), key), t.candidate(pick)).first->second;
+            p.algo = tuned_choices().algos.emplace(TunedKey{device(), workspace_bytes, key}, t.candidate(pick)).first->second;
         }
         p.trials.reset();
         --shapes_exploring;
