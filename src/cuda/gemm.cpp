@@ -145,8 +145,6 @@ struct GemmRunner::Impl {
             cudaDataType_t bt = cuda_type(op.bias_type);
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
         }
-        if (op.bias)
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &op.bias, sizeof op.bias));
         if (fp8) {
             // Scale pointers are set again on every call (they may differ per call); set here too so the
             // heuristic sees a scaled FP8 matmul.
