@@ -49,6 +49,16 @@ void quantize_fp8(void* out, DType out_type, const void* in, DType in_type, int6
 void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType in_type, int64_t rows, int64_t cols,
                             const float* amax, float* inv_scale_out, cudaStream_t stream, void* out = nullptr);
 
+// The SwiGLU backward and the quantisation of its result in one pass, for FP8 gradients: computes
+// dgate_up = [dout * up * silu'(gate) | dout * silu(gate)] ([N, 2I], as swiglu_backward does, rounded
+// to in_type) from dout [N, I] and gate_up [N, 2I], and writes it quantised with `amax` (which
+// swiglu_backward with a null output has taken over the same values) as out [N, 2I] and transposed
+// as out_t [2I, N], without the bf16 copy ever reaching memory. Equals swiglu_backward followed by
+// quantize_fp8_transpose(dgate_up) bit for bit. N and I multiples of 16, pointers 16-byte aligned.
+void swiglu_backward_quantize_transpose(void* out_t, void* out, DType out_type, const void* dout, const void* gate_up,
+                                        DType in_type, int64_t N, int64_t I, const float* amax, float* inv_scale_out,
+                                        cudaStream_t stream);
+
 // out_t = in^T for an fp8 matrix already quantised (bytes moved as they are): in is [rows, cols],
 // out_t [cols, rows]. transpose_fp8(quantize_fp8(x)) equals quantize_fp8_transpose(x) bit for bit
 // (the scale is per tensor), which is how streamed persistent FP8 weights (--persistent-quants) get

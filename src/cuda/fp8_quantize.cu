@@ -16,6 +16,7 @@
 #include "cuda/fp8.h"
 #include "cuda/fp8_common.cuh"
 #include "cuda/kernel_utils.cuh"
+#include "cuda/swiglu_math.cuh"
 
 namespace qtrain::cuda {
 
@@ -152,6 +153,56 @@ __global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t,
     store_tile_transposed(tile, out_t, rows, cols, r0, c0);
 }
 
+// The SwiGLU backward, quantised and transposed in one pass: a block per 64 x 64 tile of the [N, I]
+// grid of (dgate, dup) pairs. Load phase: 16-byte packs of dout, gate and up; the two gradients are
+// computed (swiglu_math.cuh), rounded to T as swiglu_backward stores them, quantised, and written as
+// bytes into two shared tiles (and row-major into out: dgate at column c, dup at I + c). Then each
+// tile is stored transposed into its half of out_t ([2I, N]: dgate rows 0..I-1, dup rows I..2I-1).
+template <class T, bool kE4M3>
+__global__ void __launch_bounds__(256) swiglu_backward_quantize_transpose_kernel(
+    uint8_t* out_t, uint8_t* out, const T* dout, const T* gate_up, int64_t N, int64_t I, const float* amax,
+    float* inv_out) {
+    __shared__ __align__(16) uint8_t tile_g[kTile * kTileStride];
+    __shared__ __align__(16) uint8_t tile_u[kTile * kTileStride];
+    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
+    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *inv_out = fp8_inv_scale(scale);
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+
+    constexpr int P = Pack<T>::N;
+    constexpr int kPacksPerRow = kTile / P;
+    for (int p = threadIdx.x; p < kTile * kPacksPerRow; p += blockDim.x) {
+        const int r = p / kPacksPerRow, c = (p % kPacksPerRow) * P;
+        const int64_t gr = r0 + r, gc = c0 + c;
+        if (gr < N && gc < I) {
+            Pack<T> d, g, u;
+            d.load(dout + gr * I + gc);
+            g.load(gate_up + gr * 2 * I + gc);
+            u.load(gate_up + gr * 2 * I + I + gc);
+            float dg[P], du[P];
+#pragma unroll
+            for (int k = 0; k < P; ++k) {
+                swiglu_grads(d.v[k], g.v[k], u.v[k], dg[k], du[k]);
+                dg[k] = to_float(from_float<T>(dg[k]));  // the values swiglu_backward would store
+                du[k] = to_float(from_float<T>(du[k]));
+            }
+            uint32_t wg[P / 4], wu[P / 4];
+            encode_pack<kE4M3, P>(wg, dg, scale);
+            encode_pack<kE4M3, P>(wu, du, scale);
+#pragma unroll
+            for (int w = 0; w < P / 4; ++w) {
+                *reinterpret_cast<uint32_t*>(&tile_g[r * kTileStride + c + 4 * w]) = wg[w];
+                *reinterpret_cast<uint32_t*>(&tile_u[r * kTileStride + c + 4 * w]) = wu[w];
+            }
+            store_words<P>(out + gr * 2 * I + gc, wg);
+            store_words<P>(out + gr * 2 * I + I + gc, wu);
+        }
+    }
+    __syncthreads();
+    store_tile_transposed(tile_g, out_t, N, I, r0, c0);
+    store_tile_transposed(tile_u, out_t + I * N, N, I, r0, c0);
+}
+
 // A 64 x 64 byte matrix already in fp8 (one scale for the whole tensor): the same tiles, bytes moved
 // as they are. Load phase: one 16-byte pack per thread.
 __global__ void __launch_bounds__(256) transpose_bytes_kernel(uint8_t* out_t, const uint8_t* in, int64_t rows,
@@ -236,6 +287,32 @@ void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType i
         const T* it = static_cast<const T*>(in);
         if (e4m3) quantize_transpose_kernel<T, true><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
         else quantize_transpose_kernel<T, false><<<grid, 256, 0, s>>>(ot, o, it, rows, cols, amax, inv_scale_out);
+    });
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_backward_quantize_transpose(void* out_t, void* out, DType out_type, const void* dout, const void* gate_up,
+                                        DType in_type, int64_t N, int64_t I, const float* amax, float* inv_scale_out,
+                                        cudaStream_t s) {
+    const bool e4m3 = is_e4m3(out_type, "swiglu_backward_quantize_transpose");
+    check_scale_pointers(amax, inv_scale_out, "swiglu_backward_quantize_transpose");
+    QT_CHECK(N > 0 && I > 0 && N % 16 == 0 && I % 16 == 0, "swiglu_backward_quantize_transpose: N (", N,
+             ") and I (", I, ") must be positive multiples of 16");
+    QT_CHECK(aligned(out_t, 16) && aligned(out, 16) && aligned(dout, 16) && aligned(gate_up, 16),
+             "swiglu_backward_quantize_transpose: out_t, out, dout and gate_up must be 16-byte aligned");
+    QT_CHECK(ceil_div(N, kTile) <= 65535, "swiglu_backward_quantize_transpose: too many rows (", N, ")");
+    const dim3 grid(ceil_div(I, kTile), ceil_div(N, kTile));
+    auto* ot = static_cast<uint8_t*>(out_t);
+    auto* o = static_cast<uint8_t*>(out);
+    QTRAIN_DISPATCH_ACT(in_type, T, {
+        const T* d = static_cast<const T*>(dout);
+        const T* gu = static_cast<const T*>(gate_up);
+        if (e4m3)
+            swiglu_backward_quantize_transpose_kernel<T, true><<<grid, 256, 0, s>>>(ot, o, d, gu, N, I, amax,
+                                                                                    inv_scale_out);
+        else
+            swiglu_backward_quantize_transpose_kernel<T, false><<<grid, 256, 0, s>>>(ot, o, d, gu, N, I, amax,
+                                                                                     inv_scale_out);
     });
     CUDA_CHECK(cudaGetLastError());
 }

@@ -54,7 +54,8 @@ void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, in
 // amax (optional, FP8): set to max |out| of the stored values (the launcher zeroes it first).
 void swiglu_forward(DType act, void* out, const void* gate_up, int N, int I, cudaStream_t s, float* amax = nullptr);
 // dgate_up[n, :] = [dout * up * silu'(gate) | dout * silu(gate)] (written, not accumulated);
-// amax as in the forward, over all of dgate_up.
+// amax as in the forward, over all of dgate_up. dgate_up null: only the amax (the FP8 path then
+// writes the gradients quantised with cuda::swiglu_backward_quantize_transpose, fp8.h).
 void swiglu_backward(DType act, void* dgate_up, const void* dout, const void* gate_up, int N, int I, cudaStream_t s,
                      float* amax = nullptr);
 

@@ -9,12 +9,13 @@
 #include "cuda/dispatch.cuh"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/kernels.h"
+#include "cuda/swiglu_math.cuh"
 
 namespace qtrain::cuda {
 
 namespace {
 
-__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
+__device__ __forceinline__ float sigmoid(float g) { return swiglu_sigmoid(g); }
 
 template <class T>
 __device__ __forceinline__ unsigned stored_abs_bits(unsigned m, float x) {
@@ -54,13 +55,13 @@ __global__ void swiglu_backward_vec(T* dgate_up, const T* dout, const T* gate_up
         d.load(dout + n * I + i);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const float s = sigmoid(g.v[k]);
-            dg.v[k] = d.v[k] * u.v[k] * s * (1.0f + g.v[k] * (1.0f - s));
-            du.v[k] = d.v[k] * g.v[k] * s;
+            swiglu_grads(d.v[k], g.v[k], u.v[k], dg.v[k], du.v[k]);
             m = stored_abs_bits<T>(stored_abs_bits<T>(m, dg.v[k]), du.v[k]);
         }
-        dg.store(dgate_up + n * 2 * I + i);
-        du.store(dgate_up + n * 2 * I + I + i);
+        if (dgate_up) {  // null: the abs-max only (the FP8 path quantises the gradients as it recomputes them)
+            dg.store(dgate_up + n * 2 * I + i);
+            du.store(dgate_up + n * 2 * I + I + i);
+        }
     }
     if (amax) reduce_abs_max(amax, m);
 }
@@ -92,10 +93,12 @@ __global__ void swiglu_backward_scalar(T* dgate_up, const T* dout, const T* gate
         const float g = to_float(gate_up[n * 2 * I + i]);
         const float u = to_float(gate_up[n * 2 * I + I + i]);
         const float d = to_float(dout[idx]);
-        const float s = sigmoid(g);
-        const float dg = d * u * s * (1.0f + g * (1.0f - s)), du = d * g * s;
-        dgate_up[n * 2 * I + i] = from_float<T>(dg);
-        dgate_up[n * 2 * I + I + i] = from_float<T>(du);
+        float dg, du;
+        swiglu_grads(d, g, u, dg, du);
+        if (dgate_up) {
+            dgate_up[n * 2 * I + i] = from_float<T>(dg);
+            dgate_up[n * 2 * I + I + i] = from_float<T>(du);
+        }
         m = stored_abs_bits<T>(stored_abs_bits<T>(m, dg), du);
     }
     if (amax) reduce_abs_max(amax, m);

@@ -21,6 +21,7 @@
 #include "core/rng.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
+#include "cuda/kernels.h"
 #include "gpu_test_util.h"
 
 using namespace qtrain;
@@ -270,6 +271,45 @@ TEST(Fp8Kernels, TransposeBytesExact) {
     }
     DeviceBuffer g(24 * 16);
     EXPECT_ERROR(cuda::transpose_fp8(g.get(), g.get(), 24, 12, nullptr), "multiples of 16");
+}
+
+// The FP8 path of the SwiGLU backward (swiglu_backward for the amax only, then the fused
+// recompute-and-quantise kernel) against the two passes it replaces (swiglu_backward writing
+// d(gate|up), then quantize_fp8_transpose of it): the same amax, inverse scale and every byte of both
+// layouts. Shapes with partial 64 x 64 tiles in both directions, bf16 and fp32, e4m3 and e5m2.
+TEST(Fp8Kernels, SwigluBackwardQuantizeTransposeEqualsTheTwoPassPath) {
+    QTRAIN_REQUIRE_GPU();
+    for (DType act : {DType::BF16, DType::F32})
+        for (DType out : {DType::E5M2, DType::E4M3})
+            for (auto [N, I] : {std::pair<int64_t, int64_t>{80, 336}, {256, 128}, {1040, 4864 / 4}}) {
+                SCOPED_TRACE(cat(dtype_name(act), " -> ", dtype_name(out), " N ", N, " I ", I));
+                const std::vector<float> gate_up = random_vector(N * 2 * I, 40, 3.0f);
+                const std::vector<float> dout = random_vector(N * I, 41, 1e-3f);
+                DeviceBuffer ggu(gate_up, act), gd(dout, act), dgu(N * 2 * I, act);
+                ScaleSlots slots(4);  // 0: amax (two-pass), 1: its inverse scale, 2: amax (fused), 3: inverse
+                DeviceBuffer ref_t(N * 2 * I), ref(N * 2 * I), got_t(N * 2 * I), got(N * 2 * I);
+                got_t.fill_bytes(0xAB);
+                got.fill_bytes(0xAB);
+                cuda::swiglu_backward(act, dgu.get(), gd.get(), ggu.get(), static_cast<int>(N), static_cast<int>(I),
+                                      nullptr, slots[0]);
+                cuda::quantize_fp8_transpose(ref_t.get(), out, dgu.get(), act, N, 2 * I, slots[0], slots[1], nullptr,
+                                             ref.get());
+                cuda::swiglu_backward(act, nullptr, gd.get(), ggu.get(), static_cast<int>(N), static_cast<int>(I),
+                                      nullptr, slots[2]);
+                cuda::swiglu_backward_quantize_transpose(got_t.get(), got.get(), out, gd.get(), ggu.get(), act, N, I,
+                                                         slots[2], slots[3], nullptr);
+                sync_device();
+                EXPECT_EQ(bits(slots.get(2)), bits(slots.get(0))) << "amax";
+                EXPECT_EQ(bits(slots.get(3)), bits(slots.get(1))) << "inverse scale";
+                EXPECT_EQ(to_host<uint8_t>(got.get(), N * 2 * I), to_host<uint8_t>(ref.get(), N * 2 * I)) << "row-major";
+                EXPECT_EQ(to_host<uint8_t>(got_t.get(), N * 2 * I), to_host<uint8_t>(ref_t.get(), N * 2 * I))
+                    << "transposed";
+            }
+    DeviceBuffer g(64 * 64 * 2);
+    ScaleSlots slots(2);
+    EXPECT_ERROR(cuda::swiglu_backward_quantize_transpose(g.get(), g.get(), DType::E5M2, g.get(), g.get(), DType::BF16,
+                                                          24, 32, slots[0], slots[1], nullptr),
+                 "multiples of 16");
 }
 
 // ---- GEMMs: operands quantised on the host (the kernels are tested above), uploaded as bytes ----

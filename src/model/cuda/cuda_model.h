@@ -84,9 +84,11 @@ private:
     // dx = dy W and dW += dy^T x for matrix m of layer l (x: the forward's input activation). With
     // fp8 gradients both run in fp8: dy quantised (and transposed) with its amax, x re-quantised
     // transposed with the forward's scale (bit-identical codes), W^T from the quantised weights.
-    // amax_ready: dy's producer already wrote its amax into the gradient slot.
+    // amax_ready: dy's producer already wrote its amax into the gradient slot. dy_quantized (fp8
+    // gradients): the producer also wrote dy quantised into buf_.dyq / buf_.dyTq and the inverse scale
+    // into the gradient slot (the SwiGLU backward does), so dy itself is not read.
     void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
-                    bool amax_ready = false);
+                    bool amax_ready = false, bool dy_quantized = false);
     // the amax slot a producer kernel fills for matrix m's forward input / for the gradient (null without FP8)
     float* act_amax(int l, Matrix m) const;
     float* grad_amax() const;

@@ -106,7 +106,7 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
 }
 
 void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
-                           bool amax_ready) {
+                           bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix_offset(l, m);
     float* dw = grad(off);
@@ -129,8 +129,10 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     const void* xT = buf_.layers[l].xT[m];
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
-        if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
-        cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
+        if (!dy_quantized) {
+            if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
+            cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
+        }
         if (!xT) {
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in,
                                          fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)), nullptr, stream_);

@@ -11,6 +11,7 @@
 #include "cuda/attention.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
+#include "cuda/fp8.h"
 #include "cuda/kernels.h"
 #include "model/cpu/cpu_ops.h"
 
@@ -240,11 +241,29 @@ void CudaModel::backward(int B, int T) {
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
         linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h, fp8_grads_);  // d_res amax: from its norm
-        {
-            auto t_ = timer_.scope("swiglu", stream_);
-            cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
+        if (fp8_grads_) {
+            // d(gate|up) goes straight into the FP8 operands of the gate|up backward GEMMs: a pass for its
+            // amax, then one that recomputes it and writes it quantised (both layouts); the bf16
+            // tensor never reaches memory
+            {
+                auto t_ = timer_.scope("swiglu", stream_);
+                cuda::swiglu_backward(A, nullptr, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
+            }
+            {
+                auto t_ = timer_.scope("fp8 quantize", stream_);
+                cuda::swiglu_backward_quantize_transpose(buf_.dyTq, buf_.dyq, opt_.gradient_dtype, buf_.d_swi, x.gate_up,
+                                                         A, N, I, grad_amax(),
+                                                         fp8_slot_ptr(fp8_grad_inv_slot(config_.num_hidden_layers)),
+                                                         stream_);
+            }
+            linear_bwd(l, kGateUp, buf_.d_ln, nullptr, x.ln2, N, h, 2 * I, true, true);
+        } else {
+            {
+                auto t_ = timer_.scope("swiglu", stream_);
+                cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
+            }
+            linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, false);
         }
-        linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, fp8_grads_);
         {
             auto t_ = timer_.scope("rmsnorm bwd", stream_);
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
