@@ -823,6 +823,27 @@ TEST(OptimizerStagingPlan, TwoChunksPerOffloadedArray) {
 // FP8 gradients: the inputs of the four matrices are kept quantised and transposed (1 byte per
 // element per layer) and the bf16 ln1, ln2 and SwiGLU output are then one shared buffer; where an
 // input is recomputed, nothing is kept for it (and a bf16 input a recompute reads stays per layer).
+// With FP8 gradients the SwiGLU backward writes d(gate|up) quantised (both layouts, into the FP8
+// operand buffers the other backward GEMMs use too), so its bf16 workspace ([N, 2I]) is not planned.
+TEST(SwigluBackwardPlan, Fp8GradientsNeedNoBf16GateUpGradient) {
+    ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    const int B = 4, T = 1024;
+    const std::size_t N = static_cast<std::size_t>(B) * T, I = cfg.intermediate_size;
+    auto workspace = [&](const ModelOptions& o) {
+        for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
+            if (e.category == "Workspace") return static_cast<int64_t>(e.device_bytes);
+        return int64_t{-1};
+    };
+    ModelOptions bf16_grads = options(DType::E4M3, B, T);
+    bf16_grads.gradient_dtype = DType::BF16;
+    const ModelOptions fp8_grads = options(DType::E4M3, B, T);
+    // FP8 gradients add the transposed-input buffer (N x I bytes, the widest input) and the two FP8 dy
+    // buffers (N x 2I bytes each, the widest dy) and drop the bf16 d(gate|up) (N x 2I x 2 bytes)
+    const int64_t added = static_cast<int64_t>(N * I + 2 * N * 2 * I), dropped = static_cast<int64_t>(N * 2 * I * 2);
+    EXPECT_NEAR(static_cast<double>(workspace(fp8_grads) - workspace(bf16_grads)), static_cast<double>(added - dropped),
+                4096.0);
+}
+
 TEST(KeptTransposedActivationsPlan, OneFp8CopyPerInputReplacesThreeBf16Ones) {
     ModelConfig cfg = preset_config("Qwen2.5-0.5B");
     const int B = 4, T = 1024;

@@ -165,7 +165,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.d_qkv = ws.take_typed(N * qkvd, A);
     b.d_att = ws.take_typed(N * q, A);
     b.d_swi = ws.take_typed(N * I, A);
-    b.d_gu = ws.take_typed(N * 2 * I, A);
+    // with FP8 gradients d(gate|up) goes straight into FP8 (swiglu_backward_quantize_transpose)
+    b.d_gu = fp8_grads ? nullptr : ws.take_typed(N * 2 * I, A);
     b.lmhead_chunk_rows = static_cast<int>((N + opt.lmhead_chunks - 1) / opt.lmhead_chunks);
     b.logits = ws.take_typed(static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size, A);
     b.losses = ws.take_n<float>(N);
