@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <utility>
 
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -66,9 +67,11 @@ TEST_P(KernelTest, ResidualRmsnormForward) {
 }
 
 TEST_P(KernelTest, RmsnormBackward) {
-  for (const int C : {136, 101}) {  // vector path, scalar path
+  // vector path, scalar path; more rows than column-sum blocks (1024), so each block walks several
+  // rows: two at a time in the vector path, with an odd one left in some blocks (2100 = 2 * 1024 + 52;
+  // 3073 = 3 * 1024 + 1) and at the 0.5B width (896, more than one column tile of the reduction)
+  for (const auto [C, N] : {std::pair{136, 2100}, std::pair{101, 2100}, std::pair{896, 3073}}) {
     SCOPED_TRACE(C);
-    const int N = 2100;  // more rows than column-sum blocks: each block walks several rows
     auto x = in(random_vector(N * C, 4)), w = in(random_vector(C, 5)), dy = in(random_vector(N * C, 6));
     auto dres0 = in(random_vector(N * C, 7)), dw0 = random_vector(C, 8);
     std::vector<float> rstd(N), tmp(N * C);
