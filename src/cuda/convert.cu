@@ -53,13 +53,9 @@ __global__ void accumulate_bf16_kernel(__nv_bfloat16* dst, const float* src, int
             x[0] += __low2float(lo), x[1] += __high2float(lo), x[2] += __low2float(hi), x[3] += __high2float(hi);
         }
         const uint64_t e = index_base + static_cast<uint64_t>(i) * 4;
-        const uint32_t where = mix32(static_cast<uint32_t>(e) ^ mix32(static_cast<uint32_t>(e >> 32) ^ seed));
         uint32_t h[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t r = mix32((where + static_cast<uint32_t>(k) * 0x9e3779b9u) ^ __float_as_uint(x[k]));
-            h[k] = __bfloat16_as_ushort(bf16_stochastic(x[k], r));
-        }
+        for (int k = 0; k < 4; ++k) h[k] = __bfloat16_as_ushort(bf16_stochastic(x[k], grad_rounding_bits(e, k, seed, x[k])));
         reinterpret_cast<uint2*>(dst)[i] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
     }
 }

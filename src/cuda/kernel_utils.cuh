@@ -73,6 +73,14 @@ __device__ __forceinline__ __nv_bfloat16 bf16_stochastic(float x, uint32_t rnd) 
     return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
 }
 
+// The stochastic-rounding bits for a gradient element summed into bf16 host memory: element k (0..3)
+// of the group of four starting at flat index `first`, given the sum x being rounded. A function of
+// (first, k, seed, x) only: deterministic, and independent of the launch shape.
+__device__ __forceinline__ uint32_t grad_rounding_bits(uint64_t first, int k, uint32_t seed, float x) {
+    const uint32_t where = mix32(static_cast<uint32_t>(first) ^ mix32(static_cast<uint32_t>(first >> 32) ^ seed));
+    return mix32((where + static_cast<uint32_t>(k) * 0x9e3779b9u) ^ __float_as_uint(x));
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 }  // namespace qtrain::cuda

@@ -21,9 +21,12 @@ void embedding_forward(DType act, void* out, const int32_t* tokens, const void* 
 // order. The host groups positions by token (embedding_backward_plan): unique_tokens[u] has its
 // positions at positions[offsets[u] .. offsets[u+1]). The count of distinct tokens is read on the
 // device (*num_unique <= max_unique), so a captured CUDA graph serves every micro-batch.
-void embedding_backward(float* dtable, DType act, const void* dout, const int32_t* unique_tokens,
+// table_type F32: plain fp32 adds (device or mapped pinned memory). BF16 (mapped pinned host
+// gradients, --param-grad-dtype=bf16): each touched element becomes bf16(its value + the sum),
+// rounded stochastically with the bits accumulate_bf16 uses for flat index index_base + i and `seed`.
+void embedding_backward(void* dtable, DType table_type, DType act, const void* dout, const int32_t* unique_tokens,
                         const int32_t* offsets, const int32_t* positions, const int32_t* num_unique, int max_unique,
-                        int C, cudaStream_t s);
+                        int C, cudaStream_t s, uint64_t index_base = 0, uint32_t seed = 0);
 
 // ---- rmsnorm.cu ----
 // res_out = res_in (+ delta when delta != null; res_out may alias res_in), then

@@ -48,7 +48,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--offload-opt-m", o.offload_opt_m, "Keep Adam's first moment in pinned host memory");
     g->add_flag("--offload-opt-v", o.offload_opt_v, "Keep Adam's second moment in pinned host memory");
     g->add_flag("--offload-quants", o.offload_quants, "Keep the FP8 copies of streamed layers (--persistent-quants) in pinned host memory instead of on the GPU (implies --persistent-quants; needs --shard-weights)");
-    g->add_flag("--offload-gradients", o.offload_gradients, "Keep (sharded) gradients in pinned host memory");
+    g->add_flag("--offload-gradients", o.offload_gradients, "Keep (sharded) gradients in pinned host memory (untied models: the embedding's gradient is summed there directly, so no [vocab, hidden] fp32 table stays on the GPU)");
     g->add_flag("--persistent-quants", o.persistent_quants, "With --shard-weights and FP8 (e4m3 matmuls, e4m3|e5m2 gradients): quantise each streamed layer once per optimizer step and keep its FP8 copy, so later passes move 1 byte per weight instead of 2 (resident FP8 weights are always kept)");
     g->add_flag("--offload-double-buffer", o.offload_double_buffer, "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side streams (copy engines, double-buffered) instead of reading host memory zero-copy");
     g->add_flag("--write-combined", o.write_combined, "Allocate offload buffers write-combined (faster host-to-device)");

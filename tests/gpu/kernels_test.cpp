@@ -226,14 +226,60 @@ TEST_P(KernelTest, EmbeddingForwardAndDeterministicBackward) {
     DeviceBuffer count(std::vector<float>{0.0f}, DType::F32);
     const int32_t n_uniq = static_cast<int32_t>(uniq.size());
     CUDA_CHECK(cudaMemcpy(count.get(), &n_uniq, 4, cudaMemcpyHostToDevice));
-    cuda::embedding_backward(gdtable.f32(), act(), gdout.get(), duniq, doffs, dpos,
-                             static_cast<const int32_t*>(count.get()), n_uniq + 7, C, nullptr);
+    const auto* n_dev = static_cast<const int32_t*>(count.get());
+    cuda::embedding_backward(gdtable.f32(), DType::F32, act(), gdout.get(), duniq, doffs, dpos, n_dev, n_uniq + 7, C,
+                             nullptr);
     std::vector<float> out(N * C);
     cpu::embedding_forward(out.data(), tok.data(), table.data(), N, C);
     auto dtable = dtable0;
     cpu::embedding_backward(dtable.data(), dout.data(), tok.data(), N, C);
     EXPECT_EQ(rel_max_error(gout.download(), out), 0.0);  // a copy
-    EXPECT_LT(rel_max_error(gdtable.download(), dtable), 1e-6);
+    const auto on_device = gdtable.download();
+    EXPECT_LT(rel_max_error(on_device, dtable), 1e-6);
+
+    // The table in pinned host memory (untied models with --offload-gradients): fp32 gives the same
+    // bits as on the device; bf16 rounds each touched element's sum stochastically (within one bf16
+    // step of the fp32 sum), leaves the other rows alone, and repeats bit for bit.
+    float* host32 = nullptr;
+    uint16_t* host16 = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&host32, V * C * sizeof(float), cudaHostAllocDefault));
+    CUDA_CHECK(cudaHostAlloc(&host16, V * C * sizeof(uint16_t), cudaHostAllocDefault));
+    std::copy(dtable0.begin(), dtable0.end(), host32);
+    cuda::embedding_backward(host32, DType::F32, act(), gdout.get(), duniq, doffs, dpos, n_dev, n_uniq + 7, C, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(std::vector<float>(host32, host32 + V * C), on_device);
+    std::vector<uint16_t> start(V * C);
+    for (int i = 0; i < V * C; ++i) start[i] = float_to_bf16(dtable0[i]);
+    std::vector<std::vector<uint16_t>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+        std::copy(start.begin(), start.end(), host16);
+        cuda::embedding_backward(host16, DType::BF16, act(), gdout.get(), duniq, doffs, dpos, n_dev, n_uniq + 7, C,
+                                 nullptr, /*index_base=*/1000, /*seed=*/77);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        runs.emplace_back(host16, host16 + V * C);
+    }
+    EXPECT_EQ(runs[0], runs[1]);
+    std::vector<char> touched(V, 0);
+    for (int32_t t : tok) touched[t] = 1;
+    int rounded_up = 0, rounded_down = 0;
+    for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) {
+            const int i = v * C + c;
+            if (!touched[v]) {
+                EXPECT_EQ(runs[0][i], start[i]) << "row " << v << " has no token and must not change";
+                continue;
+            }
+            const float exact = bf16_to_float(start[i]) + (on_device[i] - dtable0[i]);  // start + the rows' sum
+            const float got = bf16_to_float(runs[0][i]);
+            const float step = std::ldexp(1.0f, std::ilogb(exact) - 7);  // one bf16 step at |exact|
+            EXPECT_LE(std::fabs(got - exact), step * 1.01f) << "element " << i;
+            if (got > exact) ++rounded_up;
+            if (got < exact) ++rounded_down;
+        }
+    EXPECT_GT(rounded_up, 0);  // stochastic: both directions occur
+    EXPECT_GT(rounded_down, 0);
+    cudaFreeHost(host32);
+    cudaFreeHost(host16);
     cudaFree(dtok);
     cudaFree(duniq);
     cudaFree(doffs);

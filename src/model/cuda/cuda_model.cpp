@@ -363,8 +363,12 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
             break;
         case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
         case Which::Grad:
+            if (stage_grads_ && embed_grad_host_ && off < layout_.layer_begin(0)) {  // summed in place on the host
+                fetch(buf_.grads, opt_.param_grad_dtype);
+                break;
+            }
             if (stage_grads_ && layout_.layer_of(off) < 0) {  // still on the device until the step
-                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_index(off), n * sizeof(float),
+                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_grad_index(off), n * sizeof(float),
                                       cudaMemcpyDefault));
                 break;
             }

@@ -111,7 +111,8 @@ private:
     const void* weight_q(int64_t off) const;
     const void* weight_qT(int64_t off) const;
     float* grad(int64_t off) const;
-    int64_t resident_index(int64_t off) const;  // offset in resident_weights / resident_grads
+    int64_t resident_index(int64_t off) const;       // offset in resident_weights
+    int64_t resident_grad_index(int64_t off) const;  // offset in resident_grads
     // --shard-weights: gather(l) starts copying layer l from host into its slot (and quantising it)
     // on the copy stream, unless the slot already holds it; get(l) makes the compute stream wait for
     // it; release(l) marks the slot reusable once the work queued so far is done. No-ops otherwise.
@@ -123,13 +124,16 @@ private:
     // accumulates into it; flush_layer_grads hands it to the gradient stream, which copies (first
     // micro-batch since the optimizer step) or adds it into the host gradients. The non-layer
     // gradients accumulate on the device (resident_grads) over the whole step: flush_resident_grads
-    // copies them to the host before the update, zero_resident_grads clears them after it.
+    // copies them to the host before the update, zero_resident_grads clears them after it. Untied
+    // models keep the embedding's out of them (embedding_grad_on_host): the embedding backward adds
+    // into the host copy, which zero_resident_grads clears instead.
     void begin_layer_grads(int l);
     void flush_layer_grads(int l);
     void end_backward_grads();
     void flush_resident_grads();
     void zero_resident_grads();
     void wait_for_gradients();  // compute stream waits for every flush queued so far
+    uint32_t grad_rounding_seed() const;  // --param-grad-dtype=bf16: the seed of the host sums' rounding
     // --offload-residual: residual_write(l) makes the compute stream wait until layer l's slot may be
     // overwritten (the copy to host of its previous occupant is done); residual_written(l) copies
     // layer l's freshly written input residual to host on the residual stream; residual_load(l)
@@ -181,6 +185,7 @@ private:
     bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
     // streaming state (cuda_model_stream.cpp)
     bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
+    bool embed_grad_host_ = false;                        // embedding_grad_on_host (gpu_buffers.h)
     cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;
     cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
     cudaEvent_t grads_done_ = nullptr;

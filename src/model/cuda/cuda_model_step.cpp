@@ -296,8 +296,17 @@ void CudaModel::backward(int B, int T) {
     }
     {
         auto t_ = timer_.scope("embedding", stream_);
-        cuda::embedding_backward(G(layout_.embed), A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
-                                 reinterpret_cast<const int32_t*>(buf_.step_scalars + 2), N, h, stream_);
+        const int32_t* num_unique = reinterpret_cast<const int32_t*>(buf_.step_scalars + 2);
+        if (embed_grad_host_) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
+            const DType gt = opt_.param_grad_dtype;
+            void* table = static_cast<char*>(buf_.grads) + layout_.embed * dtype_size(gt);
+            cuda::embedding_backward(table, gt, A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
+                                     num_unique, N, h, stream_, static_cast<uint64_t>(layout_.embed),
+                                     grad_rounding_seed());
+        } else {
+            cuda::embedding_backward(G(layout_.embed), DType::F32, A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets,
+                                     buf_.emb_positions, num_unique, N, h, stream_);
+        }
     }
     end_backward_grads();
 }

@@ -49,6 +49,10 @@ bool streamed_quants_persist(const ModelOptions& o) {
     return is_fp8(o.matmul_dtype) && o.shard_weights && (o.persistent_quants || o.offload_quants);
 }
 
+bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
+    return o.offload_gradients && !c.tie_word_embeddings;
+}
+
 RecomputeSet recompute_set(const ModelOptions& o) {
     RecomputeSet r;
     const bool block = o.recompute_block;
@@ -96,7 +100,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
     }
     if (opt.offload_gradients) {
-        b.resident_grads = gslots.take_n<float>(non_layer);
+        b.resident_grads = gslots.take_n<float>(embedding_grad_on_host(c, opt) ? layout.total - layout.layers_end()
+                                                                                : non_layer);
         for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);
     }
     b.adam_m = am.take_typed(P, opt.opt_m_dtype);

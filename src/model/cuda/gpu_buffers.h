@@ -121,7 +121,9 @@ struct GpuBuffers {
     void* quant_store = nullptr;
     // Gradient streaming (--offload-gradients): `grads` is in pinned host memory; the device keeps
     // the non-layer gradients (resident_grads, same split as resident_weights) and two layer slots
-    // each layer's backward writes into before a side stream adds them to the host copy.
+    // each layer's backward writes into before a side stream adds them to the host copy. Untied
+    // models (embedding_grad_on_host) leave the embedding out of resident_grads: its backward adds the
+    // micro-batch's rows into the host copy directly, so resident_grads starts at layers_end().
     float* resident_grads = nullptr;
     float* grad_slots[2] = {nullptr, nullptr};
     // Residual offload (--offload-residual): each layer's input residual (res_in, the one activation
@@ -148,6 +150,9 @@ bool optimizer_array_on_host(const ModelOptions& opt, OptArray a);
 // Whether streamed FP8 layers keep their quantised copies for the whole optimizer step
 // (--persistent-quants or --offload-quants with --shard-weights and --matmul-dtype=e4m3).
 bool streamed_quants_persist(const ModelOptions& opt);
+// Whether the embedding's gradient is summed straight into its pinned host copy (untied models
+// with --offload-gradients): resident_grads then holds only the final norm and the LM head.
+bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
