@@ -51,6 +51,11 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
     # 8: 7B 6.4k -> 8.1k, 14B 3.3k -> 4.9k tokens/s); nvidia-smi peaks 23.0 / 22.6 GiB.
     7b-fp8-stream-b23) run 7b-fp8-stream-b23 Qwen2.5-7B 23 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                      $FP8 ;;
+    # NOT measured yet (session 8 ran out of device time): residual offload, two attention-backward chunks and
+    # 16 LM-head chunks take the per-sequence cost from ~650 to ~470 MiB, so 34 sequences fit (plan 21.9 GiB,
+    # 108 GiB pinned). docs/perf-notes.md predicts 8.5-9.5k tokens/s against 7b-fp8-stream-b23's 8.1k.
+    7b-fp8-stream-b34-resoff) run 7b-fp8-stream-b34-resoff Qwen2.5-7B 34 2 --recompute-block $OFFLOAD $STREAM \
+                     --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 ;;
     14b-fp8-stream-bf16-b13) run 14b-fp8-stream-bf16-b13 Qwen2.5-14B 13 4 --recompute-block --offload-opt-m \
                       --offload-opt-v $STREAM --lmhead-chunks=8 $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
