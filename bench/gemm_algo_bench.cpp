@@ -15,22 +15,7 @@
 #include <string>
 #include <vector>
 
-// Stops the bench at the first failing CUDA or cuBLAS call, naming it.
-static void fail_if(bool failed, const char* call, const char* why, int line) {
-    if (!failed) return;
-    std::fprintf(stderr, "gemm_algo_bench.cpp:%d %s: %s\n", line, call, why);
-    std::exit(1);
-}
-#define CK(x)                                                                     \
-    do {                                                                          \
-        cudaError_t e_ = (x);                                                     \
-        fail_if(e_ != cudaSuccess, #x, cudaGetErrorString(e_), __LINE__);         \
-    } while (0)
-#define LT(x)                                                                     \
-    do {                                                                          \
-        cublasStatus_t s_ = (x);                                                  \
-        fail_if(s_ != CUBLAS_STATUS_SUCCESS, #x, cublasGetStatusName(s_), __LINE__); \
-    } while (0)
+#include "bench_check.h"
 
 namespace {
 

@@ -15,25 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_check.h"
 #include "core/dtype.h"
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
-
-static void fail_if(bool failed, const char* call, const char* why, int line) {
-    if (!failed) return;
-    std::fprintf(stderr, "overlap_bench.cpp:%d %s: %s\n", line, call, why);
-    std::exit(1);
-}
-#define CK(x)                                                             \
-    do {                                                                  \
-        cudaError_t e_ = (x);                                             \
-        fail_if(e_ != cudaSuccess, #x, cudaGetErrorString(e_), __LINE__); \
-    } while (0)
-#define LT(x)                                                                        \
-    do {                                                                             \
-        cublasStatus_t s_ = (x);                                                     \
-        fail_if(s_ != CUBLAS_STATUS_SUCCESS, #x, cublasGetStatusName(s_), __LINE__); \
-    } while (0)
 
 namespace {
 
@@ -72,7 +57,7 @@ struct DwGemm {
         cublasLtMatmulHeuristicResult_t res;
         int found = 0;
         LT(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &found));
-        fail_if(found == 0, "cublasLtMatmulAlgoGetHeuristic", "no algorithm", __LINE__);
+        bench_fail_if(found == 0, "cublasLtMatmulAlgoGetHeuristic", "no algorithm", __FILE__, __LINE__);
         algo = res.algo;
         cublasLtMatmulPreferenceDestroy(pref);
         CK(cudaMalloc(&A, m * k));

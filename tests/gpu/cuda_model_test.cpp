@@ -820,6 +820,13 @@ TEST(OptimizerStagingPlan, TwoChunksPerOffloadedArray) {
     EXPECT_ERROR(CudaModel::plan(cfg, none), "--offload-double-buffer applies to offloaded");
 }
 
+// Device bytes the plan gives one category (-1: not in the plan).
+int64_t planned_device_bytes(const ModelConfig& cfg, const ModelOptions& o, const std::string& category) {
+    for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
+        if (e.category == category) return static_cast<int64_t>(e.device_bytes);
+    return -1;
+}
+
 // FP8 gradients: the inputs of the four matrices are kept quantised and transposed (1 byte per
 // element per layer) and the bf16 ln1, ln2 and SwiGLU output are then one shared buffer; where an
 // input is recomputed, nothing is kept for it (and a bf16 input a recompute reads stays per layer).
@@ -829,11 +836,7 @@ TEST(SwigluBackwardPlan, Fp8GradientsNeedNoBf16GateUpGradient) {
     ModelConfig cfg = preset_config("Qwen2.5-0.5B");
     const int B = 4, T = 1024;
     const std::size_t N = static_cast<std::size_t>(B) * T, I = cfg.intermediate_size;
-    auto workspace = [&](const ModelOptions& o) {
-        for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
-            if (e.category == "Workspace") return static_cast<int64_t>(e.device_bytes);
-        return int64_t{-1};
-    };
+    auto workspace = [&](const ModelOptions& o) { return planned_device_bytes(cfg, o, "Workspace"); };
     ModelOptions bf16_grads = options(DType::E4M3, B, T);
     bf16_grads.gradient_dtype = DType::BF16;
     const ModelOptions fp8_grads = options(DType::E4M3, B, T);
@@ -849,11 +852,7 @@ TEST(SwigluBackwardPlan, Fp8GradientsNeedNoBf16GateUpGradient) {
 // 7B); tied models keep it (the LM head's dense gradient GEMMs add into the same table).
 TEST(EmbeddingGradOnHostPlan, UntiedModelsDropTheDeviceEmbeddingGradient) {
     const int B = 2, T = 1024;
-    auto grad_slots = [&](const ModelConfig& cfg, const ModelOptions& o) {
-        for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
-            if (e.category == "Gradient slots") return static_cast<int64_t>(e.device_bytes);
-        return int64_t{-1};
-    };
+    auto grad_slots = [&](const ModelConfig& cfg, const ModelOptions& o) { return planned_device_bytes(cfg, o, "Gradient slots"); };
     for (const char* preset : {"Qwen2.5-7B", "Qwen2.5-0.5B"}) {
         SCOPED_TRACE(preset);
         const ModelConfig cfg = preset_config(preset);
@@ -877,11 +876,7 @@ TEST(KeptTransposedActivationsPlan, OneFp8CopyPerInputReplacesThreeBf16Ones) {
     const int B = 4, T = 1024;
     const std::size_t N = static_cast<std::size_t>(B) * T, L = cfg.num_hidden_layers;
     const std::size_t h = cfg.hidden_size, q = cfg.q_dim(), I = cfg.intermediate_size;
-    auto activations = [&](const ModelOptions& o) {
-        for (const auto& e : gpu_memory_plan(cfg, o, "cuda").entries)
-            if (e.category == "Activations") return static_cast<int64_t>(e.device_bytes);
-        return int64_t{-1};
-    };
+    auto activations = [&](const ModelOptions& o) { return planned_device_bytes(cfg, o, "Activations"); };
     ModelOptions bf16_grads = options(DType::E4M3, B, T);
     bf16_grads.gradient_dtype = DType::BF16;
     const ModelOptions fp8_grads = options(DType::E4M3, B, T);
