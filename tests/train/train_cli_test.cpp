@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -105,6 +106,42 @@ TEST(TrainCli, GpuPlanOnlyNeedsNoGpu) {
                             " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --memory-limit=24GiB");
     EXPECT_EQ(over.exit_code, 1) << over.output;
     EXPECT_TRUE(Contains(over.output, "--memory-limit is 24.00 GiB"));
+}
+
+// --plan-only with --memory-limit names the largest --batch-size that fits with the flags given (the
+// streamed configurations get faster with a larger micro-batch), and an over-limit plan's error names
+// it too: that size must fit and the next one must not.
+TEST(TrainCli, GpuPlanOnlyNamesTheLargestBatchThatFits) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    const std::string base = train_exe() +
+                             " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --memory-limit=24GiB"
+                             " --recompute-block --offload-master --offload-opt-m --offload-opt-v --opt-m-dtype=bf16"
+                             " --opt-v-dtype=bf16 --shard-weights --offload-gradients --shard-gradients"
+                             " --lmhead-chunks=8 --matmul-dtype=e4m3 --gradient-dtype=e5m2";
+    auto r = run_command(base + " --batch-size=8");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string key = "--batch-size up to ";
+    const auto at = r.output.find(key);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const int largest = std::atoi(r.output.c_str() + at + key.size());
+    ASSERT_GT(largest, 8) << r.output;
+    EXPECT_EQ(run_command(base + " --batch-size=" + std::to_string(largest)).exit_code, 0);
+    auto over = run_command(base + " --batch-size=" + std::to_string(largest + 1));
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    EXPECT_TRUE(Contains(over.output, "with the current flags --batch-size=" + std::to_string(largest) + " fits"))
+        << over.output;
+    // with two attention-backward chunks only even sizes are valid, and the answer is one of them
+    auto chunked = run_command(base + " --batch-size=8 --attn-bwd-chunks=2");
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.output;
+    const auto at2 = chunked.output.find(key);
+    ASSERT_NE(at2, std::string::npos) << chunked.output;
+    const int largest_even = std::atoi(chunked.output.c_str() + at2 + key.size());
+    EXPECT_EQ(largest_even % 2, 0);
+    EXPECT_GE(largest_even, largest);  // the chunked workspace is smaller
+    EXPECT_EQ(run_command(base + " --attn-bwd-chunks=2 --batch-size=" + std::to_string(largest_even)).exit_code, 0);
+    EXPECT_EQ(run_command(base + " --attn-bwd-chunks=2 --batch-size=" + std::to_string(largest_even + 2)).exit_code, 1);
 }
 
 // Pinned host memory is checked like device memory: a plan that pins more than --host-memory-limit
