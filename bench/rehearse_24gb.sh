@@ -56,6 +56,10 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
     # 108 GiB pinned). docs/perf-notes.md predicts 8.5-9.5k tokens/s against 7b-fp8-stream-b23's 8.1k.
     7b-fp8-stream-b34-resoff) run 7b-fp8-stream-b34-resoff Qwen2.5-7B 34 2 --recompute-block $OFFLOAD $STREAM \
                      --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 ;;
+    # NOT measured yet: the same micro-batch with 4 accumulation steps (global batch 94k tokens instead
+    # of 47k), which spreads the per-step zero-copy optimizer over twice the tokens (perf-notes).
+    7b-fp8-stream-b23-ga4) run 7b-fp8-stream-b23-ga4 Qwen2.5-7B 23 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
+                     $FP8 ;;
     14b-fp8-stream-bf16-b13) run 14b-fp8-stream-bf16-b13 Qwen2.5-14B 13 4 --recompute-block --offload-opt-m \
                       --offload-opt-v $STREAM --lmhead-chunks=8 $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
