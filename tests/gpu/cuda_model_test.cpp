@@ -849,7 +849,9 @@ TEST(SwigluBackwardPlan, Fp8GradientsNeedNoBf16GateUpGradient) {
 
 // Untied models with --offload-gradients sum the embedding's gradient straight into its pinned host
 // copy, so the device's resident gradients lose the [vocab, hidden] fp32 embedding table (2.2 GB at
-// 7B); tied models keep it (the LM head's dense gradient GEMMs add into the same table).
+// 7B); tied models keep it (the LM head's dense gradient GEMMs add into the same table). Likewise with
+// --shard-weights the lookup of an untied embedding reads its rows from the pinned host weights, so
+// the resident bf16 weights lose the table too.
 TEST(EmbeddingGradOnHostPlan, UntiedModelsDropTheDeviceEmbeddingGradient) {
     const int B = 2, T = 1024;
     auto grad_slots = [&](const ModelConfig& cfg, const ModelOptions& o) { return planned_device_bytes(cfg, o, "Gradient slots"); };
@@ -865,6 +867,9 @@ TEST(EmbeddingGradOnHostPlan, UntiedModelsDropTheDeviceEmbeddingGradient) {
         // two layer slots plus the resident non-layer gradients, fp32
         const int64_t resident = cfg.tie_word_embeddings ? head + tail : tail;
         EXPECT_NEAR(static_cast<double>(grad_slots(cfg, o)), 4.0 * (2 * span + resident), 4096.0);
+        EXPECT_EQ(embedding_weights_on_host(cfg, o), !cfg.tie_word_embeddings);
+        EXPECT_NEAR(static_cast<double>(planned_device_bytes(cfg, o, "Weight slots")), 2.0 * (2 * span + resident),
+                    4096.0);  // bf16
         const int64_t table = static_cast<int64_t>(cfg.vocab_size) * cfg.hidden_size;
         EXPECT_GE(head, table);  // the embedding comes first, then padding up to the first layer
         EXPECT_LT(head, table + 4096);
@@ -954,13 +959,12 @@ TEST(StreamingPlan, ShardedWeightsAndOffloadedGradientsLeaveTwoLayersOnTheDevice
     const MemoryPlan streamed = gpu_memory_plan(cfg, o, "cuda");
     const GpuParamLayout layout = make_gpu_layout(cfg);
     const double span = static_cast<double>(layout.layer_span);
-    const double non_layer = static_cast<double>(layout.total - (layout.layers_end() - layout.layer_begin(0)));
-    // device: bf16 slots + fp8 slots + fp32 gradient slots for two layers, plus the resident tensors
-    // (bf16 weights; fp32 gradients of the final norm and the LM head: 7B is untied, so the
-    // embedding's gradient is summed in host memory)
-    ASSERT_TRUE(embedding_grad_on_host(cfg, o));
-    const double resident_grads = static_cast<double>(layout.total - layout.layers_end());
-    const double expected_params = 2 * span * (2 + 1 + 4) + non_layer * 2 + resident_grads * 4;
+    // device: bf16 slots + fp8 slots + fp32 gradient slots for two layers, plus the resident tensors:
+    // bf16 weights and fp32 gradients of the final norm and the LM head (7B is untied, so the
+    // embedding's rows are read from, and its gradient summed into, host memory)
+    ASSERT_TRUE(embedding_grad_on_host(cfg, o) && embedding_weights_on_host(cfg, o));
+    const double resident = static_cast<double>(layout.total - layout.layers_end());
+    const double expected_params = 2 * span * (2 + 1 + 4) + resident * (2 + 4);
     const double flat_params = static_cast<double>(layout.total) * (2 + 1 + 4 + 4);  // weights, wq, grads, master
     const double saved = static_cast<double>(flat.total_device()) - static_cast<double>(streamed.total_device());
     EXPECT_NEAR(saved, flat_params - expected_params, 0.001 * flat_params);

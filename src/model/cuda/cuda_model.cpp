@@ -368,8 +368,8 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
                 break;
             }
             if (stage_grads_ && layout_.layer_of(off) < 0) {  // still on the device until the step
-                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_grad_index(off), n * sizeof(float),
-                                      cudaMemcpyDefault));
+                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_index(off, !embed_grad_host_),
+                                      n * sizeof(float), cudaMemcpyDefault));
                 break;
             }
             if (stage_grads_ && host_grads_fresh_) break;  // the host still holds the last step's: logically zero

@@ -111,8 +111,9 @@ private:
     const void* weight_q(int64_t off) const;
     const void* weight_qT(int64_t off) const;
     float* grad(int64_t off) const;
-    int64_t resident_index(int64_t off) const;       // offset in resident_weights
-    int64_t resident_grad_index(int64_t off) const;  // offset in resident_grads
+    // offset of non-layer element off in resident_weights / resident_grads, which hold the embedding
+    // (first) only when `with_embedding`, then the final norm and the LM head
+    int64_t resident_index(int64_t off, bool with_embedding) const;
     // --shard-weights: gather(l) starts copying layer l from host into its slot (and quantising it)
     // on the copy stream, unless the slot already holds it; get(l) makes the compute stream wait for
     // it; release(l) marks the slot reusable once the work queued so far is done. No-ops otherwise.
@@ -186,6 +187,7 @@ private:
     // streaming state (cuda_model_stream.cpp)
     bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
     bool embed_grad_host_ = false;                        // embedding_grad_on_host (gpu_buffers.h)
+    bool embed_weights_host_ = false;                     // embedding_weights_on_host (gpu_buffers.h)
     cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;
     cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
     cudaEvent_t grads_done_ = nullptr;

@@ -54,6 +54,7 @@ void CudaModel::create_streams() {
     quant_stored_.assign(persist_quants_ ? config_.num_hidden_layers : 0, 0);
     stage_grads_ = opt_.offload_gradients;
     embed_grad_host_ = embedding_grad_on_host(config_, opt_);
+    embed_weights_host_ = embedding_weights_on_host(config_, opt_);
     auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
     if (stream_weights_) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -93,20 +94,22 @@ static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
     return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
 }
 
-int64_t CudaModel::resident_index(int64_t off) const {
+int64_t CudaModel::resident_index(int64_t off, bool with_embedding) const {
     const int64_t begin = layout_.layer_begin(0);
-    return off < begin ? off : begin + (off - layout_.layers_end());
-}
-
-int64_t CudaModel::resident_grad_index(int64_t off) const {
-    return embed_grad_host_ ? off - layout_.layers_end() : resident_index(off);
+    QT_CHECK(off >= begin || with_embedding,
+             "weight/gradient streaming: internal error (the embedding is not in this resident buffer)");
+    return off < begin ? off : (with_embedding ? begin : 0) + (off - layout_.layers_end());
 }
 
 const void* CudaModel::weight(int64_t off) const {
     const std::size_t es = dtype_size(opt_.model_dtype);
     if (!stream_weights_) return static_cast<const char*>(buf_.weights) + off * es;
     const int l = layout_.layer_of(off);
-    if (l < 0) return static_cast<const char*>(buf_.resident_weights) + resident_index(off) * es;
+    if (l < 0) {
+        if (embed_weights_host_ && off < layout_.layer_begin(0))  // the lookup reads its rows over PCIe
+            return static_cast<const char*>(buf_.weights) + off * es;
+        return static_cast<const char*>(buf_.resident_weights) + resident_index(off, !embed_weights_host_) * es;
+    }
     QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
     const int64_t rel = off - layout_.layer_begin(l);
     QT_CHECK(slot_has_matrices_[l & 1] || !in_weight_matrix(layout_.layers[l], off),
@@ -135,11 +138,7 @@ const void* CudaModel::weight_qT(int64_t off) const {
 float* CudaModel::grad(int64_t off) const {
     if (!stage_grads_) return static_cast<float*>(buf_.grads) + off;  // fp32 unless offloaded (check_options)
     const int l = layout_.layer_of(off);
-    if (l < 0) {
-        QT_CHECK(!embed_grad_host_ || off >= layout_.layers_end(),
-                 "gradient streaming: internal error (the embedding's gradient is in host memory)");
-        return buf_.resident_grads + resident_grad_index(off);
-    }
+    if (l < 0) return buf_.resident_grads + resident_index(off, !embed_grad_host_);
     return buf_.grad_slots[l & 1] + (off - layout_.layer_begin(l));
 }
 
@@ -197,8 +196,10 @@ void CudaModel::weights_changed() {
     const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
     const char* w = static_cast<const char*>(buf_.weights);
     char* r = static_cast<char*>(buf_.resident_weights);
-    CUDA_CHECK(cudaMemcpyAsync(r, w, head * es, cudaMemcpyDefault, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(r + head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault, stream_));
+    const int64_t resident_head = embed_weights_host_ ? 0 : head;  // the embedding stays on the host
+    if (resident_head) CUDA_CHECK(cudaMemcpyAsync(r, w, head * es, cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(r + resident_head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault,
+                               stream_));
     // the next copies into the slots must wait for whatever just wrote the host weights
     slot_layer_[0] = slot_layer_[1] = -1;
     std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use

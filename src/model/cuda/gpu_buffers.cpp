@@ -53,6 +53,10 @@ bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
     return o.offload_gradients && !c.tie_word_embeddings;
 }
 
+bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {
+    return o.shard_weights && !c.tie_word_embeddings;
+}
+
 RecomputeSet recompute_set(const ModelOptions& o) {
     RecomputeSet r;
     const bool block = o.recompute_block;
@@ -96,7 +100,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
     if (opt.shard_weights) {
-        b.resident_weights = wslots.take_typed(non_layer, A);
+        b.resident_weights = wslots.take_typed(
+            embedding_weights_on_host(c, opt) ? layout.total - layout.layers_end() : non_layer, A);
         for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
     }
     if (opt.offload_gradients) {

@@ -109,7 +109,9 @@ struct GpuBuffers {
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
     // memory; the device keeps the embedding, final norm and LM head (resident_weights: the elements
     // before layout.layer_begin(0), then those from layout.layers_end()) and two layer slots the
-    // layers pass through (layer l uses slot l % 2), with their FP8 copies in quant_slots.
+    // layers pass through (layer l uses slot l % 2), with their FP8 copies in quant_slots. Untied
+    // models (embedding_weights_on_host) leave the embedding out: its lookup reads the micro-batch's
+    // rows from the pinned host weights, and resident_weights starts at layers_end().
     void* resident_weights = nullptr;
     void* weight_slots[2] = {nullptr, nullptr};
     void* quant_slots[2] = {nullptr, nullptr};
@@ -153,6 +155,9 @@ bool streamed_quants_persist(const ModelOptions& opt);
 // Whether the embedding's gradient is summed straight into its pinned host copy (untied models
 // with --offload-gradients): resident_grads then holds only the final norm and the LM head.
 bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
+// Whether the embedding lookup reads its rows from the pinned host weights (untied models with
+// --shard-weights): resident_weights then holds only the final norm and the LM head.
+bool embedding_weights_on_host(const ModelConfig& cfg, const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
