@@ -47,6 +47,16 @@ __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&words
     else *reinterpret_cast<uint32_t*>(dst) = words[0];
 }
 
+// The scale every block of a quantising kernel computes from the tensor's device amax; block (0, 0)
+// also publishes its inverse for the GEMM.
+template <bool kE4M3>
+__device__ __forceinline__ float block_scale(const float* amax, float* inv_out) {
+    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
+    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *inv_out = fp8_inv_scale(scale);
+    return scale;
+}
+
 // ---- abs max ----
 
 template <class T, bool kVec>
@@ -74,8 +84,7 @@ __global__ void abs_max_kernel(float* amax, const T* x, int64_t n) {
 
 template <class T, bool kE4M3, bool kVec>
 __global__ void quantize_kernel(uint8_t* out, const T* in, int64_t n, const float* amax, float* inv_out) {
-    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
-    if (inv_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *inv_out = fp8_inv_scale(scale);
+    const float scale = block_scale<kE4M3>(amax, inv_out);
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     int64_t done = 0;
@@ -120,35 +129,45 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, uint8
     }
 }
 
+// Load phase shared by the quantising transposes: the block's 64 x 64 tile (origin r0, c0) in packs
+// of P elements; f(r, c, gr, gc) runs for each pack inside the rows x cols matrix (tile row and
+// column, global row and column). rows, cols are multiples of 16, so every pack and every 16-row
+// segment is either wholly inside the matrix or wholly outside.
+template <int P, class F>
+__device__ __forceinline__ void for_each_tile_pack(int64_t rows, int64_t cols, int64_t r0, int64_t c0, F&& f) {
+    constexpr int kPacksPerRow = kTile / P;
+    for (int p = threadIdx.x; p < kTile * kPacksPerRow; p += blockDim.x) {
+        const int r = p / kPacksPerRow, c = (p % kPacksPerRow) * P;
+        const int64_t gr = r0 + r, gc = c0 + c;
+        if (gr < rows && gc < cols) f(r, c, gr, gc);
+    }
+}
+
+// P quantised bytes (P / 4 words) into tile[r][c..c+P-1].
+template <int P>
+__device__ __forceinline__ void put_tile_words(uint8_t* tile, int r, int c, const uint32_t (&words)[P / 4]) {
+#pragma unroll
+    for (int w = 0; w < P / 4; ++w) *reinterpret_cast<uint32_t*>(&tile[r * kTileStride + c + 4 * w]) = words[w];
+}
+
 // Block of 256 threads per 64 x 64 tile of `in`. Load phase: 16-byte packs of the input, quantised in
 // registers, written as bytes into tile[r][c] (and to `out` when given); then store_tile_transposed.
-// rows, cols are multiples of 16, so every
-// pack and every 16-row segment is either wholly inside the matrix or wholly outside.
 template <class T, bool kE4M3>
 __global__ void __launch_bounds__(256) quantize_transpose_kernel(uint8_t* out_t, uint8_t* out, const T* in,
                                                                  int64_t rows, int64_t cols, const float* amax,
                                                                  float* inv_out) {
     __shared__ __align__(16) uint8_t tile[kTile * kTileStride];
-    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
-    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        *inv_out = fp8_inv_scale(scale);
+    const float scale = block_scale<kE4M3>(amax, inv_out);
     const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-
     constexpr int P = Pack<T>::N;
-    constexpr int kPacksPerRow = kTile / P;
-    for (int p = threadIdx.x; p < kTile * kPacksPerRow; p += blockDim.x) {
-        const int r = p / kPacksPerRow, c = (p % kPacksPerRow) * P;
-        const int64_t gr = r0 + r, gc = c0 + c;
-        if (gr < rows && gc < cols) {
-            Pack<T> v;
-            v.load(in + gr * cols + gc);
-            uint32_t words[P / 4];
-            encode_pack<kE4M3, P>(words, v.v, scale);
-#pragma unroll
-            for (int w = 0; w < P / 4; ++w) *reinterpret_cast<uint32_t*>(&tile[r * kTileStride + c + 4 * w]) = words[w];
-            if (out != nullptr) store_words<P>(out + gr * cols + gc, words);
-        }
-    }
+    for_each_tile_pack<P>(rows, cols, r0, c0, [&](int r, int c, int64_t gr, int64_t gc) {
+        Pack<T> v;
+        v.load(in + gr * cols + gc);
+        uint32_t words[P / 4];
+        encode_pack<kE4M3, P>(words, v.v, scale);
+        put_tile_words<P>(tile, r, c, words);
+        if (out != nullptr) store_words<P>(out + gr * cols + gc, words);
+    });
     __syncthreads();
     store_tile_transposed(tile, out_t, rows, cols, r0, c0);
 }
@@ -164,40 +183,29 @@ __global__ void __launch_bounds__(256) swiglu_backward_quantize_transpose_kernel
     float* inv_out) {
     __shared__ __align__(16) uint8_t tile_g[kTile * kTileStride];
     __shared__ __align__(16) uint8_t tile_u[kTile * kTileStride];
-    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
-    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        *inv_out = fp8_inv_scale(scale);
+    const float scale = block_scale<kE4M3>(amax, inv_out);
     const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-
     constexpr int P = Pack<T>::N;
-    constexpr int kPacksPerRow = kTile / P;
-    for (int p = threadIdx.x; p < kTile * kPacksPerRow; p += blockDim.x) {
-        const int r = p / kPacksPerRow, c = (p % kPacksPerRow) * P;
-        const int64_t gr = r0 + r, gc = c0 + c;
-        if (gr < N && gc < I) {
-            Pack<T> d, g, u;
-            d.load(dout + gr * I + gc);
-            g.load(gate_up + gr * 2 * I + gc);
-            u.load(gate_up + gr * 2 * I + I + gc);
-            float dg[P], du[P];
+    for_each_tile_pack<P>(N, I, r0, c0, [&](int r, int c, int64_t gr, int64_t gc) {
+        Pack<T> d, g, u;
+        d.load(dout + gr * I + gc);
+        g.load(gate_up + gr * 2 * I + gc);
+        u.load(gate_up + gr * 2 * I + I + gc);
+        float dg[P], du[P];
 #pragma unroll
-            for (int k = 0; k < P; ++k) {
-                swiglu_grads(d.v[k], g.v[k], u.v[k], dg[k], du[k]);
-                dg[k] = to_float(from_float<T>(dg[k]));  // the values swiglu_backward would store
-                du[k] = to_float(from_float<T>(du[k]));
-            }
-            uint32_t wg[P / 4], wu[P / 4];
-            encode_pack<kE4M3, P>(wg, dg, scale);
-            encode_pack<kE4M3, P>(wu, du, scale);
-#pragma unroll
-            for (int w = 0; w < P / 4; ++w) {
-                *reinterpret_cast<uint32_t*>(&tile_g[r * kTileStride + c + 4 * w]) = wg[w];
-                *reinterpret_cast<uint32_t*>(&tile_u[r * kTileStride + c + 4 * w]) = wu[w];
-            }
-            store_words<P>(out + gr * 2 * I + gc, wg);
-            store_words<P>(out + gr * 2 * I + I + gc, wu);
+        for (int k = 0; k < P; ++k) {
+            swiglu_grads(d.v[k], g.v[k], u.v[k], dg[k], du[k]);
+            dg[k] = to_float(from_float<T>(dg[k]));  // the values swiglu_backward would store
+            du[k] = to_float(from_float<T>(du[k]));
         }
-    }
+        uint32_t wg[P / 4], wu[P / 4];
+        encode_pack<kE4M3, P>(wg, dg, scale);
+        encode_pack<kE4M3, P>(wu, du, scale);
+        put_tile_words<P>(tile_g, r, c, wg);
+        put_tile_words<P>(tile_u, r, c, wu);
+        store_words<P>(out + gr * 2 * I + gc, wg);
+        store_words<P>(out + gr * 2 * I + I + gc, wu);
+    });
     __syncthreads();
     store_tile_transposed(tile_g, out_t, N, I, r0, c0);
     store_tile_transposed(tile_u, out_t + I * N, N, I, r0, c0);
