@@ -5,6 +5,9 @@
 # GA=n sets --grad-accumulation (default 1); SKIP=n leaves out the first n steps (default 3; --gemm-autotune
 # needs ~25: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
 # steps after those, and the plan's memory.
+# STOP_AFTER=n kills train once n steps are logged (SIGKILL: no checkpoint, no HF export; for the
+# 7B/14B rehearsals, whose export takes a minute or more). Where nvidia-smi exists, peak_mib is the
+# highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
@@ -13,11 +16,25 @@ WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
 [ -f "$WORK/random.bin" ] || python3 bench/make_random_tokens.py "$WORK/random.bin" --tokens 40000000 >/dev/null
 STEPS=${STEPS:-12}
+rm -f "$WORK/log.jsonl"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
+smi=$!
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
   --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
-  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1
-python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" "${SKIP:-3}" <<'PY'
+  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1 &
+train=$!
+if [ -n "${STOP_AFTER:-}" ]; then
+  while kill -0 $train 2>/dev/null; do
+    [ "$(cat "$WORK/log.jsonl" 2>/dev/null | grep -c '"log": *"step"')" -ge "$STOP_AFTER" ] && kill -9 $train
+    sleep 0.5
+  done
+fi
+status=0; wait $train || status=$?
+kill $smi 2>/dev/null || true; wait $smi 2>/dev/null || true
+[ -n "${STOP_AFTER:-}" ] && [ $status -eq 137 ] && status=0
+[ $status -eq 0 ] || { tail -5 "$WORK/train.out"; exit $status; }
+python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" "${SKIP:-3}" "$WORK/smi.txt" <<'PY'
 import json, statistics, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 steps = [e for e in ev if e["log"] == "step"][int(sys.argv[4]):]
@@ -28,5 +45,6 @@ print(json.dumps({"system": "qtrain", "model": sys.argv[2], "batch": int(sys.arg
                   "mfu": round(tps * sol["flops_per_token"] / 989e12, 4),
                   "plan_gib": round(sum(s["device"] for s in alloc["stats"]) / 2**30, 2),
                   "pinned_gib": round(sum(s.get("pinned", 0) for s in alloc["stats"]) / 2**30, 2),
+                  "peak_mib": max((int(x) for x in open(sys.argv[5]).read().split() if x.isdigit()), default=None),
                   "final_loss": steps[-1]["loss"] if steps else None}))
 PY

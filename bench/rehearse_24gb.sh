@@ -9,14 +9,18 @@
 #   4 bytes per parameter less pinned) 14b-fp8-stream-bf16 (bf16 master and bf16 host gradients:
 #   110 GiB pinned, fits the one-GPU machine's 125 GiB) 14b-fp8-stream (fp32 master and gradients:
 #   ~193 GiB pinned, the two-GPU machine). 7b-fp8-stream-b23 and 14b-fp8-stream-bf16-b13: the same with
-#   micro-batches of 23 and 13 (the largest that fit since session 8's memory savings). 7B with FP8 but without --shard-weights does not fit 24 GiB
+#   micro-batches of 23 and 13 (the largest that fit after session 8's memory savings); -b25 and -b15
+#   since session 9's; 7b-fp8-stream-b38-resoff also offloads the residual; -ga4: 4 accumulation steps. 7B with FP8 but without --shard-weights does not fit 24 GiB
 #   (bf16 weights + fp8 copies + resident embedding/LM-head gradients).
-#   STEPS (default 6) steps per configuration, BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each,
+#   STEPS (default 6) steps per configuration, stopped after the last one is logged (STOP_AFTER, as
+#   bench_qtrain.sh: no HF export, which takes 40-80 s at these sizes; STOP_AFTER= runs them to the end),
+#   BUILD_DIR as bench_qtrain.sh, TIMEOUT (default 240) s each,
 #   EXTRA: flags added to every run (e.g. EXTRA=--offload-double-buffer for the A/B of the optimizer),
 #   FP8_GRAD: the gradient dtype of the FP8 configurations (default e5m2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export STEPS=${STEPS:-6}
+export STOP_AFTER=${STOP_AFTER-$STEPS}
 LIMIT=--memory-limit=24GiB
 OFFLOAD="--offload-master --offload-opt-m --offload-opt-v"
 STREAM="--shard-weights --offload-gradients --shard-gradients"
@@ -30,7 +34,7 @@ run() {
   pkill -f "/train --model=" 2>/dev/null; sleep 1  # timeout stops the script, not its train child
   [ -n "${OUT:-}" ] && cp /tmp/qtrain-bench/train.out "$OUT/rehearse-$name.out" 2>/dev/null
   grep -E "^\[T\] step" /tmp/qtrain-bench/train.out | tail -2
-  grep -E "^Done:|error|Killed" /tmp/qtrain-bench/train.out | tail -2  # the HF export at the end
+  grep -E "^Done:|error" /tmp/qtrain-bench/train.out | tail -2  # the HF export at the end (without STOP_AFTER)
 }
 for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
   case $cfg in
@@ -51,15 +55,20 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
     # 8: 7B 6.4k -> 8.1k, 14B 3.3k -> 4.9k tokens/s); nvidia-smi peaks 23.0 / 22.6 GiB.
     7b-fp8-stream-b23) run 7b-fp8-stream-b23 Qwen2.5-7B 23 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                      $FP8 ;;
-    # NOT measured yet (session 8 ran out of device time): residual offload, two attention-backward chunks and
-    # 16 LM-head chunks take the per-sequence cost from ~650 to ~470 MiB, so 34 sequences fit (plan 21.9 GiB,
-    # 108 GiB pinned). docs/perf-notes.md predicts 8.5-9.5k tokens/s against 7b-fp8-stream-b23's 8.1k.
-    7b-fp8-stream-b34-resoff) run 7b-fp8-stream-b34-resoff Qwen2.5-7B 34 2 --recompute-block $OFFLOAD $STREAM \
-                     --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 ;;
-    # NOT measured yet: the same micro-batch with 4 accumulation steps (global batch 94k tokens instead
-    # of 47k), which spreads the per-step zero-copy optimizer over twice the tokens (perf-notes).
-    7b-fp8-stream-b23-ga4) run 7b-fp8-stream-b23-ga4 Qwen2.5-7B 23 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
+    # Session 9: the embedding rows read from the pinned host weights (no resident bf16 table: -1,039 MiB)
+    # make room for 2 more sequences: 8,454 tokens/s against 8,050 for 23 x 2 in the same call.
+    7b-fp8-stream-b25) run 7b-fp8-stream-b25 Qwen2.5-7B 25 2 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                      $FP8 ;;
+    # Residual offload, two attention-backward chunks and 16 LM-head chunks take the per-sequence cost
+    # from ~650 to ~415 MiB, so 38 sequences fit (plan 22.0 GiB, 106.6 GiB pinned): 10,121 tokens/s.
+    7b-fp8-stream-b38-resoff) run 7b-fp8-stream-b38-resoff Qwen2.5-7B 38 2 --recompute-block $OFFLOAD $STREAM \
+                     --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 ;;
+    # 4 accumulation steps instead of 2: the per-step zero-copy optimizer (~2.2 s at 7B) is spread over
+    # twice the tokens. This changes the global batch (100k / 156k tokens instead of 50k / 78k).
+    7b-fp8-stream-b25-ga4) run 7b-fp8-stream-b25-ga4 Qwen2.5-7B 25 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
+                     $FP8 ;;
+    7b-fp8-stream-b38-resoff-ga4) run 7b-fp8-stream-b38-resoff-ga4 Qwen2.5-7B 38 4 --recompute-block $OFFLOAD \
+                     $STREAM --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 ;;
     14b-fp8-stream-bf16-b13) run 14b-fp8-stream-bf16-b13 Qwen2.5-14B 13 4 --recompute-block --offload-opt-m \
                       --offload-opt-v $STREAM --lmhead-chunks=8 $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
