@@ -279,16 +279,22 @@ void quantize_fp8(void* out, DType out_type, const void* in, DType in_type, int6
     CUDA_CHECK(cudaGetLastError());
 }
 
+// The grid of the 64 x 64-tile kernels (a block per tile, x over columns), after checking the shape
+// they rely on: every 16-byte pack and 16-row segment wholly inside or outside the matrix.
+dim3 tile_grid(int64_t rows, int64_t cols, const char* what) {
+    QT_CHECK(rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0, what, ": rows (", rows, ") and cols (", cols,
+             ") must be positive multiples of 16");
+    QT_CHECK(ceil_div(rows, kTile) <= 65535, what, ": too many rows (", rows, ")");
+    return dim3(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
+}
+
 void quantize_fp8_transpose(void* out_t, DType out_type, const void* in, DType in_type, int64_t rows, int64_t cols,
                             const float* amax, float* inv_scale_out, cudaStream_t s, void* out) {
     const bool e4m3 = is_e4m3(out_type, "quantize_fp8_transpose");
     check_scale_pointers(amax, inv_scale_out, "quantize_fp8_transpose");
-    QT_CHECK(rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0, "quantize_fp8_transpose: rows (", rows,
-             ") and cols (", cols, ") must be positive multiples of 16");
+    const dim3 grid = tile_grid(rows, cols, "quantize_fp8_transpose");
     QT_CHECK(aligned(in, 16) && aligned(out_t, 16) && (out == nullptr || aligned(out, 16)),
              "quantize_fp8_transpose: in, out_t and out must be 16-byte aligned");
-    QT_CHECK(ceil_div(rows, kTile) <= 65535, "quantize_fp8_transpose: too many rows (", rows, ")");
-    const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
     auto* ot = static_cast<uint8_t*>(out_t);
     auto* o = static_cast<uint8_t*>(out);
     QTRAIN_DISPATCH_ACT(in_type, T, {
@@ -304,12 +310,9 @@ void swiglu_backward_quantize_transpose(void* out_t, void* out, DType out_type, 
                                         cudaStream_t s) {
     const bool e4m3 = is_e4m3(out_type, "swiglu_backward_quantize_transpose");
     check_scale_pointers(amax, inv_scale_out, "swiglu_backward_quantize_transpose");
-    QT_CHECK(N > 0 && I > 0 && N % 16 == 0 && I % 16 == 0, "swiglu_backward_quantize_transpose: N (", N,
-             ") and I (", I, ") must be positive multiples of 16");
+    const dim3 grid = tile_grid(N, I, "swiglu_backward_quantize_transpose (rows N, cols I)");
     QT_CHECK(aligned(out_t, 16) && aligned(out, 16) && aligned(dout, 16) && aligned(gate_up, 16),
              "swiglu_backward_quantize_transpose: out_t, out, dout and gate_up must be 16-byte aligned");
-    QT_CHECK(ceil_div(N, kTile) <= 65535, "swiglu_backward_quantize_transpose: too many rows (", N, ")");
-    const dim3 grid(ceil_div(I, kTile), ceil_div(N, kTile));
     auto* ot = static_cast<uint8_t*>(out_t);
     auto* o = static_cast<uint8_t*>(out);
     QTRAIN_DISPATCH_ACT(in_type, T, {
@@ -326,11 +329,8 @@ void swiglu_backward_quantize_transpose(void* out_t, void* out, DType out_type, 
 }
 
 void transpose_fp8(void* out_t, const void* in, int64_t rows, int64_t cols, cudaStream_t s) {
-    QT_CHECK(rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0, "transpose_fp8: rows (", rows, ") and cols (",
-             cols, ") must be positive multiples of 16");
+    const dim3 grid = tile_grid(rows, cols, "transpose_fp8");
     QT_CHECK(aligned(in, 16) && aligned(out_t, 16), "transpose_fp8: in and out_t must be 16-byte aligned");
-    QT_CHECK(ceil_div(rows, kTile) <= 65535, "transpose_fp8: too many rows (", rows, ")");
-    const dim3 grid(ceil_div(cols, kTile), ceil_div(rows, kTile));
     transpose_bytes_kernel<<<grid, 256, 0, s>>>(static_cast<uint8_t*>(out_t), static_cast<const uint8_t*>(in), rows,
                                                 cols);
     CUDA_CHECK(cudaGetLastError());
