@@ -83,7 +83,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                 "then reproducible only to the last bits");
     g->add_option("--memory-limit", o.memory_limit, "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)");
     g->add_option("--host-memory-limit", o.host_memory_limit, "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit limit)");
-    g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU); with --memory-limit, also the largest --batch-size that fits");
+    g->add_flag("--plan-only", o.plan_only, "Print the memory plan and exit (works without a GPU); with --memory-limit, also the largest --batch-size that fits (streamed runs: also with --offload-residual)");
 
     g = app.add_option_group("Optimisation");
     g->add_option("--steps", o.steps, "Number of optimizer steps");

@@ -142,6 +142,18 @@ TEST(TrainCli, GpuPlanOnlyNamesTheLargestBatchThatFits) {
     EXPECT_GE(largest_even, largest);  // the chunked workspace is smaller
     EXPECT_EQ(run_command(base + " --attn-bwd-chunks=2 --batch-size=" + std::to_string(largest_even)).exit_code, 0);
     EXPECT_EQ(run_command(base + " --attn-bwd-chunks=2 --batch-size=" + std::to_string(largest_even + 2)).exit_code, 1);
+    // streamed runs are also told how far --offload-residual takes the micro-batch: that size fits
+    // with it and not without it, and the next one does not fit even with it
+    const auto r = run_command(base + " --batch-size=8");
+    const std::string key = "with --offload-residual as well, --batch-size up to ";
+    const auto at = r.output.find(key);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const int with_res = std::atoi(r.output.c_str() + at + key.size());
+    EXPECT_GT(with_res, largest);
+    EXPECT_EQ(run_command(base + " --offload-residual --batch-size=" + std::to_string(with_res)).exit_code, 0);
+    EXPECT_EQ(run_command(base + " --offload-residual --batch-size=" + std::to_string(with_res + 1)).exit_code, 1);
+    // and a run that already offloads it gets no such note
+    EXPECT_FALSE(Contains(run_command(base + " --offload-residual --batch-size=8").output, key));
 }
 
 // Pinned host memory is checked like device memory: a plan that pins more than --host-memory-limit
