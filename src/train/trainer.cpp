@@ -253,10 +253,13 @@ int Trainer::run() {
                                     "a plan against another machine's memory)"));
         if (limit) {  // how far the micro-batch could grow under the limit with these flags
             constexpr int kCap = 4096;
-            const int largest = largest_batch_that_fits(cfg, mopt, device, limit, explicit_host ? host_limit : 0,
-                                                        std::max(kCap, mopt.batch_size));
-            plan_logger.message(cat("note: with these flags --batch-size up to ", largest,
-                                    largest >= kCap ? " (or more)" : "", " fits --memory-limit=", human_bytes(limit),
+            auto largest_with = [&](const ModelOptions& o) {
+                return largest_batch_that_fits(cfg, o, device, limit, explicit_host ? host_limit : 0,
+                                               std::max(kCap, mopt.batch_size));
+            };
+            auto up_to = [&](int b) { return cat("--batch-size up to ", b, b >= kCap ? " (or more)" : ""); };
+            const int largest = largest_with(mopt);
+            plan_logger.message(cat("note: with these flags ", up_to(largest), " fits --memory-limit=", human_bytes(limit),
                                     explicit_host ? " and --host-memory-limit" : "",
                                     " (the plan leaves out the CUDA context and libraries: ~0.7 GiB more on an H200); "
                                     "streamed runs (--shard-weights, --offload-gradients) move their weights and "
@@ -267,12 +270,9 @@ int Trainer::run() {
             if (mopt.shard_weights && !mopt.offload_residual) {
                 ModelOptions r = mopt;
                 r.offload_residual = true;
-                const int with_res = largest_batch_that_fits(cfg, r, device, limit, explicit_host ? host_limit : 0,
-                                                             std::max(kCap, mopt.batch_size));
-                if (with_res > largest) {
+                if (const int with_res = largest_with(r); with_res > largest) {
                     r.batch_size = with_res;
-                    plan_logger.message(cat("note: with --offload-residual as well, --batch-size up to ", with_res,
-                                            with_res >= kCap ? " (or more)" : "", " fits (pinning ",
+                    plan_logger.message(cat("note: with --offload-residual as well, ", up_to(with_res), " fits (pinning ",
                                             human_bytes(plan_model(cfg, r, device).total_pinned()),
                                             " at that size); the residual copies overlap the streamed step"));
                 }
