@@ -186,7 +186,7 @@ struct GemmRunner::Impl {
                 std::vector<cublasLtMatmulAlgo_t> cands;
                 for (int i = 0; i < found; ++i) cands.push_back(results[i].algo);
                 p.trials = std::make_unique<detail::AlgoTrials>(std::move(cands));
-                ++shapes_exploring;
+                ++stats.shapes_exploring;
             }
         }
         return plans.emplace(key, std::move(p)).first->second;
@@ -231,10 +231,9 @@ struct GemmRunner::Impl {
             p.algo = tuned_choices().algos.emplace(TunedKey{device(), workspace_bytes, key}, t.candidate(pick)).first->second;
         }
         p.trials.reset();
-        --shapes_exploring;
+        --stats.shapes_exploring;
     }
 
-    int shapes_exploring = 0;
 };
 
 GemmRunner::GemmRunner(std::size_t workspace_bytes, bool autotune) : impl_(std::make_unique<Impl>()) {
@@ -248,11 +247,7 @@ GemmRunner::~GemmRunner() = default;
 
 std::size_t GemmRunner::cached_shapes() const { return impl_->plans.size(); }
 
-GemmTuningStats GemmRunner::tuning_stats() const {
-    GemmTuningStats s = impl_->stats;
-    s.shapes_exploring = impl_->shapes_exploring;
-    return s;
-}
+GemmTuningStats GemmRunner::tuning_stats() const { return impl_->stats; }
 
 void GemmRunner::run(const GemmOp& op, cudaStream_t stream) {
     if (is_fp8(op.a_type) || is_fp8(op.b_type)) check_fp8_op(op);
