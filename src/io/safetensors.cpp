@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -315,6 +316,22 @@ void SafeTensorsReader::read_f32(const std::string& name, const std::vector<int6
              ", expected a floating type (F32, BF16, F16, F8_E4M3, F8_E5M2)");
     const auto* src = static_cast<const unsigned char*>(files_[index_.at(name).first]->data(i));
     convert_to_f32(src, i.dtype, i.numel(), out);
+}
+
+void SafeTensorsReader::read_finite_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                        float* out) const {
+    read_f32(name, expected_shape, out);
+    const auto& i = info(name);
+    // Exponent bits all set = Inf or NaN; a branch-free pass over the bits vectorises (and does not
+    // depend on how the compiler treats isfinite), the slow search runs only when one was found.
+    const int64_t n = i.numel();
+    uint32_t any_bad = 0;
+    for (int64_t k = 0; k < n; ++k) any_bad |= (std::bit_cast<uint32_t>(out[k]) & 0x7f800000u) == 0x7f800000u;
+    if (!any_bad) return;
+    for (int64_t k = 0; k < n; ++k)
+        if (!std::isfinite(out[k]))
+            throw_error(cat(i.file, ": tensor '", name, "' holds a non-finite value (", out[k], " at element ", k,
+                            " of ", n, "): the file is corrupt or was written from a diverged run"));
 }
 
 std::string SafeTensorsReader::describe() const {

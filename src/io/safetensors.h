@@ -75,6 +75,10 @@ public:
     // Copies tensor `name` into `out` as fp32, converting from F32/BF16/F16/E4M3/E5M2. Throws naming
     // the tensor, the file, the expected and the actual shape if `expected_shape` differs.
     void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
+    // read_f32 for weights and optimizer state, which are finite in any healthy file: a NaN or Inf is
+    // an error naming the file, the tensor and the element (it would otherwise poison the first step,
+    // far from its cause).
+    void read_finite_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* out) const;
     std::string describe() const;  // the file list, for error messages
 
 private:

@@ -2,6 +2,7 @@
 // never knows which device, or how many ranks, sit behind it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -51,8 +52,14 @@ public:
     // Forward + backward of one micro-batch; gradients are accumulated, scaled by `grad_scale`
     // (1/grad_accumulation), and the micro-batch mean loss * grad_scale is added to the step loss.
     virtual void forward_backward(const Batch& batch, float grad_scale) = 0;
-    // Global-norm clip, AdamW update, then zero the gradients and the step loss.
+    // Global-norm clip, AdamW update, then zero the gradients and the step loss. When the step is
+    // broken (update_allowed is false: a non-finite loss or norm, or a norm of exactly zero, which
+    // only saturated activations give) nothing is updated — weights and optimizer state stay as they
+    // were — and only the gradients and the loss are cleared; the engine then stops.
     virtual StepStats optimizer_step(const OptimizerParams& params) = 0;
+    static bool update_allowed(const StepStats& s) {
+        return std::isfinite(s.loss) && std::isfinite(s.grad_norm) && s.grad_norm > 0.0f;
+    }
     // Mean cross-entropy over the batch's valid targets; no gradients.
     virtual float evaluate(const Batch& batch) = 0;
 

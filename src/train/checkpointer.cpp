@@ -1,5 +1,6 @@
 #include "train/checkpointer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -24,20 +25,27 @@ std::string checkpoint_step_dir(const std::string& root, int step) {
     return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& root) {
+std::vector<std::string> list_complete_checkpoints(const std::string& root) {
     std::error_code ec;
-    if (!fs::is_directory(root, ec)) return std::nullopt;
-    std::optional<std::string> best;
-    long best_step = -1;
+    std::vector<std::pair<long, std::string>> found;
+    if (!fs::is_directory(root, ec)) return {};
     for (const auto& entry : fs::directory_iterator(root, ec)) {
         const std::string name = entry.path().filename().string();
         if (name.size() != 13 || name.rfind("step_", 0) != 0) continue;
         if (name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
         if (!fs::exists(entry.path() / "state.json", ec)) continue;
-        long step = std::stol(name.substr(5));
-        if (step > best_step) { best_step = step; best = entry.path().string(); }
+        found.emplace_back(std::stol(name.substr(5)), entry.path().string());
     }
-    return best;
+    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::vector<std::string> dirs;
+    for (auto& f : found) dirs.push_back(std::move(f.second));
+    return dirs;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& root) {
+    auto all = list_complete_checkpoints(root);
+    if (all.empty()) return std::nullopt;
+    return all.front();
 }
 
 static void fsync_dir(const fs::path& dir) {

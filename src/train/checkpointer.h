@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "train/data_loader.h"
 
@@ -24,6 +25,8 @@ struct CheckpointState {
 std::string checkpoint_step_dir(const std::string& root, int step);
 // The complete checkpoint with the highest step under `root`, if any.
 std::optional<std::string> find_latest_checkpoint(const std::string& root);
+// Every complete checkpoint under `root`, newest first.
+std::vector<std::string> list_complete_checkpoints(const std::string& root);
 
 // Writes model state + state.json atomically; returns the final directory.
 std::string write_checkpoint(const std::string& root, const IModel& model, const CheckpointState& state);

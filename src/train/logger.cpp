@@ -1,6 +1,8 @@
 #include "train/logger.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 
@@ -11,6 +13,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "train/data_loader.h"
+#include "train/resume_check.h"
 #include "train/train_options.h"
 
 namespace qtrain {
@@ -57,21 +60,26 @@ double epoch_fraction_percent(double epoch) {
 
 }  // namespace
 
-Logger::Logger(const std::string& path, bool append) {
+Logger::Logger(const std::string& path, bool append) : path_(path) {
     std::filesystem::path p(path);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    std::error_code ec;
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    QT_CHECK(!ec, "--log-file: cannot create the directory of '", path, "': ", ec.message());
     file_ = std::fopen(path.c_str(), append ? "a" : "w");
-    QT_CHECK(file_, "--log-file: cannot open '", path, "' for writing");
+    QT_CHECK(file_, "--log-file: cannot open '", path, "' for writing: ", std::strerror(errno));
 }
 
 Logger::~Logger() {
     if (file_) std::fclose(file_);
 }
 
+// A log that silently stays empty (a full disk) is worse than a stopped run: every failed write is
+// an error.
 void Logger::write_line(const std::string& line) {
-    std::fputs(line.c_str(), file_);
-    std::fputc('\n', file_);
-    std::fflush(file_);
+    errno = 0;
+    const bool ok = std::fputs(line.c_str(), file_) >= 0 && std::fputc('\n', file_) != EOF && std::fflush(file_) == 0;
+    QT_CHECK(ok, "--log-file: writing '", path_, "' failed: ", errno ? std::strerror(errno) : "unknown error",
+             " (disk full?)");
 }
 
 void Logger::message(const std::string& text) {
@@ -207,6 +215,22 @@ void Logger::log_resume(int step, const std::string& path) {
     std::printf("[Resume] from %s at step %d\n\n", path.c_str(), step);
     json j = event("resume", step);
     j["path"] = path;
+    write_line(j.dump());
+}
+
+void Logger::log_option_changes(const std::vector<OptionChange>& changes) {
+    if (changes.empty()) return;
+    json j = event("resume_changes", 0);
+    json list = json::array();
+    for (const auto& c : changes)
+        list.push_back({{"flag", c.flag}, {"before", c.before}, {"after", c.after}, {"changes_run", c.changes_run}});
+    j["changes"] = list;
+    write_line(j.dump());
+}
+
+void Logger::log_stopped(int step, const std::string& reason) {
+    json j = event("stopped", step);
+    j["reason"] = reason;
     write_line(j.dump());
 }
 

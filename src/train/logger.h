@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "model/memory_plan.h"
 
 namespace qtrain {
 
 class DataLoader;
+struct OptionChange;
 struct TrainOptions;
 
 class Logger {
@@ -32,6 +34,10 @@ public:
     void log_eval(int step, double epoch, int64_t tokens, double ms, float loss);
     void log_checkpoint(int step, const std::string& path, double ms);
     void log_resume(int step, const std::string& path);
+    // What --continue found different from the checkpoint's run (allowed, or forced by --force-resume).
+    void log_option_changes(const std::vector<OptionChange>& changes);
+    // A run stopped because a step was broken (non-finite, or a vanished gradient).
+    void log_stopped(int step, const std::string& reason);
     void log_done(int step, const std::string& out_dir, double seconds);
     void message(const std::string& text);  // console only
 
@@ -40,6 +46,7 @@ public:
 
 private:
     void write_line(const std::string& json_line);
+    std::string path_;
     FILE* file_ = nullptr;
     double flops_per_token_ = 0, peak_flops_ = 0;
     double train_loss_sum_ = 0;

@@ -27,6 +27,14 @@ static int gpu_count() {
 #endif
 }
 
+bool cuda_backend_built() {
+#ifdef QTRAIN_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
 std::string resolve_device(const std::string& flag, bool need_gpu) {
     if (flag == "cpu") return "cpu";
     if (flag == "cuda") {

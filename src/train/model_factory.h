@@ -21,6 +21,8 @@ struct ModelSource {
     std::optional<std::string> directory; // HF directory (config.json, maybe weights, tokenizer)
 };
 
+// Whether this build has the CUDA backend (it can plan for a GPU even where none is present).
+bool cuda_backend_built();
 // "cpu" or "cuda" from --device (auto = cuda when this build has it and a GPU is present).
 // need_gpu=false lets --device=cuda through without a GPU (for --plan-only).
 std::string resolve_device(const std::string& device_flag, bool need_gpu = true);

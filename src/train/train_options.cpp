@@ -1,5 +1,8 @@
 #include "train/train_options.h"
 
+#include <cmath>
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -55,7 +58,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
 
     g = app.add_option_group("Multi-GPU");
-    g->add_option("--gpus", o.gpus, "Number of GPUs (threads mode); 0 = all");
+    g->add_option("--gpus", o.gpus, "Number of GPUs. Only 1 works today: multi-GPU training (threads mode, "
+                  "mpirun, ZeRO) is not implemented yet and --gpus other than 1 is refused");
     g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
     g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2)");
     g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")
@@ -106,7 +110,19 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--eval-num-steps", o.eval_num_steps, "Batches per evaluation (0 = the whole eval set)");
     g->add_option("--ckpt-interval", o.ckpt_interval, "Write a checkpoint every N optimizer steps (0 = never)");
     g->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory for checkpoints (step_XXXXXXXX/ inside)");
-    g->add_flag("--continue", o.continue_from_checkpoint, "Resume from the latest complete checkpoint in --checkpoint-dir");
+    g->add_flag("--continue", o.continue_from_checkpoint,
+                "Resume from the latest complete checkpoint in --checkpoint-dir. The run must be the same: options "
+                "that change the math or the data (model, batch, sequence length, accumulation, seed, dtypes, data "
+                "files, learning-rate schedule, optimizer) are compared with the checkpoint's and a difference is "
+                "refused. May change: --steps (extends or shortens the run; the schedule is recomputed over the new "
+                "total, so steps after the resume point follow the new decay), evaluation, checkpoint and output "
+                "paths and intervals, memory flags (recompute, offload, streaming, chunks, CUDA graphs)");
+    g->add_flag("--force-resume", o.force_resume,
+                "With --continue: resume even though options that change the run differ from the checkpoint's "
+                "(each difference is printed and logged), e.g. a lower --learning-rate after a divergence");
+    g->add_flag("--overwrite", o.overwrite,
+                "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) "
+                "or, with --continue and no checkpoint, --out-dir holds another run's log or model (replaced)");
     g->add_option("--out-dir", o.out_dir, "Where the final model.safetensors and config.json go");
     g->add_option("--log-file", o.log_file, "JSON Lines log (default: <out-dir>/log.jsonl)");
 }
@@ -123,6 +139,12 @@ void TrainOptions::validate() const {
     QT_CHECK(seq_len > 1, "--seq-len must be at least 2, got ", seq_len);
     QT_CHECK(grad_accumulation > 0, "--grad-accumulation must be positive, got ", grad_accumulation);
     QT_CHECK(steps >= 0, "--steps must be >= 0, got ", steps);
+    // CLI11 parses "inf" and "nan" as floats; neither is a usable hyper-parameter
+    const std::pair<const char*, float> reals[] = {
+        {"--learning-rate", learning_rate}, {"--final-lr-fraction", final_lr_fraction}, {"--weight-decay", weight_decay},
+        {"--grad-clip", grad_clip},         {"--beta-1", beta_1},                       {"--beta-2", beta_2},
+        {"--adam-epsilon", adam_epsilon}};
+    for (const auto& [flag, value] : reals) QT_CHECK(std::isfinite(value), flag, " must be a finite number, got ", value);
     QT_CHECK(learning_rate >= 0, "--learning-rate must be >= 0, got ", learning_rate);
     QT_CHECK(warmup >= -1, "--warmup must be >= 0, got ", warmup);
     QT_CHECK(cooldown >= 0 && cooldown <= steps, "--cooldown must be in [0, --steps=", steps, "], got ", cooldown);
@@ -139,8 +161,9 @@ void TrainOptions::validate() const {
     QT_CHECK(attn_bwd_chunks > 0, "--attn-bwd-chunks must be positive, got ", attn_bwd_chunks);
     QT_CHECK(gpus >= 0, "--gpus must be >= 0, got ", gpus);
     QT_CHECK(!out_dir.empty(), "--out-dir must not be empty");
+    QT_CHECK(!checkpoint_dir.empty(), "--checkpoint-dir must not be empty (it is where checkpoints go, default ckpt)");
+    QT_CHECK(!force_resume || continue_from_checkpoint, "--force-resume only applies with --continue");
     if (!plan_only) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
-    if (continue_from_checkpoint) QT_CHECK(!checkpoint_dir.empty(), "--continue needs --checkpoint-dir");
     if (!memory_limit.empty()) (void)parse_bytes(memory_limit, "--memory-limit");
     if (!host_memory_limit.empty()) (void)parse_bytes(host_memory_limit, "--host-memory-limit");
 }
@@ -228,6 +251,7 @@ std::string TrainOptions::to_json() const {
     j["beta-1"] = beta_1; j["beta-2"] = beta_2; j["adam-epsilon"] = adam_epsilon; j["seed"] = seed;
     j["eval-every-n-steps"] = eval_every_n_steps; j["eval-num-steps"] = eval_num_steps;
     j["ckpt-interval"] = ckpt_interval; j["checkpoint-dir"] = checkpoint_dir; j["continue"] = continue_from_checkpoint;
+    j["overwrite"] = overwrite; j["force-resume"] = force_resume;
     j["out-dir"] = out_dir; j["log-file"] = log_file;
     for (auto it = j.begin(); it != j.end(); ++it)
         QT_CHECK(!it.value().is_null(), "internal: flag --", it.key(), " is missing from TrainOptions::to_json");
@@ -240,9 +264,22 @@ std::optional<int> parse_train_options(int argc, const char* const* argv, TrainO
                  "--eval-file=data/x/eval.bin --steps=1000 --learning-rate=6e-4",
                  "train"};
     app.get_formatter()->column_width(34);
+    app.option_defaults()->always_capture_default();  // --help shows each option's default
     // a flag given twice takes the last value (so wrappers can append overrides)
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_flags(app, out);
+    // CLI11 reads "--flag=" as the flag without a value and then takes the next argument as its
+    // value ("--checkpoint-dir= --out-dir=mine" would put the checkpoints in "--out-dir=mine"), so an
+    // empty value is refused here, naming the flag.
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--") break;
+        if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
+            std::fprintf(stderr, "error: %s has an empty value (give %s<value>, or leave the flag out for its default)\n",
+                         arg.substr(0, arg.size() - 1).c_str(), arg.c_str());
+            return 1;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -72,6 +72,8 @@ struct TrainOptions {
     std::string checkpoint_dir = "ckpt";
     std::string log_file;           // "" = <out-dir>/log.jsonl
     bool continue_from_checkpoint = false;
+    bool overwrite = false;         // replace another run's output/checkpoints instead of refusing
+    bool force_resume = false;      // --continue even when options that change the run differ
     uint64_t seed = 42;
 
     // Resolved helpers

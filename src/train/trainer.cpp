@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -22,6 +26,7 @@
 #include "train/logger.h"
 #include "train/lr_schedule.h"
 #include "train/model_factory.h"
+#include "train/resume_check.h"
 #include "train/sol.h"
 
 namespace qtrain {
@@ -198,6 +203,57 @@ uint64_t usable_host_memory() {
     return ram > keep ? ram - keep : 0;
 }
 
+// Fails now, naming the flag, when `dir` could not be created or written later: the nearest existing
+// ancestor must be a directory in which a file can be made. Nothing is created (a run that never
+// checkpoints leaves no empty --checkpoint-dir behind); the probe file is removed at once.
+void probe_writable_dir(const std::string& dir, const char* flag) {
+    std::error_code ec;
+    fs::path p = fs::absolute(fs::path(dir), ec);
+    while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
+    QT_CHECK(!p.empty(), flag, ": '", dir, "' cannot be created (no existing parent)");
+    QT_CHECK(fs::is_directory(p, ec), flag, ": '", dir, "' cannot be created: '", p.string(), "' is not a directory");
+    const fs::path probe = p / fmt::format(".qtrain-write-probe-{}", ::getpid());
+    errno = 0;
+    FILE* f = std::fopen(probe.c_str(), "wb");
+    const bool ok = f && std::fputc('q', f) != EOF;
+    const int err = errno;
+    if (f) std::fclose(f);
+    fs::remove(probe, ec);
+    QT_CHECK(ok, flag, ": cannot write in '", p.string(), "'", p == fs::absolute(dir, ec) ? "" : cat(" (for '", dir, "')"),
+             ": ", err ? std::strerror(err) : "unknown error");
+}
+
+// The files of a finished or running run in --out-dir / --log-file that a fresh start would replace.
+std::vector<std::string> existing_run_output(const TrainOptions& o) {
+    std::vector<std::string> found;
+    std::error_code ec;
+    for (const std::string& path : {o.log_path(), (fs::path(o.out_dir) / "model.safetensors").string()})
+        if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) found.push_back(path);
+    return found;
+}
+
+// Whether the JSONL log at `path` was written by this same run (its options event matches in every
+// option that changes the run): a job restarted with --continue before its first checkpoint starts
+// over in its own log, which is then appended to, not refused.
+bool log_is_of_this_run(const std::string& path, const TrainOptions& o, const std::string& device,
+                        const ModelConfig& cfg) {
+    std::ifstream in(path);
+    std::string line, options, config;
+    std::string recorded_device;
+    for (int n = 0; n < 16 && std::getline(in, line) && (options.empty() || config.empty()); ++n) {
+        const auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) return false;
+        if (j.value("log", "") == "options" && j.contains("options")) options = j["options"].dump();
+        if (j.value("log", "") == "system") recorded_device = j.value("device", "");
+        if (j.value("log", "") == "model" && j.contains("config")) config = j["config"].dump();
+    }
+    if (options.empty() || config.empty()) return false;
+    const auto changes = compare_resume_options(options, recorded_device, config, o, device, cfg);
+    const auto recorded = nlohmann::json::parse(options);
+    return recorded.value("checkpoint-dir", "") == o.checkpoint_dir &&
+           std::none_of(changes.begin(), changes.end(), [](const OptionChange& c) { return c.changes_run; });
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::string command_line)
@@ -206,11 +262,29 @@ Trainer::Trainer(TrainOptions options, std::string command_line)
 int Trainer::run() {
     const auto t_start = Clock::now();
     opt_.validate();
-    const std::string device = resolve_device(opt_.device, !opt_.plan_only);
+    std::string device = resolve_device(opt_.device, !opt_.plan_only);
+    // a plan is made for the machine that will train, so on a machine without a GPU --plan-only
+    // still plans for the GPU unless told --device=cpu
+    const bool planning_for_gpu = opt_.plan_only && opt_.device == "auto" && device == "cpu" && cuda_backend_built();
+    if (planning_for_gpu) device = "cuda";
     const ModelSource source = resolve_model_source(opt_);
     const ModelConfig& cfg = source.config;
+    QT_CHECK(opt_.seq_len <= cfg.max_position_embeddings, "--seq-len=", opt_.seq_len,
+             " is longer than the model's max_position_embeddings (", cfg.max_position_embeddings, ", ",
+             source.description, "): positions beyond it were never trained; use --seq-len<=",
+             cfg.max_position_embeddings, " (or raise max_position_embeddings in the model's config.json if you mean to "
+             "extend the context)");
     const ModelOptions mopt = opt_.model_options(device);
-    const uint64_t limit = mopt.memory_limit;
+    // The CPU model's plan is host memory: a training run checks it against this machine's RAM (a
+    // batch that does not fit would be killed by the OOM killer minutes later), like the pinned plan.
+    const uint64_t ram_limit = device == "cpu" && !opt_.plan_only ? usable_host_memory() : 0;
+    const uint64_t limit = ram_limit && (!mopt.memory_limit || ram_limit < mopt.memory_limit) ? ram_limit
+                                                                                              : mopt.memory_limit;
+    const char* limit_name = limit && limit == ram_limit ? "this machine can give the CPU model about "
+                                                         : "--memory-limit is ";
+    if (planning_for_gpu)
+        std::printf("note: no GPU here; --plan-only plans for the GPU (--device=cuda). --device=cpu plans the CPU "
+                    "reference model instead\n\n");
 
     const MemoryPlan plan = plan_model(cfg, mopt, device);
     if (limit && plan.total_device() > limit) {
@@ -220,7 +294,7 @@ int Trainer::run() {
         const std::string smaller = fitting_batch > 0
                                         ? cat("with the current flags --batch-size=", fitting_batch, " fits")
                                         : std::string("with the current flags not even --batch-size=1 fits");
-        throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but --memory-limit is ",
+        throw_error(cat("the memory plan needs ", human_bytes(plan.total_device()), " but ", limit_name,
                         human_bytes(limit), "; ",
                         fit.empty() ? cat("no recompute, offload or streaming setting makes it fit: reduce --batch-size "
                                           "or --seq-len (", smaller, ")")
@@ -281,11 +355,53 @@ int Trainer::run() {
         return 0;
     }
 
+    // Everything this run will write is checked before the model takes memory and time.
+    probe_writable_dir(opt_.out_dir, "--out-dir");
+    probe_writable_dir(fs::path(opt_.log_path()).parent_path().string(), "--log-file");
+    probe_writable_dir(opt_.checkpoint_dir, "--checkpoint-dir");
+
     // Resume state, if any (before the log file is opened, so a fresh run truncates it).
     std::optional<std::string> resume_dir;
     if (opt_.continue_from_checkpoint) resume_dir = find_latest_checkpoint(opt_.checkpoint_dir);
+    std::vector<OptionChange> resume_changes;
+    bool append_log = false;
+    if (resume_dir) {
+        const CheckpointState st = read_checkpoint_state(*resume_dir);
+        resume_changes = compare_resume_options(st.options_json, st.device, st.config_json, opt_, device, cfg);
+        std::string refused;
+        for (const OptionChange& c : resume_changes)
+            if (c.changes_run) refused += "\n  " + describe_option_change(c);
+        QT_CHECK(refused.empty() || opt_.force_resume, "--continue: this run differs from the one that wrote ",
+                 *resume_dir, " in options that change the math or the data:", refused,
+                 "\nGive the checkpoint's values to resume it, a new --checkpoint-dir to start another run, or "
+                 "--force-resume to resume with these changes anyway");
+    } else if (opt_.continue_from_checkpoint) {
+        // a typo in --checkpoint-dir must not start over and replace the run it meant to resume
+        std::vector<std::string> existing = existing_run_output(opt_);
+        if (!existing.empty() && existing.front() == opt_.log_path() &&
+            log_is_of_this_run(opt_.log_path(), opt_, device, cfg)) {
+            append_log = true;  // this run's own log: it restarts before its first checkpoint
+            existing.erase(existing.begin());
+            if (existing.empty())
+                std::printf("[Resume] no checkpoint in '%s' yet: this run starts from step 0, appending to its log %s\n",
+                            opt_.checkpoint_dir.c_str(), opt_.log_path().c_str());
+        }
+        std::string list;
+        for (const auto& path : existing) list += (list.empty() ? "'" : ", '") + path + "'";
+        QT_CHECK(existing.empty() || opt_.overwrite, "--continue: no complete checkpoint in --checkpoint-dir '",
+                 opt_.checkpoint_dir, "', but ", list, " hold", existing.size() == 1 ? "s" : "",
+                 " another run's output, which starting from step 0 would replace. Check --checkpoint-dir, or "
+                 "add --overwrite to start from step 0 anyway");
+    } else if (const auto old = find_latest_checkpoint(opt_.checkpoint_dir)) {
+        // a fresh run's checkpoints would mix with another run's, and --continue would pick the newest
+        QT_CHECK(opt_.overwrite, "--checkpoint-dir '", opt_.checkpoint_dir, "' holds checkpoints of another run (newest: ",
+                 *old, "): add --continue to resume it, choose another --checkpoint-dir, or add --overwrite to "
+                 "remove them and start from step 0");
+        for (const auto& dir : list_complete_checkpoints(opt_.checkpoint_dir)) fs::remove_all(dir);
+        std::printf("[Setup] --overwrite: removed the checkpoints in '%s'\n", opt_.checkpoint_dir.c_str());
+    }
 
-    Logger log(opt_.log_path(), resume_dir.has_value());
+    Logger log(opt_.log_path(), resume_dir.has_value() || append_log);
     log.log_options(opt_, command_line_);
     double peak = 0;
     log.log_system(device, describe_device(device, cfg, mopt, &peak), peak);
@@ -324,6 +440,9 @@ int Trainer::run() {
         train_data.set_state(st.train_data);
         start_step = st.step;
         log.log_resume(start_step, *resume_dir);
+        for (const OptionChange& c : resume_changes)
+            log.message(cat("[Resume] ", c.changes_run ? "--force-resume: " : "", describe_option_change(c)));
+        log.log_option_changes(resume_changes);
     } else {
         if (opt_.continue_from_checkpoint)
             log.message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", opt_.checkpoint_dir));
@@ -347,6 +466,8 @@ int Trainer::run() {
     schedule.final_lr_fraction = opt_.final_lr_fraction;
     schedule.decay = parse_lr_decay(opt_.lr_schedule);
 
+    std::string last_checkpoint = resume_dir.value_or("");
+    int last_checkpoint_step = start_step;
     auto save_checkpoint = [&](int completed_steps) {
         auto t0 = Clock::now();
         CheckpointState st;
@@ -357,6 +478,8 @@ int Trainer::run() {
         st.device = device;
         std::string dir = write_checkpoint(opt_.checkpoint_dir, *model, st);
         log.log_checkpoint(completed_steps, dir, ms_since(t0));
+        last_checkpoint = dir;
+        last_checkpoint_step = completed_steps;
     };
     auto run_eval = [&](int step) {
         if (!eval_data) return;
@@ -381,8 +504,10 @@ int Trainer::run() {
     bool evaluated_last = false;
     for (; step < opt_.steps; ++step) {
         auto t0 = Clock::now();
+        int64_t valid_targets = 0;
         for (int micro = 0; micro < opt_.grad_accumulation; ++micro) {
             train_data.next_batch(inputs, targets);
+            valid_targets += count_valid(targets);
             model->forward_backward(Batch{inputs.data(), targets.data(), opt_.batch_size, opt_.seq_len}, grad_scale);
         }
         const float lr = schedule.at(step);
@@ -390,9 +515,32 @@ int Trainer::run() {
         const StepStats stats = model->optimizer_step(p);
         log.log_step(step, train_data.epoch_progress(), step_tokens, ms_since(t0), stats.grad_norm, stats.loss, lr);
         if (std::string notes = model->performance_notes(); !notes.empty()) log.message(notes);
-        QT_CHECK(std::isfinite(stats.loss) && std::isfinite(stats.grad_norm), "training diverged at step ", step,
-                 ": loss ", stats.loss, ", grad norm ", stats.grad_norm,
-                 " (try a lower --learning-rate or --grad-clip; resume from the last checkpoint with --continue)");
+        if (!IModel::update_allowed(stats)) {  // the model applied no update (imodel.h)
+            const bool finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
+            if (finite && valid_targets == 0) {
+                log.message(fmt::format("note: step {} had no unmasked target (every loss position masked): "
+                                        "nothing to learn, no update applied", step));
+            } else {
+                const std::string what =
+                    finite ? cat("the gradient vanished (norm exactly 0 with ", valid_targets,
+                                 " targets, loss ", stats.loss, "): the activations have saturated, so the weights "
+                                 "no longer affect the loss")
+                           : cat("the loss or the gradient norm is not finite (loss ", stats.loss, ", grad norm ",
+                                 stats.grad_norm, ")");
+                log.log_stopped(step, what);
+                throw_error(cat(
+                    "training stopped at step ", step, ": ", what,
+                    ". The step's update was not applied and no checkpoint was written from it. ",
+                    last_checkpoint.empty()
+                        ? std::string("There is no checkpoint of this run. ")
+                        : cat("The last checkpoint is ", last_checkpoint, " (after ", last_checkpoint_step,
+                              " steps); if the run was unstable before it, it may hold the damage already. "),
+                    "Try a lower --learning-rate (now ", opt_.learning_rate, ") or --grad-clip",
+                    last_checkpoint.empty() ? std::string(".")
+                                            : std::string(", resuming with --continue --force-resume and the new "
+                                                          "value, or from an earlier checkpoint.")));
+            }
+        }
 
         const int completed = step + 1;
         evaluated_last = false;
@@ -410,9 +558,28 @@ int Trainer::run() {
     }
     if (!evaluated_last) run_eval(step);
 
-    fs::create_directories(opt_.out_dir);
     t_setup = Clock::now();
-    model->save_hf(opt_.out_dir);
+    try {
+        std::error_code ec;
+        fs::create_directories(opt_.out_dir, ec);
+        QT_CHECK(!ec, "--out-dir: cannot create '", opt_.out_dir, "': ", ec.message());
+        model->save_hf(opt_.out_dir);
+    } catch (const std::exception& e) {
+        // the training is worth more than the export: keep it in a checkpoint the export can be redone from
+        std::string kept = last_checkpoint_step == step ? last_checkpoint : std::string();
+        if (kept.empty()) {
+            try {
+                save_checkpoint(step);
+                kept = last_checkpoint;
+            } catch (const std::exception& e2) {
+                throw_error(cat("exporting the model to --out-dir '", opt_.out_dir, "' failed: ", e.what(),
+                                "; saving a checkpoint instead failed too: ", e2.what()));
+            }
+        }
+        throw_error(cat("exporting the model to --out-dir '", opt_.out_dir, "' failed: ", e.what(),
+                        "; the trained state is in ", kept,
+                        ": fix the cause and run the same command with --continue to export it"));
+    }
     log.message(fmt::format("[Setup] model exported in {:.1f} s", seconds_since(t_setup)));
     if (source.directory) copy_tokenizer_files(*source.directory, opt_.out_dir);
     log.log_done(step, opt_.out_dir, std::chrono::duration<double>(Clock::now() - t_start).count());

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@ namespace qtrain {
 namespace {
 
 using json = nlohmann::ordered_json;
+using test::Contains;
 using test::TempDir;
 using test::write_file;
 namespace fs = std::filesystem;
@@ -438,6 +440,38 @@ TEST_F(SafeTensorsBad, TruncatedData) {
     fs::resize_file(path, fs::file_size(path) - 5);
     std::string m = EXPECT_ERROR(SafeTensorsFile f(path), path, "'second'", "past the end");
     EXPECT_EQ(m.find("'first'"), std::string::npos) << m;
+}
+
+// A NaN or Inf in stored weights (or optimizer state) is named when read, with the file and the
+// element, in every storage type: otherwise it surfaces steps later as a diverged loss.
+TEST(SafeTensors, NonFiniteValuesAreNamedWhenRead) {
+    TempDir dir;
+    const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity()};
+    for (DType storage : {DType::F32, DType::BF16, DType::F16}) {
+        for (float bad : bad_values) {
+            std::vector<float> ok(12, 0.5f), poisoned(12, 0.25f);
+            poisoned[7] = bad;
+            SafeTensorsWriter w;
+            w.add_f32("model.norm.weight", {12}, ok.data(), storage);
+            w.add_f32("model.layers.0.mlp.up_proj.weight", {3, 4}, poisoned.data(), storage);
+            const std::string path = dir / "m.safetensors";
+            w.write(path);
+            SafeTensorsReader r({path});
+            std::vector<float> out(12);
+            EXPECT_NO_THROW(r.read_finite_f32("model.norm.weight", {12}, out.data()));
+            EXPECT_NO_THROW(r.read_f32("model.layers.0.mlp.up_proj.weight", {3, 4}, out.data()));  // a plain conversion
+            try {
+                r.read_finite_f32("model.layers.0.mlp.up_proj.weight", {3, 4}, out.data());
+                ADD_FAILURE() << "a non-finite value was read without an error";
+            } catch (const Error& e) {
+                const std::string msg = e.what();
+                EXPECT_TRUE(Contains(msg, "model.layers.0.mlp.up_proj.weight")) << msg;
+                EXPECT_TRUE(Contains(msg, path)) << msg;
+                EXPECT_TRUE(Contains(msg, "element 7 of 12")) << msg;
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -362,7 +362,7 @@ TEST(TrainCli, BadInputsGiveClearErrors) {
         {exe + " --device=cpu --model=Qwen2.5-0.5B --train-file=" + f.train_file, "--from-scratch"},
         {exe + " --device=cpu --model=" + (f.dir / "no-such-model") + " --from-scratch --train-file=" + f.train_file,
          "cannot find model"},
-        {exe + " --device=cpu --model=" + f.model_dir + " --train-file=" + f.train_file, "model.safetensors"},
+        {exe + " --device=cpu --model=" + f.model_dir + " --seq-len=64 --train-file=" + f.train_file, "model.safetensors"},
         {f.base_cmd("x") + " --no-such-flag", "no-such-flag"},
     };
     for (const auto& c : cases) {

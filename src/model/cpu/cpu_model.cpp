@@ -66,10 +66,13 @@ void CpuModel::check_options(const ModelOptions& o) {
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");
+    // GPU settings mean nothing to the CPU model, so each is refused (not ignored). The recompute
+    // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
+    // error names the flag the user gave.
     const std::pair<const char*, bool> flags[] = {
-        {"--recompute-swiglu", o.recompute_swiglu},   {"--recompute-norm", o.recompute_norm},
-        {"--recompute-qkv", o.recompute_qkv},         {"--recompute-ffn", o.recompute_ffn},
-        {"--recompute-att", o.recompute_att},         {"--recompute-block", o.recompute_block},
+        {"--recompute-block", o.recompute_block},     {"--recompute-ffn", o.recompute_ffn},
+        {"--recompute-att", o.recompute_att},         {"--recompute-swiglu", o.recompute_swiglu},
+        {"--recompute-norm", o.recompute_norm},       {"--recompute-qkv", o.recompute_qkv},
         {"--offload-residual", o.offload_residual},   {"--offload-master", o.offload_master},
         {"--offload-opt-m", o.offload_opt_m},         {"--offload-opt-v", o.offload_opt_v},
         {"--offload-quants", o.offload_quants},       {"--offload-gradients", o.offload_gradients},
@@ -77,8 +80,10 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights},
         {"--shard-gradients", o.shard_gradients},     {"--use-cuda-graphs", o.use_cuda_graphs},
         {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
-        {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off}};
-    for (const auto& [flag, on] : flags) QT_CHECK(!on, flag, " is not supported on --device=cpu");
+        {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off},
+        {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
+    for (const auto& [flag, on] : flags)
+        QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
     QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported on --device=cpu (it runs on one device)");
     QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
     QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
@@ -414,6 +419,12 @@ StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
     QT_CHECK(p.step >= 1, "optimizer step must be 1-based, got ", p.step);
     StepStats stats;
     stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_squares(grads_.data(), num_elements())));
+    stats.loss = static_cast<float>(step_loss_);
+    step_loss_ = 0.0;
+    if (!update_allowed(stats)) {  // nothing is written from a broken step (imodel.h)
+        std::fill(grads_.begin(), grads_.end(), 0.0f);
+        return stats;
+    }
     // Clip only when the norm exceeds the threshold: scale = clip / norm < 1.
     float clip_scale = 1.0f;
     if (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) clip_scale = p.grad_clip / stats.grad_norm;
@@ -424,8 +435,6 @@ StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
                           specs_[i].decay() ? p.weight_decay : 0.0f, clip_scale, p.step);
     }
     std::fill(grads_.begin(), grads_.end(), 0.0f);
-    stats.loss = static_cast<float>(step_loss_);
-    step_loss_ = 0.0;
     return stats;
 }
 

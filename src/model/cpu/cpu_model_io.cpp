@@ -36,7 +36,7 @@ void CpuModel::load_hf(const std::string& model_dir) {
                  reader.describe(),
                  s.name == "lm_head.weight" ? " (the config has tie_word_embeddings=false, so it needs its own LM head)"
                                             : "");
-        reader.read_f32(s.name, s.shape, loaded.data() + offsets_[i]);
+        reader.read_finite_f32(s.name, s.shape, loaded.data() + offsets_[i]);
     }
     params_.swap(loaded);
     std::fill(grads_.begin(), grads_.end(), 0.0f);
@@ -79,7 +79,7 @@ void CpuModel::load_checkpoint(const std::string& dir) {
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
     auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
         QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
-        r.read_f32(name, s.shape, out);
+        r.read_finite_f32(name, s.shape, out);
     };
     for (size_t i = 0; i < specs_.size(); ++i) {
         const ParamSpec& s = specs_[i];

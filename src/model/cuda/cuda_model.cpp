@@ -331,7 +331,7 @@ void CudaModel::load_hf(const std::string& model_dir) {
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
-        reader.read_f32(s.name, s.shape, host.data());
+        reader.read_finite_f32(s.name, s.shape, host.data());
         upload_parameters(layout_.offsets[i], host.data(), s.numel());
         report_progress("loading", done += s.numel(), total);
     }
@@ -445,10 +445,10 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             const ParamSpec& s = layout_.specs[i];
             const int64_t off = layout_.offsets[i], n = s.numel();
             host.resize(n);
-            model_r.read_f32(s.name, s.shape, host.data());
+            model_r.read_finite_f32(s.name, s.shape, host.data());
             upload_parameters(off, host.data(), n);
             auto load_moment = [&](const std::string& key, void* base, DType t) {
-                opt_r.read_f32(key, s.shape, host.data());
+                opt_r.read_finite_f32(key, s.shape, host.data());
                 upload(staging, host.data(), n * sizeof(float));
                 cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
                 sync();

@@ -356,6 +356,8 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    StepStats stats;
+    bool updated = false;
     {
         auto t_ = timer_.scope("optimizer", stream_);
         wait_for_gradients();
@@ -364,27 +366,37 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         flush_resident_grads();
         cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total,
                           p.grad_clip, stream_);
-        cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
-        // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
-        // (streamed layers are quantised, amax included, as they arrive instead)
-        const bool fused_amax = fp8_ && !stream_weights_;
-        if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
-        run_adamw(args, fused_amax ? buf_.weight_amax : nullptr);
+        // The norm and the loss come back before AdamW is queued, so a broken step (non-finite, or a
+        // zero norm) writes nothing (imodel.h). The wait costs one round trip per step (~10 us of a
+        // step of 100+ ms): AdamW is queued after the backward has drained instead of behind it.
+        float host[2] = {0, 0};
+        CUDA_CHECK(cudaMemcpyAsync(&host[0], buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(&host[1], buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        stats = StepStats{host[1], host[0]};
+        updated = update_allowed(stats);
+        if (updated) {
+            cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
+            // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
+            // (streamed layers are quantised, amax included, as they arrive instead)
+            const bool fused_amax = fp8_ && !stream_weights_;
+            if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
+            run_adamw(args, fused_amax ? buf_.weight_amax : nullptr);
+        }
         if (stage_grads_) {
             host_grads_fresh_ = true;  // the next backward copies instead of adding
             zero_resident_grads();
         }
         else zero(buf_.grads, grad_bytes);
     }
-    weights_changed();
-    quantize_weights(fp8_ && !stream_weights_);
-    float host[4] = {0, 0, 0, 0};
-    CUDA_CHECK(cudaMemcpyAsync(host, buf_.norm_out, 2 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(host + 2, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+    if (updated) {
+        weights_changed();
+        quantize_weights(fp8_ && !stream_weights_);
+    }
     sync();
     timer_.collect();  // every scope of this step has ended (the optimizer's block above)
-    return StepStats{host[2], host[0]};
+    return stats;
 }
 
 std::vector<float> CudaModel::logits(const Batch& batch) {

@@ -1,0 +1,130 @@
+#include "train/resume_check.h"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "train/train_options.h"
+
+namespace qtrain {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Options a resumed run may give differently: where things go, how often they happen, how long the
+// run is, and how memory and speed are traded (recompute, offload, streaming, chunks, CUDA graphs,
+// kernels: each is bit-identical to the plain run or differs only in rounding). Every other option
+// changes the math or the data and must match the checkpoint's.
+const std::set<std::string> kMayChange = {
+    "model", "from-scratch", "device", "steps", "eval-file", "eval-every-n-steps", "eval-num-steps",
+    "ckpt-interval", "ckpt-keep", "checkpoint-dir", "out-dir", "log-file", "tokenizer", "memory-limit",
+    "host-memory-limit", "recompute-swiglu", "recompute-norm", "recompute-qkv", "recompute-ffn", "recompute-att",
+    "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
+    "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
+    "shard-weights", "shard-gradients", "zero-level", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
+    "attention", "gemm-autotune"};
+// Flags that only say how this invocation behaves: never reported.
+const std::set<std::string> kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
+// Compared after resolving their device-dependent defaults ("" = the device's default).
+const std::set<std::string> kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
+
+std::string show(const json& v) {
+    if (v.is_string()) return v.get<std::string>().empty() ? "(default)" : v.get<std::string>();
+    if (v.is_number_float()) return cat(static_cast<float>(v.get<double>()));  // the flags are floats: 1e-05
+    return v.dump();
+}
+
+// The options of the recorded run that decide the resolved values (missing keys keep defaults).
+TrainOptions recorded_options(const json& j) {
+    TrainOptions o;
+    auto str = [&](const char* key, std::string& out) {
+        if (j.contains(key) && j[key].is_string()) out = j[key].get<std::string>();
+    };
+    str("model-dtype", o.model_dtype);
+    str("matmul-dtype", o.matmul_dtype);
+    str("gradient-dtype", o.gradient_dtype);
+    if (j.contains("steps") && j["steps"].is_number_integer()) o.steps = j["steps"].get<int>();
+    if (j.contains("warmup") && j["warmup"].is_number_integer()) o.warmup = j["warmup"].get<int>();
+    return o;
+}
+
+void compare_resolved(const json& old_j, const std::string& old_device, const TrainOptions& now,
+                      const std::string& device, std::vector<OptionChange>& out) {
+    const TrainOptions old = recorded_options(old_j);
+    if (old_j.contains("warmup") && old.warmup_steps() != now.warmup_steps()) {
+        auto how = [](const TrainOptions& o) {
+            return o.warmup >= 0 ? std::to_string(o.warmup)
+                                 : cat(o.warmup_steps(), " (the default, min(100, --steps/10))");
+        };
+        out.push_back({"--warmup", how(old), how(now), true,
+                       cat("the warmup decides the learning rate of every step; pass --warmup=", old.warmup_steps(),
+                           " to keep the checkpoint's")});
+    }
+    ModelOptions a, b;
+    try {
+        a = old.model_options(old_device);
+        b = now.model_options(device);
+    } catch (const Error&) {
+        return;  // a value this version does not know: the plain comparison below reports it
+    }
+    const std::pair<const char*, std::pair<DType, DType>> roles[] = {
+        {"--model-dtype", {a.model_dtype, b.model_dtype}},
+        {"--matmul-dtype", {a.matmul_dtype, b.matmul_dtype}},
+        {"--gradient-dtype", {a.gradient_dtype, b.gradient_dtype}}};
+    for (const auto& [flag, types] : roles)
+        if (types.first != types.second)
+            out.push_back({flag, std::string(dtype_name(types.first)), std::string(dtype_name(types.second)), true,
+                           old_device != device ? cat("the default depends on --device (", old_device, " then, ",
+                                                      device, " now): give ", flag, "=", dtype_name(types.first))
+                                                : std::string()});
+}
+
+}  // namespace
+
+std::vector<OptionChange> compare_resume_options(const std::string& recorded_options_json,
+                                                 const std::string& recorded_device,
+                                                 const std::string& recorded_config_json, const TrainOptions& now,
+                                                 const std::string& device, const ModelConfig& config) {
+    const json old_j = json::parse(recorded_options_json), now_j = json::parse(now.to_json());
+    std::vector<OptionChange> changes;
+
+    // the model: its shape and math (config.json as qtrain writes it), not the path it came from
+    const json old_cfg = json::parse(recorded_config_json), now_cfg = json::parse(model_config_to_json(config));
+    for (auto it = now_cfg.begin(); it != now_cfg.end(); ++it) {
+        const json& before = old_cfg.contains(it.key()) ? old_cfg[it.key()] : json();
+        if (before != it.value())
+            changes.push_back({"model config." + it.key(), before.is_null() ? "(absent)" : show(before),
+                               show(it.value()), true, "--model describes a different model than the checkpoint's"});
+    }
+    if (!recorded_device.empty() && recorded_device != device)
+        changes.push_back({"--device", recorded_device, device, false,
+                           "the run continues on the other backend, equal in math but not bit for bit"});
+
+    for (auto it = now_j.begin(); it != now_j.end(); ++it) {
+        const std::string& key = it.key();
+        if (kInvocation.count(key) || kResolved.count(key) || !old_j.contains(key)) continue;
+        const json& before = old_j[key];
+        if (before == it.value()) continue;
+        OptionChange c{"--" + key, show(before), show(it.value()), !kMayChange.count(key), ""};
+        if (key == "steps")
+            c.note = cat("the learning-rate schedule is recomputed over ", show(it.value()),
+                         " steps: from the resume point on it follows the new decay, which an uninterrupted run of ",
+                         show(it.value()), " steps would have followed from the start");
+        else if (key == "model")
+            c.note = "allowed: the model's config is compared instead";
+        else if (key == "device")
+            continue;  // reported above with the resolved devices
+        changes.push_back(std::move(c));
+    }
+    compare_resolved(old_j, recorded_device.empty() ? device : recorded_device, now, device, changes);
+    return changes;
+}
+
+std::string describe_option_change(const OptionChange& c) {
+    return cat(c.flag, ": ", c.before, " in the checkpoint, ", c.after, " now", c.note.empty() ? "" : " (",
+               c.note, c.note.empty() ? "" : ")");
+}
+
+}  // namespace qtrain
