@@ -970,3 +970,58 @@ TEST(StreamingPlan, ShardedWeightsAndOffloadedGradientsLeaveTwoLayersOnTheDevice
     EXPECT_NEAR(saved, flat_params - expected_params, 0.001 * flat_params);
     EXPECT_GT(streamed.total_pinned(), static_cast<std::size_t>(layout.total) * (2 + 4 + 4));
 }
+
+// A broken step (here: one NaN weight makes the loss and every gradient NaN) is not applied: the
+// master weights and Adam's moments are what they were, and after the weight is repaired the model
+// trains on. Resident and streamed/offloaded state, bf16 and FP8.
+TEST(CudaModel, ABrokenStepChangesNoWeightOrMoment) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = make_config(kShapes[1]);
+    struct Mode {
+        const char* name;
+        DType act;
+        bool streamed;
+    };
+    for (const Mode& mode : {Mode{"bf16", DType::BF16, false}, Mode{"e4m3", DType::E4M3, false},
+                             Mode{"streamed e4m3", DType::E4M3, true}}) {
+        SCOPED_TRACE(mode.name);
+        ModelOptions o = options(mode.act, 2, 64);
+        if (mode.streamed) o.shard_weights = o.offload_gradients = o.offload_opt_m = o.offload_opt_v = true;
+        CudaModel m(cfg, o);
+        m.init_random(4);
+        const Data d = make_batch(2, 64, cfg.vocab_size, 8);
+        const Batch batch{d.in.data(), d.tgt.data(), 2, 64};
+        m.forward_backward(batch, 1.0f);
+        ASSERT_TRUE(IModel::update_allowed(m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1})));
+
+        auto snapshot = [&] {
+            std::map<std::string, std::vector<float>> s;
+            for (const auto& p : m.layout().specs) {
+                s["w." + p.name] = m.download(p.name, CudaModel::Which::Master);
+                s["m." + p.name] = m.download(p.name, CudaModel::Which::AdamM);
+                s["v." + p.name] = m.download(p.name, CudaModel::Which::AdamV);
+            }
+            return s;
+        };
+        const std::string poisoned = "model.layers.0.mlp.down_proj.weight";
+        std::vector<float> w = m.download(poisoned, CudaModel::Which::Master);
+        const float kept = w[3];
+        w[3] = std::nanf("");
+        m.upload_master(poisoned, w.data());
+        auto before = snapshot();
+        m.forward_backward(batch, 1.0f);
+        const StepStats broken = m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 2});
+        EXPECT_FALSE(IModel::update_allowed(broken)) << broken.loss << " " << broken.grad_norm;
+        auto after = snapshot();
+        for (const auto& [name, values] : before) {
+            const auto& now = after[name];
+            ASSERT_EQ(values.size(), now.size()) << name;
+            EXPECT_EQ(0, std::memcmp(values.data(), now.data(), values.size() * sizeof(float))) << name << " changed";
+        }
+        w[3] = kept;
+        m.upload_master(poisoned, w.data());
+        m.forward_backward(batch, 1.0f);
+        EXPECT_TRUE(IModel::update_allowed(m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 3})))
+            << "the model does not train on after a skipped step";
+    }
+}
