@@ -208,7 +208,8 @@ uint64_t usable_host_memory() {
 // checkpoints leaves no empty --checkpoint-dir behind); the probe file is removed at once.
 void probe_writable_dir(const std::string& dir, const char* flag) {
     std::error_code ec;
-    fs::path p = fs::absolute(fs::path(dir), ec);
+    const fs::path target = fs::absolute(fs::path(dir.empty() ? "." : dir), ec);  // "" = the working directory
+    fs::path p = target;
     while (!p.empty() && !fs::exists(p, ec)) p = p.parent_path();
     QT_CHECK(!p.empty(), flag, ": '", dir, "' cannot be created (no existing parent)");
     QT_CHECK(fs::is_directory(p, ec), flag, ": '", dir, "' cannot be created: '", p.string(), "' is not a directory");
@@ -219,7 +220,7 @@ void probe_writable_dir(const std::string& dir, const char* flag) {
     const int err = errno;
     if (f) std::fclose(f);
     fs::remove(probe, ec);
-    QT_CHECK(ok, flag, ": cannot write in '", p.string(), "'", p == fs::absolute(dir, ec) ? "" : cat(" (for '", dir, "')"),
+    QT_CHECK(ok, flag, ": cannot write in '", p.string(), "'", p == target ? "" : cat(" (for '", dir, "')"),
              ": ", err ? std::strerror(err) : "unknown error");
 }
 

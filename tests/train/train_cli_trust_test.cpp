@@ -99,6 +99,10 @@ TEST(TrainCliTrust, UnwritableOutputPathsFailBeforeTraining) {
                    "--checkpoint-dir: '" + under_file);
     expect_refused(run_command(f.base_cmd("x") + " --steps=2 --log-file=" + under_file + "/log.jsonl"), "--log-file");
     EXPECT_FALSE(fs::exists(f.dir / "x")) << "nothing is created for a run that cannot finish";
+    // a bare file name is a file in the working directory
+    const auto bare = run_command("cd " + f.dir.str() + " && " + f.base_cmd("y") + " --steps=1 --log-file=bare.jsonl");
+    EXPECT_EQ(bare.exit_code, 0) << bare.output;
+    EXPECT_TRUE(fs::exists(f.dir / "bare.jsonl"));
 }
 
 // A log on a full disk used to stay empty while the run exited 0.
