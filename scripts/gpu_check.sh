@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
@@ -108,6 +108,16 @@ for phase in $PHASES; do
       echo "demo exit $?"; grep -E "^\[V\]|error" "$LOGS/demo.log" | tail -4; grep -E "^\[T\] step +599" "$LOGS/demo.log" ;;
     rehearse)  # issue 5's 24 GB rehearsal (1.5B, 3B, 7B bf16 and FP8 under --memory-limit=24GiB)
       bench/rehearse_24gb.sh 2>&1 | tail -12 ;;
+    abstep)  # the optimizer step's read-back before AdamW (issue 17) against the step before it, same call:
+             # needs .gpu-ab/cuda_model_step.cpp (the old file); rebuilds `train` with it into $B-ab (~1 min)
+      F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2 --fp8-fast-accum=all --gemm-autotune --use-cuda-graphs"
+      rm -rf /tmp/qt-ab && cp -r . /tmp/qt-ab 2>/dev/null; cp .gpu-ab/cuda_model_step.cpp /tmp/qt-ab/src/model/cuda/
+      (cd /tmp/qt-ab && scripts/gpu_build.sh build-ab > /dev/null 2>&1) || echo "old build failed"
+      for round in 1 2; do
+        for b in "$B" /tmp/qt-ab/build-ab; do
+          echo -n "$b 0.5B b32: "; BUILD_DIR=$b STEPS=40 SKIP=28 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 32 $F8 2>&1 | tail -1
+        done
+      done ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build "$B" 2>&1 | tail -20 ;;
     ref5)  # the HF comparison with issue 5's memory flags: everything streamed / offloaded / recomputed
