@@ -1,6 +1,6 @@
 // What a run tells its user: console lines in the seed's format ([T] per step, [V] per eval,
 // [Allocator State], ...) and a JSON Lines file with one event per line (options, system, dataset,
-// memory, step, eval, checkpoint, done) for scripts/plot_training_run.py and the W&B export.
+// memory, step, eval, checkpoint, checkpoint_rejected, checkpoint_removed, resume, done) for scripts/plot_training_run.py and the W&B export.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,14 @@ public:
     void log_step(int step, double epoch, int64_t tokens, double ms, float norm, float loss, float lr);
     void log_eval(int step, double epoch, int64_t tokens, double ms, float loss);
     void log_checkpoint(int step, const std::string& path, double ms);
-    void log_resume(int step, const std::string& path);
+    // `skipped`: newer checkpoints rejected (log_checkpoint_rejected); `verified`: false for a
+    // checkpoint written before checksums, which is loaded unverified (with a note).
+    void log_resume(int step, const std::string& path, int skipped = 0, bool verified = true);
+    void log_checkpoint_rejected(const std::string& path, const std::string& error);
+    // A directory removed from --checkpoint-dir (a partial or, with --ckpt-keep, an old checkpoint);
+    // with `error` set, one that could not be removed (a warning: training goes on).
+    void log_checkpoint_removed(int step, const std::string& path, uint64_t bytes, const std::string& reason,
+                                const std::string& error);
     void log_done(int step, const std::string& out_dir, double seconds);
     void message(const std::string& text);  // console only
 

@@ -319,11 +319,16 @@ int Trainer::run() {
 
     int start_step = 0;
     if (resume_dir) {
-        CheckpointState st = read_checkpoint_state(*resume_dir);
-        model->load_checkpoint(*resume_dir);
-        train_data.set_state(st.train_data);
-        start_step = st.step;
-        log.log_resume(start_step, *resume_dir);
+        // newest first: one whose files fail their checksums (or whose state.json does not read) is
+        // reported and the one before it tried; none left is an error, never a silent step 0
+        const ResumePoint rp = find_resume_point(opt_.checkpoint_dir, [&](const std::string& dir, const std::string& e) {
+            log.log_checkpoint_rejected(dir, e);
+        });
+        resume_dir = rp.dir;
+        model->load_checkpoint(rp.dir);
+        train_data.set_state(rp.state.train_data);
+        start_step = rp.state.step;
+        log.log_resume(start_step, rp.dir, rp.skipped, rp.verified);
     } else {
         if (opt_.continue_from_checkpoint)
             log.message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", opt_.checkpoint_dir));
@@ -349,6 +354,9 @@ int Trainer::run() {
 
     auto save_checkpoint = [&](int completed_steps) {
         auto t0 = Clock::now();
+        // what killed runs left in --checkpoint-dir goes before this run adds to it
+        for (const RemovedDir& r : remove_partial_checkpoints(opt_.checkpoint_dir))
+            log.log_checkpoint_removed(completed_steps, r.path, r.bytes, r.reason, r.error);
         CheckpointState st;
         st.step = completed_steps;
         st.train_data = train_data.state();
@@ -357,6 +365,8 @@ int Trainer::run() {
         st.device = device;
         std::string dir = write_checkpoint(opt_.checkpoint_dir, *model, st);
         log.log_checkpoint(completed_steps, dir, ms_since(t0));
+        for (const RemovedDir& r : prune_checkpoints(opt_.checkpoint_dir, opt_.ckpt_keep, dir))
+            log.log_checkpoint_removed(completed_steps, r.path, r.bytes, r.reason, r.error);
     };
     auto run_eval = [&](int step) {
         if (!eval_data) return;
