@@ -5,7 +5,7 @@
 #                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
-# Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh) and, for `cmp`,
+# Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
 #   mkdir -p .refdata && cp demo-run/data/train.bin demo-run/data/eval.bin .refdata/
 # (both folders are git-ignored via .git/info/exclude: echo /.refdata/ >> .git/info/exclude).

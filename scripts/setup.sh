@@ -8,6 +8,7 @@ set -euo pipefail
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
+  libxxhash-dev              # checkpoint checksums (header-only: XXH_INLINE_ALL, nothing links it)
   python3 python3-pip python3-venv
   bible-kjv bible-kjv-text   # the demo's offline corpus (King James Bible)
 )

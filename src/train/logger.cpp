@@ -211,10 +211,46 @@ void Logger::log_checkpoint(int step, const std::string& path, double ms) {
     write_line(j.dump());
 }
 
-void Logger::log_resume(int step, const std::string& path) {
-    std::printf("[Resume] from %s at step %d\n\n", path.c_str(), step);
+void Logger::log_resume(int step, const std::string& path, int skipped, bool verified) {
+    if (!verified)
+        std::printf("[Resume] note: %s has no checksums (written by an older qtrain): its files are loaded "
+                    "unverified\n", path.c_str());
+    if (skipped)
+        std::printf("[Resume] from %s at step %d: the previous complete checkpoint (%d newer one%s unusable, "
+                    "see above)\n\n", path.c_str(), step, skipped, skipped == 1 ? " is" : "s are");
+    else
+        std::printf("[Resume] from %s at step %d\n\n", path.c_str(), step);
+    std::fflush(stdout);
     json j = event("resume", step);
     j["path"] = path;
+    j["skipped"] = skipped;
+    j["verified"] = verified;
+    write_line(j.dump());
+}
+
+void Logger::log_checkpoint_rejected(const std::string& path, const std::string& error, bool print) {
+    if (print) {
+        std::printf("[Resume] cannot resume from %s: %s\n", path.c_str(), error.c_str());
+        std::fflush(stdout);
+    }
+    json j = event("checkpoint_rejected", 0);
+    j["path"] = path;
+    j["error"] = error;
+    write_line(j.dump());
+}
+
+void Logger::log_checkpoint_removed(int step, const std::string& path, uint64_t bytes, const std::string& reason,
+                                    const std::string& error) {
+    if (error.empty())
+        std::printf("[C] removed %s (%s): %s\n", path.c_str(), human_bytes(bytes).c_str(), reason.c_str());
+    else
+        std::printf("[C] warning: could not remove %s (%s): %s\n", path.c_str(), reason.c_str(), error.c_str());
+    std::fflush(stdout);
+    json j = event("checkpoint_removed", step);
+    j["path"] = path;
+    j["bytes"] = bytes;
+    j["reason"] = reason;
+    if (!error.empty()) j["error"] = error;
     write_line(j.dump());
 }
 

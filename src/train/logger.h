@@ -1,6 +1,6 @@
 // What a run tells its user: console lines in the seed's format ([T] per step, [V] per eval,
 // [Allocator State], ...) and a JSON Lines file with one event per line (options, system, dataset,
-// memory, step, eval, checkpoint, done) for scripts/plot_training_run.py and the W&B export.
+// memory, step, eval, checkpoint, checkpoint_rejected, checkpoint_removed, resume, done) for scripts/plot_training_run.py and the W&B export.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +33,15 @@ public:
     void log_step(int step, double epoch, int64_t tokens, double ms, float norm, float loss, float lr);
     void log_eval(int step, double epoch, int64_t tokens, double ms, float loss);
     void log_checkpoint(int step, const std::string& path, double ms);
-    void log_resume(int step, const std::string& path);
+    // `skipped`: newer checkpoints rejected (log_checkpoint_rejected); `verified`: false for a
+    // checkpoint written before checksums, which is loaded unverified (with a note).
+    void log_resume(int step, const std::string& path, int skipped = 0, bool verified = true);
+    // print=false: the console line was printed already (the rejection was found before the log opened)
+    void log_checkpoint_rejected(const std::string& path, const std::string& error, bool print = true);
+    // A directory removed from --checkpoint-dir (a partial or, with --ckpt-keep, an old checkpoint);
+    // with `error` set, one that could not be removed (a warning: training goes on).
+    void log_checkpoint_removed(int step, const std::string& path, uint64_t bytes, const std::string& reason,
+                                const std::string& error);
     // What --continue found different from the checkpoint's run (allowed, or forced by --force-resume).
     void log_option_changes(const std::vector<OptionChange>& changes);
     // A run stopped because a step was broken (non-finite, or a vanished gradient).

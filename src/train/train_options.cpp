@@ -109,6 +109,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--eval-every-n-steps", o.eval_every_n_steps, "Evaluate every N optimizer steps (0 = only at the end)");
     g->add_option("--eval-num-steps", o.eval_num_steps, "Batches per evaluation (0 = the whole eval set)");
     g->add_option("--ckpt-interval", o.ckpt_interval, "Write a checkpoint every N optimizer steps (0 = never)");
+    g->add_option("--ckpt-keep", o.ckpt_keep,
+                  "After writing a checkpoint, keep only the newest N complete ones in --checkpoint-dir and "
+                  "remove the older (0 = keep all)");
     g->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory for checkpoints (step_XXXXXXXX/ inside)");
     g->add_flag("--continue", o.continue_from_checkpoint,
                 "Resume from the latest complete checkpoint in --checkpoint-dir. The run must be the same: options "
@@ -157,6 +160,7 @@ void TrainOptions::validate() const {
     QT_CHECK(eval_every_n_steps >= 0, "--eval-every-n-steps must be >= 0, got ", eval_every_n_steps);
     QT_CHECK(eval_num_steps >= 0, "--eval-num-steps must be >= 0, got ", eval_num_steps);
     QT_CHECK(ckpt_interval >= 0, "--ckpt-interval must be >= 0, got ", ckpt_interval);
+    QT_CHECK(ckpt_keep >= 0, "--ckpt-keep must be >= 0 (0 = keep all), got ", ckpt_keep);
     QT_CHECK(lmhead_chunks > 0, "--lmhead-chunks must be positive, got ", lmhead_chunks);
     QT_CHECK(attn_bwd_chunks > 0, "--attn-bwd-chunks must be positive, got ", attn_bwd_chunks);
     QT_CHECK(gpus >= 0, "--gpus must be >= 0, got ", gpus);
@@ -250,7 +254,7 @@ std::string TrainOptions::to_json() const {
     j["final-lr-fraction"] = final_lr_fraction; j["weight-decay"] = weight_decay; j["grad-clip"] = grad_clip;
     j["beta-1"] = beta_1; j["beta-2"] = beta_2; j["adam-epsilon"] = adam_epsilon; j["seed"] = seed;
     j["eval-every-n-steps"] = eval_every_n_steps; j["eval-num-steps"] = eval_num_steps;
-    j["ckpt-interval"] = ckpt_interval; j["checkpoint-dir"] = checkpoint_dir; j["continue"] = continue_from_checkpoint;
+    j["ckpt-interval"] = ckpt_interval; j["ckpt-keep"] = ckpt_keep; j["checkpoint-dir"] = checkpoint_dir; j["continue"] = continue_from_checkpoint;
     j["overwrite"] = overwrite; j["force-resume"] = force_resume;
     j["out-dir"] = out_dir; j["log-file"] = log_file;
     for (auto it = j.begin(); it != j.end(); ++it)

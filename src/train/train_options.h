@@ -68,6 +68,7 @@ struct TrainOptions {
     int eval_every_n_steps = 100;
     int eval_num_steps = 100;       // 0 = the whole eval set
     int ckpt_interval = 0;          // 0 = no periodic checkpoints
+    int ckpt_keep = 0;              // keep only the newest N complete checkpoints; 0 = all
     std::string out_dir = "output";
     std::string checkpoint_dir = "ckpt";
     std::string log_file;           // "" = <out-dir>/log.jsonl

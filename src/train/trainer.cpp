@@ -362,12 +362,23 @@ int Trainer::run() {
     probe_writable_dir(opt_.checkpoint_dir, "--checkpoint-dir");
 
     // Resume state, if any (before the log file is opened, so a fresh run truncates it).
-    std::optional<std::string> resume_dir;
-    if (opt_.continue_from_checkpoint) resume_dir = find_latest_checkpoint(opt_.checkpoint_dir);
+    // Newest first: a checkpoint whose files fail their checksums (or whose state.json does not read)
+    // is reported and the one before it tried; none left is an error, never a silent step 0. This runs
+    // before the model is allocated (verifying a large checkpoint takes minutes); the rejections go to
+    // the log once it is open.
+    std::optional<ResumePoint> resume;
+    std::vector<std::pair<std::string, std::string>> rejected;
+    if (opt_.continue_from_checkpoint && !list_complete_checkpoints(opt_.checkpoint_dir).empty())
+        resume = find_resume_point(opt_.checkpoint_dir, [&](const std::string& dir, const std::string& error) {
+            std::printf("[Resume] cannot resume from %s: %s\n", dir.c_str(), error.c_str());
+            std::fflush(stdout);
+            rejected.emplace_back(dir, error);
+        });
+    const std::optional<std::string> resume_dir = resume ? std::optional<std::string>(resume->dir) : std::nullopt;
     std::vector<OptionChange> resume_changes;
     bool append_log = false;
-    if (resume_dir) {
-        const CheckpointState st = read_checkpoint_state(*resume_dir);
+    if (resume) {
+        const CheckpointState& st = resume->state;
         resume_changes = compare_resume_options(st.options_json, st.device, st.config_json, opt_, device, cfg);
         std::string refused;
         for (const OptionChange& c : resume_changes)
@@ -403,6 +414,7 @@ int Trainer::run() {
     }
 
     Logger log(opt_.log_path(), resume_dir.has_value() || append_log);
+    for (const auto& [dir, error] : rejected) log.log_checkpoint_rejected(dir, error, /*print=*/false);
     log.log_options(opt_, command_line_);
     double peak = 0;
     log.log_system(device, describe_device(device, cfg, mopt, &peak), peak);
@@ -435,12 +447,11 @@ int Trainer::run() {
     t_setup = Clock::now();
 
     int start_step = 0;
-    if (resume_dir) {
-        CheckpointState st = read_checkpoint_state(*resume_dir);
-        model->load_checkpoint(*resume_dir);
-        train_data.set_state(st.train_data);
-        start_step = st.step;
-        log.log_resume(start_step, *resume_dir);
+    if (resume) {
+        model->load_checkpoint(resume->dir);
+        train_data.set_state(resume->state.train_data);
+        start_step = resume->state.step;
+        log.log_resume(start_step, resume->dir, resume->skipped, resume->verified);
         for (const OptionChange& c : resume_changes)
             log.message(cat("[Resume] ", c.changes_run ? "--force-resume: " : "", describe_option_change(c)));
         log.log_option_changes(resume_changes);
@@ -471,6 +482,9 @@ int Trainer::run() {
     int last_checkpoint_step = start_step;
     auto save_checkpoint = [&](int completed_steps) {
         auto t0 = Clock::now();
+        // what killed runs left in --checkpoint-dir goes before this run adds to it
+        for (const RemovedDir& r : remove_partial_checkpoints(opt_.checkpoint_dir))
+            log.log_checkpoint_removed(completed_steps, r.path, r.bytes, r.reason, r.error);
         CheckpointState st;
         st.step = completed_steps;
         st.train_data = train_data.state();
@@ -481,6 +495,8 @@ int Trainer::run() {
         log.log_checkpoint(completed_steps, dir, ms_since(t0));
         last_checkpoint = dir;
         last_checkpoint_step = completed_steps;
+        for (const RemovedDir& r : prune_checkpoints(opt_.checkpoint_dir, opt_.ckpt_keep, dir))
+            log.log_checkpoint_removed(completed_steps, r.path, r.bytes, r.reason, r.error);
     };
     auto run_eval = [&](int step) {
         if (!eval_data) return;

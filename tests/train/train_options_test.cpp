@@ -133,3 +133,15 @@ TEST(TrainOptions, ToJsonHasEveryFlag) {
                             "log-file", "continue", "seed", "device", "plan-only", "memory-limit", "master-dtype"})
         EXPECT_TRUE(j.contains(key)) << key;
 }
+
+TEST(TrainOptions, CkptKeepParsesValidatesAndIsRecorded) {
+    TrainOptions o;
+    EXPECT_EQ(o.ckpt_keep, 0);  // keep all
+    EXPECT_FALSE(parse({"--ckpt-keep=3"}, o).has_value());
+    EXPECT_EQ(o.ckpt_keep, 3);
+    EXPECT_EQ(nlohmann::json::parse(o.to_json())["ckpt-keep"], 3);
+    o.model = "m";
+    o.train_file = "t.bin";
+    o.ckpt_keep = -1;
+    EXPECT_ERROR(o.validate(), "--ckpt-keep", "-1");
+}
