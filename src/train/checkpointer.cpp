@@ -142,6 +142,8 @@ std::string write_checkpoint(const std::string& root, const IModel& model, const
         j["options"] = json::parse(state.options_json);
         j["config"] = json::parse(state.config_json);
         j["device"] = state.device;
+        j["train_files"] = json::array();
+        for (const auto& [file, tokens] : state.train_files) j["train_files"].push_back({{"file", file}, {"tokens", tokens}});
         j["world_size"] = 1;
         // hashed after the model has written (and synced) its files, so the sums are of what is on disk
         j["files"] = checksum_files(tmp_dir);
@@ -167,6 +169,9 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
         s.options_json = j.at("options").dump();
         s.config_json = j.at("config").dump();
         s.device = j.value("device", "");
+        if (j.contains("train_files"))
+            for (const auto& f : j.at("train_files"))
+                s.train_files.emplace_back(f.at("file").get<std::string>(), f.at("tokens").get<int64_t>());
     } catch (const json::exception& e) {
         throw_error(cat((fs::path(dir) / kStateFile).string(), ": missing or malformed field (", e.what(), ")"));
     }

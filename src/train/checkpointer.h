@@ -24,6 +24,9 @@ struct CheckpointState {
     std::string options_json;     // TrainOptions::to_json() of the run that wrote it
     std::string config_json;      // the model's config.json
     std::string device;
+    // The training files as the data loader saw them (path, tokens): --continue checks the data is
+    // the same, not only the --train-file glob. Empty in checkpoints written before it was recorded.
+    std::vector<std::pair<std::string, int64_t>> train_files;
 };
 
 std::string checkpoint_step_dir(const std::string& root, int step);

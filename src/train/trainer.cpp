@@ -427,6 +427,26 @@ int Trainer::run() {
         eval_data = std::make_unique<DataLoader>(expand_glob(opt_.eval_file, "--eval-file"), opt_.batch_size,
                                                  opt_.seq_len, opt_.seed, false, cfg.vocab_size, "--eval-file");
     log.log_dataset("train", train_data);
+    if (resume && !resume->state.train_files.empty()) {
+        // the data order is a function of the chunks of these files: other files (a shard added under the
+        // same glob, a re-tokenised file) make another run
+        std::vector<std::pair<std::string, int64_t>> now;
+        for (const auto& file : train_data.files()) now.emplace_back(file->path(), file->size());
+        if (now != resume->state.train_files) {
+            auto list = [](const std::vector<std::pair<std::string, int64_t>>& files) {
+                std::string out;
+                for (std::size_t i = 0; i < files.size() && i < 4; ++i)
+                    out += cat(i ? ", " : "", files[i].first, " (", files[i].second, " tokens)");
+                return files.size() > 4 ? cat(out, ", ... (", files.size(), " files)") : out;
+            };
+            const std::string what = cat("--train-file: the checkpoint's run trained on ", list(resume->state.train_files),
+                                         "; this run's files are ", list(now));
+            QT_CHECK(opt_.force_resume, "--continue: this run differs from the one that wrote ", resume->dir,
+                     " in its data:\n  ", what, "\nThe data order would differ; resume with the same files, or add "
+                     "--force-resume to resume on these anyway");
+            resume_changes.push_back({"--train-file (files)", list(resume->state.train_files), list(now), true, ""});
+        }
+    }
     if (eval_data) log.log_dataset("eval", *eval_data);
 
     log.log_memory(plan, limit);
@@ -491,6 +511,7 @@ int Trainer::run() {
         st.options_json = opt_.to_json();
         st.config_json = model_config_to_json(cfg);
         st.device = device;
+        for (const auto& file : train_data.files()) st.train_files.emplace_back(file->path(), file->size());
         std::string dir = write_checkpoint(opt_.checkpoint_dir, *model, st);
         log.log_checkpoint(completed_steps, dir, ms_since(t0));
         last_checkpoint = dir;

@@ -268,3 +268,16 @@ TEST(TrainCliTrust, PlanOnlyWithoutADeviceOnAMachineWithoutAGpuPlansTheGpu) {
     const auto cpu = run_command(train_exe() + " --device=cpu --model=Qwen2.5-3B --from-scratch --plan-only --batch-size=4");
     EXPECT_TRUE(Contains(cpu.output, "[Allocator State] (cpu)")) << cpu.output;
 }
+
+// The same --train-file glob over other files is other data (another data order): refused too.
+TEST(TrainCliTrust, ContinueRefusesOtherTrainingFilesBehindTheSameGlob) {
+    Fixture f;
+    ASSERT_EQ(run_command(f.base_cmd("run") + " --steps=4 --ckpt-interval=2").exit_code, 0);
+    write_token_file(f.train_file, make_tokens(30000, 7), kVocab);  // re-tokenised: 30000 tokens, not 40000
+    const auto r = run_command(f.base_cmd("run") + " --steps=6 --continue");
+    expect_refused(r, "in its data");
+    EXPECT_TRUE(Contains(r.output, f.train_file + " (40000 tokens)")) << r.output;
+    EXPECT_TRUE(Contains(r.output, f.train_file + " (30000 tokens)")) << r.output;
+    const auto forced = run_command(f.base_cmd("run") + " --steps=6 --continue --force-resume");
+    EXPECT_EQ(forced.exit_code, 0) << forced.output;
+}
