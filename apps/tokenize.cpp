@@ -6,7 +6,8 @@
 // Documents come from text files (one per file, or cut by --doc-separator) or JSON Lines
 // (--text-field, or --prompt-field/--response-field for masked fine-tuning data); each gets
 // <|endoftext|> appended. Whole documents go to eval.bin (--eval-fraction of the input bytes,
-// counted from the start, or the first --eval-tokens tokens) and the rest to train.bin, or to
+// counted from the start, the first --eval-tokens tokens, or the first --eval-documents documents)
+// and the rest to train.bin, or to
 // train-000.bin, train-001.bin, ... of about --shard-tokens tokens each. The header's vocab size
 // is every id the tokenizer can emit, regular plus added tokens (151,665 for Qwen2.5, HF's
 // len(tokenizer)), so it bounds the tokens, <|endoftext|> = 151,643 included. llm.q writes HF's
@@ -46,13 +47,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 qtrain::Tokenizer load_tokenizer(const std::string& spec) {
-    std::error_code ec;
-    if (fs::exists(spec, ec)) return qtrain::Tokenizer::load(spec);
-    const auto dir = qtrain::find_model_dir(spec);
-    QT_CHECK(dir, "--tokenizer: '", spec,
-             "' is neither a file/directory nor a model in the local HF cache; pass the path of a "
-             "tokenizer.json, a qwen.tiktoken or a model directory");
-    return qtrain::Tokenizer::load(*dir);
+    return qtrain::Tokenizer::load(qtrain::resolve_tokenizer_path(spec, "--tokenizer"));
 }
 
 // The tokenizer of --model when --tokenizer is not given: the model's HF repo in the local cache,
@@ -194,7 +189,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> input_patterns, eval_patterns;
     qtrain::DocumentReaderOptions reader_options;
     double eval_fraction = -1;
-    int64_t eval_tokens = -1, shard_tokens = 100'000'000;
+    int64_t eval_tokens = -1, eval_documents = -1, shard_tokens = 100'000'000;
     int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     std::string special = "text", eos = "<|endoftext|>";
     bool no_progress = false, list_datasets = false;
@@ -221,8 +216,13 @@ int main(int argc, char** argv) {
     auto* frac_opt = app.add_option("--eval-fraction", eval_fraction,
                                     "documents starting in this first fraction of the input bytes go to eval.bin")
                          ->check(CLI::Range(0.0, 1.0));
-    app.add_option("--eval-tokens", eval_tokens, "the first documents, until eval.bin has this many tokens")
-        ->excludes(frac_opt);
+    auto* tokens_opt = app.add_option("--eval-tokens", eval_tokens, "the first documents, until eval.bin has this many tokens")
+                           ->excludes(frac_opt);
+    // a corpus of known parts (the demo's 66 books) splits at a part: exactly the first N documents
+    app.add_option("--eval-documents", eval_documents, "the first N documents go to eval.bin")
+        ->excludes(frac_opt)
+        ->excludes(tokens_opt)
+        ->check(CLI::PositiveNumber);
     app.add_option("--shard-tokens", shard_tokens, "start a new train shard after this many tokens")
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{2'000'000'000}));
@@ -252,7 +252,8 @@ int main(int argc, char** argv) {
             if (app.count("--doc-separator") == 0) reader_options.separator = named->doc_separator;
             const bool has_eval_file = std::any_of(named->files.begin(), named->files.end(),
                                                    [](const auto& f) { return f.eval; });
-            if (eval_fraction < 0 && eval_tokens < 0 && !has_eval_file) eval_fraction = named->eval_fraction;
+            if (eval_fraction < 0 && eval_tokens < 0 && eval_documents < 0 && !has_eval_file)
+                eval_fraction = named->eval_fraction;
             if (out_dir.empty()) out_dir = fmt::format("data/{}-{}", dataset, model);
         } else {
             QT_CHECK(!input_patterns.empty(), "no input: pass --input=FILES (or --dataset=NAME)");
@@ -262,8 +263,8 @@ int main(int argc, char** argv) {
             inputs.eval = expand_all(eval_patterns, "--eval-input");
         }
         QT_CHECK(!out_dir.empty(), "pass --out-dir=DIR");
-        QT_CHECK(inputs.eval.empty() || (eval_fraction < 0 && eval_tokens < 0),
-                 "--eval-input excludes --eval-fraction/--eval-tokens");
+        QT_CHECK(inputs.eval.empty() || (eval_fraction < 0 && eval_tokens < 0 && eval_documents < 0),
+                 "--eval-input excludes --eval-fraction/--eval-tokens/--eval-documents");
 
         // The tokenizer first: a missing one fails before any download.
         const auto load_start = Clock::now();
@@ -312,7 +313,8 @@ int main(int argc, char** argv) {
                 encode_secs += seconds_since(encode_start);
                 for (std::size_t i = 0; i < batch.size(); ++i) {
                     const bool eval = all_eval || (eval_fraction > 0 && batch[i].offset < eval_bytes) ||
-                                      (eval_tokens > 0 && eval_so_far < eval_tokens);
+                                      (eval_tokens > 0 && eval_so_far < eval_tokens) ||
+                                      (eval_documents > 0 && docs + i < static_cast<uint64_t>(eval_documents));
                     writer.add(encoded[i], eval);
                     const auto n = static_cast<int64_t>(encoded[i].tokens.size());
                     tokens += n;

@@ -77,4 +77,13 @@ std::string resolve_model_dir(const std::string& model) {
                     "local HF cache (e.g. from `huggingface-cli download`), or --from-scratch with a preset name"));
 }
 
+std::string resolve_tokenizer_path(const std::string& spec, const std::string& flag) {
+    std::error_code ec;
+    if (fs::exists(spec, ec)) return spec;
+    if (auto dir = find_model_dir(spec)) return *dir;
+    throw_error(cat(flag, ": '", spec,
+                    "' is neither a file/directory nor a model in the local HF cache; pass the path of a "
+                    "tokenizer.json, a qwen.tiktoken or a model directory"));
+}
+
 }  // namespace qtrain

@@ -13,5 +13,10 @@ namespace qtrain {
 std::optional<std::string> find_model_dir(const std::string& model);
 // As find_model_dir, but throws an error that lists the places it looked.
 std::string resolve_model_dir(const std::string& model);
+// What a --tokenizer flag names (`tokenize` and `train` take the same): an existing file or
+// directory as it is, else the directory of that model in the local HF cache. Throws naming
+// `flag` when it is neither. Which file inside a directory is the tokenizer's own business
+// (Tokenizer::load).
+std::string resolve_tokenizer_path(const std::string& spec, const std::string& flag);
 
 }  // namespace qtrain

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "tokenizer/byte_alphabet.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -15,22 +16,8 @@ namespace {
 
 using nlohmann::json;
 
-// GPT-2's byte-level alphabet: vocab strings spell each byte as one printable code point (bytes
-// that are printable stand for themselves, the rest map to U+0100 onward in byte order).
-struct ByteAlphabet {
-    int byte_of[512];
-    ByteAlphabet() {
-        std::fill(std::begin(byte_of), std::end(byte_of), -1);
-        int next = 256;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-            byte_of[printable ? b : next++] = b;
-        }
-    }
-};
-
 std::string to_bytes(const std::string& spelled, const std::string& path) {
-    static const ByteAlphabet alphabet;
+    const ByteAlphabet& alphabet = ByteAlphabet::get();
     std::string bytes;
     for (std::size_t i = 0; i < spelled.size();) {
         int len;
@@ -111,6 +98,7 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
              ": not a HF tokenizer.json (no model.vocab)");
     TokenizerSpec spec;
     spec.source = path;
+    spec.format = TokenizerFormat::kHfJson;
     try {
         const json& model = j["model"];
         check_model(model, path);

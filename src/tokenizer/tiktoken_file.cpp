@@ -66,6 +66,7 @@ Tokenizer Tokenizer::from_tiktoken(const std::string& path) {
     const std::string text = read_text_file(path);
     TokenizerSpec spec;
     spec.source = path;
+    spec.format = TokenizerFormat::kTiktoken;
     spec.nfc = true;  // Qwen's tiktoken tokenizer normalizes to NFC before splitting, like HF's
     std::vector<char> seen;
     std::size_t line_no = 0;

@@ -55,6 +55,7 @@ void split_added(const AddedTokenMatcher& matcher, std::string_view text, Specia
 
 Tokenizer::Tokenizer(TokenizerSpec spec)
     : source_(std::move(spec.source)),
+      format_(spec.format),
       added_(std::move(spec.added)),
       raw_matcher_(added_, /*normalized=*/false),
       normalized_matcher_(added_, /*normalized=*/true),

@@ -24,9 +24,17 @@
 
 namespace qtrain {
 
-// What a loader hands to the Tokenizer (tokenizer_loaders.h).
+// The kind of file a tokenizer was loaded from: what exporting it (hf_tokenizer_export.h) starts from.
+enum class TokenizerFormat {
+    kNone,      // built in memory
+    kHfJson,    // a HF tokenizer.json
+    kTiktoken,  // a tiktoken rank file
+};
+
+// What a loader hands to the Tokenizer (tokenizer_load.cpp, hf_tokenizer_json.cpp, tiktoken_file.cpp).
 struct TokenizerSpec {
     std::string source;               // file it came from, for messages
+    TokenizerFormat format = TokenizerFormat::kNone;
     std::vector<std::string> tokens;  // regular tokens: tokens[id] = bytes
     struct Merge {
         int32_t left, right, rank, result;
@@ -83,12 +91,16 @@ public:
     // Id of an added token's text, or of a regular token given as raw bytes.
     std::optional<int32_t> token_id(std::string_view token) const;
     const std::string& source() const { return source_; }
+    TokenizerFormat format() const { return format_; }
+    bool normalizes_nfc() const { return nfc_; }
+    bool ignore_merges() const { return ignore_merges_; }
 
 private:
     void encode_segment(std::string_view text, std::vector<int32_t>& out, SpecialTokens mode) const;
     void encode_pieces(std::string_view text, std::vector<int32_t>& out) const;
 
     std::string source_;
+    TokenizerFormat format_ = TokenizerFormat::kNone;
     std::shared_ptr<const BpeModel> bpe_;
     std::vector<AddedToken> added_;
     AddedTokenMatcher raw_matcher_, normalized_matcher_;

@@ -19,6 +19,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     auto* g = app.add_option_group("Model");
     g->add_option("--model", o.model, "HF model directory, org/name in the local HF cache, or a preset (Qwen2.5-0.5B ... Qwen2.5-32B)");
     g->add_flag("--from-scratch", o.from_scratch, "Random initialisation instead of loading weights (shape from --model)");
+    g->add_option("--tokenizer", o.tokenizer,
+                  "The data's tokenizer (what tokenize --tokenizer took: tokenizer.json, qwen.tiktoken, a model "
+                  "directory or a model in the local HF cache); its HF tokenizer files go to --out-dir with the "
+                  "model (default: those in --model's directory, if any)");
     g->add_option("--device", o.device, "Where to train: auto (GPU if present), cpu (reference model) or cuda")
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
@@ -126,7 +130,7 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--overwrite", o.overwrite,
                 "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) "
                 "or, with --continue and no checkpoint, --out-dir holds another run's log or model (replaced)");
-    g->add_option("--out-dir", o.out_dir, "Where the final model.safetensors and config.json go");
+    g->add_option("--out-dir", o.out_dir, "Where the final model.safetensors and config.json go (and the tokenizer files)");
     g->add_option("--log-file", o.log_file, "JSON Lines log (default: <out-dir>/log.jsonl)");
 }
 
@@ -233,7 +237,7 @@ std::string TrainOptions::to_json() const {
         j[name] = nullptr;
     }
     // Fill values explicitly (CLI11 does not expose bound variables generically).
-    j["model"] = model; j["from-scratch"] = from_scratch; j["device"] = device;
+    j["model"] = model; j["tokenizer"] = tokenizer; j["from-scratch"] = from_scratch; j["device"] = device;
     j["train-file"] = train_file; j["eval-file"] = eval_file;
     j["batch-size"] = batch_size; j["seq-len"] = seq_len;
     j["model-dtype"] = model_dtype; j["matmul-dtype"] = matmul_dtype; j["gradient-dtype"] = gradient_dtype;

@@ -15,6 +15,7 @@ namespace qtrain {
 struct TrainOptions {
     // model
     std::string model;              // HF directory, org/name in the local HF cache, or a preset name
+    std::string tokenizer;          // as `tokenize --tokenizer`; its HF files go to out_dir ("" = --model's, if any)
     bool from_scratch = false;
     std::string device = "auto";    // auto | cpu | cuda
     // data

@@ -21,12 +21,14 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "model/imodel.h"
+#include "tokenizer/hf_tokenizer_export.h"
 #include "train/checkpointer.h"
 #include "train/data_loader.h"
 #include "train/logger.h"
 #include "train/lr_schedule.h"
 #include "train/model_factory.h"
 #include "train/resume_check.h"
+#include "train/output_tokenizer.h"
 #include "train/sol.h"
 
 namespace qtrain {
@@ -67,9 +69,12 @@ float evaluate(IModel& model, DataLoader& loader, int max_batches, int batch_siz
     return valid ? static_cast<float>(loss_sum / valid) : NAN;
 }
 
-void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir) {
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                             "generation_config.json", "special_tokens_map.json"}) {
+// The files of a HF model directory besides the weights and config.json that the export carries
+// over: generation_config.json always, the tokenizer's files unless --tokenizer gave them.
+void copy_model_dir_files(const std::string& from_dir, const std::string& to_dir, bool tokenizer_files) {
+    for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+                             "merges.txt", "special_tokens_map.json"}) {
+        if (!tokenizer_files && std::string(name) != "generation_config.json") continue;
         fs::path src = fs::path(from_dir) / name;
         std::error_code ec;
         if (fs::exists(src, ec)) fs::copy_file(src, fs::path(to_dir) / name, fs::copy_options::overwrite_existing, ec);
@@ -275,6 +280,9 @@ int Trainer::run() {
              source.description, "): positions beyond it were never trained; use --seq-len<=",
              cfg.max_position_embeddings, " (or raise max_position_embeddings in the model's config.json if you mean to "
              "extend the context)");
+    // loaded now (a second or so for Qwen's 7 MB tokenizer.json), though only written at the end
+    const std::optional<Tokenizer> tokenizer =
+        opt_.plan_only ? std::nullopt : load_output_tokenizer(opt_.tokenizer, cfg.vocab_size);
     const ModelOptions mopt = opt_.model_options(device);
     // The CPU model's plan is host memory: a training run checks it against this machine's RAM (a
     // batch that does not fit would be killed by the OOM killer minutes later), like the pinned plan.
@@ -619,7 +627,13 @@ int Trainer::run() {
                         ": fix the cause and run the same command with --continue to export it"));
     }
     log.message(fmt::format("[Setup] model exported in {:.1f} s", seconds_since(t_setup)));
-    if (source.directory) copy_tokenizer_files(*source.directory, opt_.out_dir);
+    if (source.directory) copy_model_dir_files(*source.directory, opt_.out_dir, !tokenizer);
+    if (tokenizer) {
+        const std::vector<std::string> files = export_hf_tokenizer(*tokenizer, opt_.out_dir);
+        std::string names;
+        for (const std::string& f : files) names += (names.empty() ? "" : ", ") + f;
+        log.message(cat("[Setup] tokenizer files written: ", names, " (from ", tokenizer->source(), ")"));
+    }
     log.log_done(step, opt_.out_dir, std::chrono::duration<double>(Clock::now() - t_start).count());
     return 0;
 }

@@ -7,57 +7,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "reference_corpus.h"
 #include "tokenizer_test_data.h"
 
 namespace qtrain {
 namespace {
-
-struct RefDoc {
-    std::string raw, normalized;
-    std::vector<int32_t> ids[3];  // kAsText, kRecognize, kNone
-};
-constexpr SpecialTokens kModes[3] = {SpecialTokens::kAsText, SpecialTokens::kRecognize,
-                                     SpecialTokens::kNone};
-constexpr const char* kModeNames[3] = {"kAsText", "kRecognize", "kNone"};
-
-const std::vector<RefDoc>* reference() {
-    static const std::vector<RefDoc>* docs = []() -> const std::vector<RefDoc>* {
-        const std::string path = test::reference_dir() + "/reference.bin";
-        std::ifstream in(path, std::ios::binary);
-        if (!in) return nullptr;
-        auto u32 = [&] {
-            uint32_t v = 0;
-            in.read(reinterpret_cast<char*>(&v), 4);
-            return v;
-        };
-        char magic[8];
-        in.read(magic, 8);
-        if (std::string(magic, 8) != "QTOKREF1") return nullptr;
-        auto* out = new std::vector<RefDoc>(u32());
-        for (RefDoc& d : *out) {
-            for (std::string* s : {&d.raw, &d.normalized}) {
-                s->resize(u32());
-                in.read(s->data(), static_cast<std::streamsize>(s->size()));
-            }
-            for (auto& ids : d.ids) {
-                ids.resize(u32());
-                in.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
-            }
-        }
-        if (!in) {
-            delete out;
-            return nullptr;
-        }
-        return out;
-    }();
-    return docs;
-}
-
-#define QTRAIN_REQUIRE_REFERENCE(var)                                                          \
-    const std::vector<RefDoc>* var = reference();                                              \
-    if (!var)                                                                                  \
-    GTEST_SKIP() << "no " << test::reference_dir()                                             \
-                 << "/reference.bin: run scripts/tokenizer_make_reference.py (see its header)"
 
 std::string escaped(std::string_view s, std::size_t max = 120) {
     std::string out;

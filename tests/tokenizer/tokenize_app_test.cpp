@@ -104,6 +104,33 @@ TEST_F(TokenizeApp, EvalSplitTakesWholeDocumentsFromTheStart) {
               expected(std::vector<std::string>(docs.begin(), docs.begin() + k)));
 }
 
+// A corpus of known parts splits at a part: the demo's eval set is exactly its first book.
+TEST_F(TokenizeApp, EvalDocumentsTakesExactlyTheFirstN) {
+    std::vector<std::string> docs;
+    std::string text;
+    for (int i = 0; i < 12; ++i) {
+        docs.push_back("book " + std::to_string(i) + (i == 0 ? " is much longer than the others, hello hello" : ""));
+        text += docs.back() + "\n\n";
+    }
+    write_file(in_.file("d.txt"), text);
+    const RunResult r = run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=blank-line --eval-documents=1"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("eval.bin"))), expected({docs[0]}));
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), expected(std::vector<std::string>(docs.begin() + 1, docs.end())));
+
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("d.txt") + " --doc-separator=blank-line --eval-documents=5")).exit_code, 0);
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("eval.bin"))), expected(std::vector<std::string>(docs.begin(), docs.begin() + 5)));
+
+    for (const char* other : {" --eval-tokens=10", " --eval-fraction=0.1"}) {
+        const RunResult both = run_tokenize(args("--input=" + in_.file("d.txt") + " --eval-documents=1" + other));
+        EXPECT_NE(both.exit_code, 0) << other;
+        EXPECT_NE(both.output.find("--eval-documents"), std::string::npos) << both.output;
+    }
+    const RunResult zero = run_tokenize(args("--input=" + in_.file("d.txt") + " --eval-documents=0"));
+    EXPECT_NE(zero.exit_code, 0);
+    EXPECT_NE(zero.output.find("--eval-documents"), std::string::npos) << zero.output;
+}
+
 TEST_F(TokenizeApp, JsonLinesTextAndMasks) {
     write_file(in_.file("d.jsonl"),
                "{\"text\": \"hello one\", \"meta\": {\"body\": \"nested\"}}\n\n{\"text\": \"two\"}\n");

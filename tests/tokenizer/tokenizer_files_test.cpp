@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tiny_tiktoken.h"
 #include "tokenizer_test_data.h"
 
 namespace qtrain {
@@ -109,24 +110,10 @@ TEST(TokenizerJson, ClearErrors) {
 TEST(Tiktoken, RanksImplyTheMerges) {
     test::TempDir dir;
     const Tokenizer json_tok = Tokenizer::load(test::write_tiny_tokenizer_json(dir.str(), kMerges, false));
-    const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    auto base64 = [&](const std::string& s) {
-        std::string out;
-        for (std::size_t i = 0; i < s.size(); i += 3) {
-            uint32_t v = static_cast<uint8_t>(s[i]) << 16;
-            if (i + 1 < s.size()) v |= static_cast<uint8_t>(s[i + 1]) << 8;
-            if (i + 2 < s.size()) v |= static_cast<uint8_t>(s[i + 2]);
-            out += b64[(v >> 18) & 63];
-            out += b64[(v >> 12) & 63];
-            out += i + 1 < s.size() ? b64[(v >> 6) & 63] : '=';
-            out += i + 2 < s.size() ? b64[v & 63] : '=';
-        }
-        return out;
-    };
     {
         std::ofstream out(dir.file("tiny.tiktoken"));
         for (int32_t id = 0; id < json_tok.regular_vocab_size(); ++id) {
-            out << base64(json_tok.decode(std::span(&id, 1))) << " " << id << "\n";
+            out << test::base64(json_tok.decode(std::span(&id, 1))) << " " << id << "\n";
         }
     }
     const Tokenizer tik = Tokenizer::load(dir.file("tiny.tiktoken"));
