@@ -71,6 +71,9 @@ static T convert_field(const json& v, const std::string& key, const std::string&
     }
 }
 
+// A number as config.json writes it (1000000.0, 1e-05), for messages.
+static std::string num(double v) { return json(v).dump(); }
+
 template <class T>
 static T get_or(const json& j, const char* key, T fallback, const std::string& source) {
     auto it = j.find(key);
@@ -82,6 +85,135 @@ template <class T>
 static T get_required(const json& j, const char* key, const std::string& source) {
     QT_CHECK(j.contains(key) && !j[key].is_null(), source, ": missing required field '", key, "'");
     return get_or<T>(j, key, T{}, source);
+}
+
+// A field that, when present, must hold its neutral value: transformers' Qwen2 code reads it and a
+// different value changes the model, which qtrain does not implement.
+static void check_neutral_number(const json& j, const std::string& key, const std::string& where, double neutral,
+                                 const std::string& source, const char* why) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    const double v = convert_field<double>(*it, where, source);
+    QT_CHECK(v == neutral, source, ": '", where, "' = ", it->dump(), " is not supported (expected ", num(neutral), "; ",
+             why, ")");
+}
+
+// One RoPE dict, `rope_parameters` (transformers 5) or `rope_scaling` (4.x): null or absent gives
+// nullptr. It must be one flat dict for all layers and describe plain RoPE ("default").
+static const json* rope_dict(const json& j, const char* key, const std::string& source) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return nullptr;
+    QT_CHECK(it->is_object(), source, ": field '", key, "' has the wrong type (expected an object such as ",
+             "{\"rope_type\": \"default\", \"rope_theta\": 1000000.0}, got ", it->dump(), ")");
+    for (const auto& [k, v] : it->items()) {
+        // transformers 5 also accepts one dict per layer type (Gemma 3 style); its Qwen2 model indexes
+        // rope_parameters["rope_type"] and so cannot build from that form.
+        QT_CHECK(!v.is_object() && k != "full_attention" && k != "sliding_attention", source, ": '", key, ".", k,
+                 "': RoPE parameters per layer type are not supported (transformers' Qwen2 reads one dict ",
+                 "{\"rope_type\": \"default\", \"rope_theta\": ...} for all layers)");
+    }
+    // 4.x lets "type" win over "rope_type", 5.x the reverse: each one present must say "default".
+    for (const char* t : {"type", "rope_type"}) {
+        if (!it->contains(t) || (*it)[t].is_null()) continue;
+        const std::string where = cat(key, ".", t);
+        const std::string type = convert_field<std::string>((*it)[t], where, source);
+        QT_CHECK(type == "default", source, ": '", where, "' = '", type, "' is not supported (qtrain implements ",
+                 "plain RoPE, rope_type 'default'; linear, dynamic, yarn, llama3, longrope, mrope... scale or ",
+                 "split the frequencies)");
+    }
+    check_neutral_number(*it, "partial_rotary_factor", cat(key, ".partial_rotary_factor"), 1.0, source,
+                         "qtrain rotates the whole head");
+    return &*it;
+}
+
+// The RoPE base. transformers 4.x reads the top-level 'rope_theta' (default 10000) and ignores
+// 'rope_parameters'; 5.x reads 'rope_parameters' (or 'rope_scaling' when a file has one: it replaces
+// rope_parameters), falling back to the top-level 'rope_theta', then 10000. qtrain takes 5.x's value
+// and refuses a file in which the forms disagree, since one of the two libraries would then build
+// another model. A 5.x file without the top-level key is fine (4.x cannot read it at all).
+static double parse_rope_theta(const json& j, const std::string& source) {
+    const json* params = rope_dict(j, "rope_parameters", source);
+    const json* scaling = rope_dict(j, "rope_scaling", source);
+    check_neutral_number(j, "partial_rotary_factor", "partial_rotary_factor", 1.0, source,
+                         "qtrain rotates the whole head");
+
+    std::vector<std::pair<std::string, double>> given;  // every base the file writes, by field
+    if (j.contains("rope_theta") && !j["rope_theta"].is_null())
+        given.emplace_back("rope_theta", convert_field<double>(j["rope_theta"], "rope_theta", source));
+    for (auto [d, name] : {std::pair{params, "rope_parameters"}, std::pair{scaling, "rope_scaling"}}) {
+        if (d && d->contains("rope_theta") && !(*d)["rope_theta"].is_null()) {
+            const std::string where = cat(name, ".rope_theta");
+            given.emplace_back(where, convert_field<double>((*d)["rope_theta"], where, source));
+        }
+    }
+
+    auto find = [&](const std::string& where) -> const std::pair<std::string, double>* {
+        for (const auto& g : given)
+            if (g.first == where) return &g;
+        return nullptr;
+    };
+    const bool scaling_wins = scaling && !scaling->empty();
+    const auto* used = find(scaling_wins ? "rope_scaling.rope_theta" : "rope_parameters.rope_theta");
+    if (!used) used = find("rope_theta");
+    const double theta = used ? used->second : 10000.0;  // Qwen2Config's default in 4.x and 5.x
+    const std::string used_text = used ? cat("'", used->first, "' = ", num(theta)) : cat("the default ", num(theta));
+    for (const auto& [where, value] : given)
+        QT_CHECK(value == theta, source, ": '", where, "' = ", num(value), " disagrees with ", used_text,
+                 ", which transformers 5 uses (",
+                 scaling_wins && params ? "its 'rope_scaling' replaces 'rope_parameters'; " : "",
+                 "transformers 4.x reads only the top-level 'rope_theta'); make them equal");
+    // Without rope_parameters this is a 4.x file; a base only inside rope_scaling is one 4.x ignores.
+    QT_CHECK(params || find("rope_theta") || theta == 10000.0, source, ": 'rope_scaling.rope_theta' = ", num(theta),
+             " without a top-level 'rope_theta': transformers 4.x ignores it (and uses 10000.0), 5.x uses it; "
+             "add \"rope_theta\": ", num(theta));
+    return theta;
+}
+
+// Attention layout: transformers' Qwen2 gives a layer sliding-window attention when its layer_types
+// entry says so (4.x/5.x derive layer_types from use_sliding_window and max_window_layers when absent).
+static void check_full_attention(const json& j, const ModelConfig& c, const std::string& source) {
+    QT_CHECK(!c.use_sliding_window, source, ": 'use_sliding_window' = true is not supported (sliding-window ",
+             "attention; qtrain implements full causal attention, as Qwen2.5 models use)");
+    auto it = j.find("layer_types");
+    if (it == j.end() || it->is_null()) return;
+    QT_CHECK(it->is_array(), source, ": field 'layer_types' has the wrong type (expected a list of ",
+             "\"full_attention\", got ", it->dump(), ")");
+    QT_CHECK(static_cast<int>(it->size()) == c.num_hidden_layers, source, ": 'layer_types' has ", it->size(),
+             " entries but num_hidden_layers is ", c.num_hidden_layers);
+    for (size_t i = 0; i < it->size(); ++i) {
+        const std::string where = cat("layer_types[", i, "]");
+        const std::string type = convert_field<std::string>((*it)[i], where, source);
+        QT_CHECK(type == "full_attention", source, ": '", where, "' = '", type, "' is not supported (qtrain ",
+                 "implements full causal attention on every layer, layer type 'full_attention')");
+    }
+}
+
+// Fields of transformers' generic config that change the model when set and that qtrain does not implement.
+static void check_generic_fields(const json& j, const std::string& source) {
+    auto set = [&](const char* key) {
+        auto it = j.find(key);
+        return it != j.end() && !it->is_null() && !(it->is_object() && it->empty()) && !(it->is_array() && it->empty());
+    };
+    QT_CHECK(!set("quantization_config"), source, ": 'quantization_config' is set (a quantized checkpoint, ",
+             j.contains("quantization_config") ? j["quantization_config"].dump() : "", "); qtrain loads and trains ",
+             "plain fp32/bf16/fp16 weights");
+    QT_CHECK(!set("per_layer_config"), source, ": 'per_layer_config' is set (layers that differ from the global ",
+             "config, transformers 5); qtrain builds every layer from the global fields");
+    QT_CHECK(!set("pruned_heads"), source, ": 'pruned_heads' is set (transformers 4.x prunes attention heads at ",
+             "load); qtrain implements whole layers only");
+    QT_CHECK(!get_or<bool>(j, "torchscript", false, source), source, ": 'torchscript' = true is not supported ",
+             "(transformers 4.x then clones the tied lm_head instead of sharing the embedding)");
+}
+
+// Token ids are optional in transformers (null when unset); qtrain keeps -1 for "none".
+static int token_id(const json& j, const char* key, const std::string& source) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return -1;
+    if (it->is_array()) {  // eos_token_id may be a list; the first one ends generation first
+        QT_CHECK(!it->empty(), source, ": '", key, "' is an empty list");
+        return convert_field<int>((*it)[0], cat(key, "[0]"), source);
+    }
+    return convert_field<int>(*it, key, source);
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
@@ -117,32 +249,23 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
              ") * num_attention_heads (", c.num_attention_heads, ") must equal hidden_size (", c.hidden_size,
              ") for Qwen2");
     c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 32768, source);
-    c.rope_theta = get_or<double>(j, "rope_theta", 10000.0, source);
+    c.rope_theta = parse_rope_theta(j, source);
     c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
     c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
-    c.bos_token_id = get_or<int>(j, "bos_token_id", 151643, source);
-    if (j.contains("eos_token_id") && j["eos_token_id"].is_array()) {
-        QT_CHECK(!j["eos_token_id"].empty(), source, ": 'eos_token_id' is an empty list");
-        c.eos_token_id = convert_field<int>(j["eos_token_id"][0], "eos_token_id[0]", source);
-    } else {
-        c.eos_token_id = get_or<int>(j, "eos_token_id", 151643, source);
-    }
+    c.bos_token_id = token_id(j, "bos_token_id", source);
+    c.eos_token_id = token_id(j, "eos_token_id", source);
+    c.pad_token_id = token_id(j, "pad_token_id", source);
     c.use_sliding_window = get_or<bool>(j, "use_sliding_window", false, source);
     c.sliding_window = get_or<int>(j, "sliding_window", 0, source);
     c.max_window_layers = get_or<int>(j, "max_window_layers", c.num_hidden_layers, source);
     c.hidden_act = get_or<std::string>(j, "hidden_act", "silu", source);
     c.initializer_range = get_or<double>(j, "initializer_range", 0.02, source);
-    c.torch_dtype = get_or<std::string>(j, "torch_dtype", get_or<std::string>(j, "dtype", "bfloat16", source), source);
+    // transformers 5 writes "dtype", older versions "torch_dtype"; both keep "dtype" when a file has both.
+    c.torch_dtype = get_or<std::string>(j, "dtype", get_or<std::string>(j, "torch_dtype", "bfloat16", source), source);
     c.attention_dropout = get_or<double>(j, "attention_dropout", 0.0, source);
 
-    QT_CHECK(!c.use_sliding_window, source, ": use_sliding_window=true is not supported (Qwen2.5 models have it off)");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-        const json& rs = j["rope_scaling"];
-        std::string type = "?";
-        for (const char* key : {"type", "rope_type"})  // rope_type (newer) wins over type
-            if (rs.is_object() && rs.contains(key) && rs[key].is_string()) type = rs[key].get<std::string>();
-        QT_CHECK(type == "default", source, ": rope_scaling of type '", type, "' is not supported (only plain RoPE)");
-    }
+    check_full_attention(j, c, source);
+    check_generic_fields(j, source);
     QT_CHECK(c.attention_dropout == 0.0, source, ": attention_dropout must be 0 (dropout is not implemented), got ",
              c.attention_dropout);
     c.validate(source);
@@ -151,27 +274,35 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 ModelConfig load_model_config(const std::string& path) { return parse_model_config(read_text_file(path), path); }
 
+// Written so that transformers 4.x and 5.x build the same model from it: 4.x reads the top-level
+// 'rope_theta', 5.x 'rope_parameters' (both present and equal load without a warning in either), and
+// 'layer_types' says full attention on every layer, as both versions write it themselves.
 std::string model_config_to_json(const ModelConfig& c) {
+    auto id = [](int v) { return v < 0 ? json(nullptr) : json(v); };
     json j;
     j["architectures"] = {c.architecture};
     j["model_type"] = c.model_type;
     j["attention_dropout"] = c.attention_dropout;
-    j["bos_token_id"] = c.bos_token_id;
-    j["eos_token_id"] = c.eos_token_id;
+    j["bos_token_id"] = id(c.bos_token_id);
+    j["eos_token_id"] = id(c.eos_token_id);
+    if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
     j["hidden_act"] = c.hidden_act;
     j["hidden_size"] = c.hidden_size;
     j["initializer_range"] = c.initializer_range;
     j["intermediate_size"] = c.intermediate_size;
+    j["layer_types"] = std::vector<std::string>(static_cast<size_t>(c.num_hidden_layers), "full_attention");
     j["max_position_embeddings"] = c.max_position_embeddings;
     j["max_window_layers"] = c.max_window_layers;
     j["num_attention_heads"] = c.num_attention_heads;
     j["num_hidden_layers"] = c.num_hidden_layers;
     j["num_key_value_heads"] = c.num_key_value_heads;
     j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
     j["rope_theta"] = c.rope_theta;
-    j["sliding_window"] = c.sliding_window;
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     j["tie_word_embeddings"] = c.tie_word_embeddings;
-    j["torch_dtype"] = c.torch_dtype;
+    j["dtype"] = c.torch_dtype;
+    j["torch_dtype"] = c.torch_dtype;  // transformers before 4.56 read only this name
     j["use_cache"] = true;
     j["use_sliding_window"] = c.use_sliding_window;
     j["vocab_size"] = c.vocab_size;

@@ -22,14 +22,17 @@ struct ModelConfig {
     double rms_norm_eps = 1e-6;
     bool tie_word_embeddings = false;
     bool attention_bias = true;  // Qwen2: q/k/v projections have biases, o_proj has none
+    // Token ids: -1 when config.json has none (null). Not used by the math: pad_token_id would make
+    // transformers' embedding skip that row's gradient (nn.Embedding padding_idx), which qtrain does not do.
     int bos_token_id = 151643;
     int eos_token_id = 151643;
+    int pad_token_id = -1;
     bool use_sliding_window = false;
     int sliding_window = 0;
     int max_window_layers = 0;
     std::string hidden_act = "silu";
     double initializer_range = 0.02;
-    std::string torch_dtype = "bfloat16";
+    std::string torch_dtype = "bfloat16";  // config.json "dtype" (transformers 5) or "torch_dtype"
     double attention_dropout = 0.0;
 
     int q_dim() const { return num_attention_heads * head_dim; }
@@ -41,11 +44,14 @@ struct ModelConfig {
     void validate(const std::string& source) const;
 };
 
-// Parses a HF config.json (text). `source` names the file in error messages. Rejects architectures
-// other than Qwen2ForCausalLM and features qtrain does not implement (rope scaling, sliding window).
+// Parses a HF config.json (text) as transformers 4.x and 5.x write it (RoPE base as top-level
+// 'rope_theta' or in 'rope_parameters'). `source` names the file in error messages. Rejects
+// architectures other than Qwen2ForCausalLM, files whose forms disagree, and every field that
+// transformers' Qwen2 reads at a value qtrain does not implement (RoPE scaling, partial rotary,
+// sliding window, dropout, quantization, ...).
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 ModelConfig load_model_config(const std::string& config_json_path);
-// Writes a HF-compatible config.json (text).
+// Writes a config.json (text) that transformers 4.x and 5.x load to the same model.
 std::string model_config_to_json(const ModelConfig& cfg);
 
 // Built-in presets with the published shapes: Qwen2.5-0.5B, -1.5B, -3B, -7B, -14B, -32B.

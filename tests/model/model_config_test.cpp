@@ -47,6 +47,61 @@ constexpr const char* kQwen25_05B = R"({
   "vocab_size": 151936
 })";
 
+// Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+// num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, tie_word_embeddings=True,
+// max_position_embeddings=128, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+// .save_pretrained() with transformers 5.17.0: the RoPE base only inside rope_parameters.
+constexpr const char* kTinyV5 = R"({
+  "attention_dropout": 0.0,
+  "bos_token_id": null,
+  "eos_token_id": null,
+  "hidden_act": "silu",
+  "hidden_size": 32,
+  "initializer_range": 0.02,
+  "intermediate_size": 64,
+  "layer_types": ["full_attention", "full_attention"],
+  "max_position_embeddings": 128,
+  "max_window_layers": 28,
+  "model_type": "qwen2",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 2,
+  "num_key_value_heads": 2,
+  "pad_token_id": null,
+  "rms_norm_eps": 1e-05,
+  "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "transformers_version": "5.17.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 64
+})";
+
+// The same with transformers 4.57.6 (Qwen2Config(rope_theta=500000.0, ...)).
+constexpr const char* kTinyV4 = R"({
+  "attention_dropout": 0.0,
+  "hidden_act": "silu",
+  "hidden_size": 32,
+  "initializer_range": 0.02,
+  "intermediate_size": 64,
+  "layer_types": ["full_attention", "full_attention"],
+  "max_position_embeddings": 128,
+  "max_window_layers": 28,
+  "model_type": "qwen2",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 2,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 500000.0,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "transformers_version": "4.57.6",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 64
+})";
+
 // The 0.5B config with one field replaced (or removed, with a null json and remove=true).
 std::string edited(const char* key, const json& value, bool remove = false) {
     json j = json::parse(kQwen25_05B);
@@ -74,6 +129,7 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
     EXPECT_EQ(a.attention_bias, b.attention_bias);
     EXPECT_EQ(a.bos_token_id, b.bos_token_id);
     EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+    EXPECT_EQ(a.pad_token_id, b.pad_token_id);
     EXPECT_EQ(a.use_sliding_window, b.use_sliding_window);
     EXPECT_EQ(a.sliding_window, b.sliding_window);
     EXPECT_EQ(a.max_window_layers, b.max_window_layers);
@@ -136,10 +192,13 @@ TEST(ModelConfig, OptionalFieldsDefault) {
     EXPECT_EQ(c.num_key_value_heads, 14);  // no GQA when absent
     EXPECT_EQ(c.rope_theta, 10000.0);      // transformers' Qwen2Config default
     EXPECT_EQ(c.max_window_layers, 24);
-    // Newer transformers write "dtype" instead of "torch_dtype".
-    EXPECT_EQ(parse(edited("dtype", "float32")).torch_dtype, "bfloat16");  // torch_dtype present wins
-    j["dtype"] = "float32";
-    EXPECT_EQ(parse(j.dump()).torch_dtype, "float32");
+    EXPECT_EQ(c.bos_token_id, -1);  // none, as in transformers (null)
+    EXPECT_EQ(c.eos_token_id, -1);
+    EXPECT_EQ(c.pad_token_id, -1);
+    // transformers 5 writes "dtype" instead of "torch_dtype"; with both, 4.57 and 5.x keep "dtype".
+    EXPECT_EQ(parse(edited("dtype", "float32")).torch_dtype, "float32");
+    j["dtype"] = "float16";
+    EXPECT_EQ(parse(j.dump()).torch_dtype, "float16");
     // Null counts as absent.
     EXPECT_EQ(parse(edited("sliding_window", nullptr)).sliding_window, 0);
 }
@@ -209,6 +268,150 @@ TEST(ModelConfig, UnsupportedFeaturesRejected) {
     EXPECT_ERROR(parse(edited("rms_norm_eps", 0)), "rms_norm_eps");
 }
 
+// The shape both transformers versions saved, whichever form holds the RoPE base.
+void expect_tiny(const ModelConfig& c) {
+    EXPECT_EQ(c.vocab_size, 64);
+    EXPECT_EQ(c.hidden_size, 32);
+    EXPECT_EQ(c.num_attention_heads, 4);
+    EXPECT_EQ(c.num_key_value_heads, 2);
+    EXPECT_EQ(c.head_dim, 8);
+    EXPECT_EQ(c.num_hidden_layers, 2);
+    EXPECT_EQ(c.rope_theta, 500000.0);
+    EXPECT_EQ(c.rms_norm_eps, 1e-5);
+    EXPECT_TRUE(c.tie_word_embeddings);
+    EXPECT_EQ(c.bos_token_id, -1);
+    EXPECT_EQ(c.pad_token_id, -1);
+}
+
+TEST(ModelConfigRope, TransformersFiveForm) {
+    expect_tiny(parse(kTinyV5));
+    expect_tiny(parse(kTinyV4));
+    // rope_type may be left out (transformers 5 then takes "default").
+    json j = json::parse(kTinyV5);
+    j["rope_parameters"] = {{"rope_theta", 1e6}};
+    EXPECT_EQ(parse(j.dump()).rope_theta, 1e6);
+    // No base anywhere: transformers' default in both versions.
+    j["rope_parameters"] = {{"rope_type", "default"}};
+    EXPECT_EQ(parse(j.dump()).rope_theta, 10000.0);
+    j["rope_parameters"] = nullptr;
+    EXPECT_EQ(parse(j.dump()).rope_theta, 10000.0);
+}
+
+TEST(ModelConfigRope, BothFormsMustAgree) {
+    json j = json::parse(kTinyV5);
+    j["rope_theta"] = 500000.0;  // what qtrain exports: both present and equal
+    EXPECT_EQ(parse(j.dump()).rope_theta, 500000.0);
+    j["rope_theta"] = 1e6;  // 4.x would use 1e6, 5.x 500000
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_theta' = 1000000.0",
+                 "'rope_parameters.rope_theta' = 500000.0", "disagrees");
+    // A 4.x rope_scaling replaces rope_parameters in transformers 5, which then drops its base.
+    j = json::parse(kTinyV5);
+    j["rope_scaling"] = {{"type", "default"}};
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_parameters.rope_theta' = 500000.0", "10000.0",
+                 "rope_scaling");
+    j["rope_theta"] = 500000.0;  // now every reader gets 500000
+    EXPECT_EQ(parse(j.dump()).rope_theta, 500000.0);
+    // rope_scaling's own base, which transformers 4.x ignores.
+    j = json::parse(kTinyV4);
+    j.erase("rope_theta");
+    j["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_scaling.rope_theta' = 500000.0", "'rope_theta'");
+    j["rope_theta"] = 500000.0;
+    EXPECT_EQ(parse(j.dump()).rope_theta, 500000.0);
+    j["rope_theta"] = 1e6;
+    EXPECT_ERROR(parse(j.dump()), "'rope_scaling.rope_theta' = 500000.0", "'rope_theta' = 1000000.0");
+}
+
+TEST(ModelConfigRope, OnlyPlainRope) {
+    for (const char* type : {"linear", "dynamic", "yarn", "llama3", "longrope", "mrope"}) {
+        SCOPED_TRACE(type);
+        json j = json::parse(kTinyV5);
+        j["rope_parameters"]["rope_type"] = type;
+        j["rope_parameters"]["factor"] = 4.0;
+        EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_parameters.rope_type'", type, "not supported");
+        j = json::parse(kTinyV4);
+        j["rope_scaling"] = {{"type", type}, {"factor", 4.0}};
+        EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_scaling.type'", type);
+    }
+    json j = json::parse(kTinyV5);
+    j["rope_parameters"]["type"] = "yarn";  // the old name, which 4.x prefers
+    EXPECT_ERROR(parse(j.dump()), "'rope_parameters.type'", "yarn");
+    j = json::parse(kTinyV5);
+    j["rope_parameters"] = "default";
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_parameters'", "wrong type");
+    j["rope_parameters"] = {{"rope_theta", "1e6"}};
+    EXPECT_ERROR(parse(j.dump()), "'rope_parameters.rope_theta'", "wrong type");
+    // transformers 5's per-layer-type form, which its Qwen2 model cannot build from.
+    j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}};
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_parameters.full_attention'", "per layer type");
+}
+
+TEST(ModelConfigRope, PartialRotaryRefused) {
+    EXPECT_ERROR(parse(edited("partial_rotary_factor", 0.5)), "test/config.json", "'partial_rotary_factor' = 0.5");
+    json j = json::parse(kTinyV5);
+    j["rope_parameters"]["partial_rotary_factor"] = 0.25;
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'rope_parameters.partial_rotary_factor' = 0.25");
+    j["rope_parameters"]["partial_rotary_factor"] = 1.0;
+    EXPECT_EQ(parse(j.dump()).rope_theta, 500000.0);
+    EXPECT_EQ(parse(edited("partial_rotary_factor", 1)).rope_theta, 1e6);
+    EXPECT_ERROR(parse(edited("partial_rotary_factor", "half")), "'partial_rotary_factor'", "wrong type");
+}
+
+TEST(ModelConfig, LayerTypesMustBeFullAttention) {
+    json j = json::parse(kTinyV5);
+    j["layer_types"] = {"full_attention", "sliding_attention"};
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'layer_types[1]' = 'sliding_attention'", "not supported");
+    j["layer_types"] = {"full_attention"};
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'layer_types'", "1 entries", "num_hidden_layers is 2");
+    j["layer_types"] = "full_attention";
+    EXPECT_ERROR(parse(j.dump()), "'layer_types'", "wrong type");
+    j["layer_types"] = nullptr;
+    EXPECT_EQ(parse(j.dump()).num_hidden_layers, 2);
+    // use_sliding_window alone is refused too: transformers then makes layers >= max_window_layers sliding.
+    j = json::parse(kTinyV5);
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 16;
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "'use_sliding_window' = true");
+}
+
+TEST(ModelConfig, GenericFieldsThatChangeTheModelRefused) {
+    EXPECT_ERROR(parse(edited("quantization_config", {{"quant_method", "gptq"}, {"bits", 4}})), "test/config.json",
+                 "'quantization_config'", "gptq");
+    EXPECT_ERROR(parse(edited("per_layer_config", {{"0", {{"intermediate_size", 128}}}})), "test/config.json",
+                 "'per_layer_config'");
+    EXPECT_ERROR(parse(edited("pruned_heads", {{"0", {1, 2}}})), "test/config.json", "'pruned_heads'");
+    EXPECT_ERROR(parse(edited("torchscript", true)), "test/config.json", "'torchscript'");
+    // Their neutral values, as transformers writes or reads them.
+    for (const char* k : {"quantization_config", "per_layer_config", "pruned_heads"}) {
+        SCOPED_TRACE(k);
+        EXPECT_EQ(parse(edited(k, nullptr)).hidden_size, 896);
+        EXPECT_EQ(parse(edited(k, json::object())).hidden_size, 896);
+    }
+    EXPECT_EQ(parse(edited("torchscript", false)).hidden_size, 896);
+    // Fields transformers' Qwen2 never reads change nothing there either.
+    EXPECT_EQ(parse(edited("use_mrope", false)).hidden_size, 896);
+}
+
+TEST(ModelConfig, TokenIds) {
+    const ModelConfig c = parse(edited("pad_token_id", 151643));
+    EXPECT_EQ(c.pad_token_id, 151643);
+    EXPECT_EQ(c.bos_token_id, 151643);
+    EXPECT_EQ(parse(edited("bos_token_id", nullptr)).bos_token_id, -1);
+    EXPECT_ERROR(parse(edited("pad_token_id", "pad")), "test/config.json", "'pad_token_id'", "wrong type");
+    // Exported as given: a null id stays null (transformers 5 warns about ids outside the vocabulary).
+    ModelConfig tiny = parse(kTinyV5);
+    json j = json::parse(model_config_to_json(tiny));
+    EXPECT_TRUE(j["bos_token_id"].is_null());
+    EXPECT_TRUE(j["eos_token_id"].is_null());
+    EXPECT_FALSE(j.contains("pad_token_id"));
+    tiny.pad_token_id = 3;
+    tiny.eos_token_id = 2;
+    j = json::parse(model_config_to_json(tiny));
+    EXPECT_EQ(j["pad_token_id"], 3);
+    EXPECT_EQ(j["eos_token_id"], 2);
+    expect_same(parse(j.dump()), tiny);
+}
+
 // Published sizes: https://huggingface.co/Qwen (model cards), as "Number of Parameters".
 TEST(ModelConfigPresets, PublishedParameterCounts) {
     const std::pair<const char*, double> published[] = {
@@ -252,6 +455,32 @@ TEST(ModelConfigJson, RoundTrips) {
     EXPECT_EQ(j["architectures"], json::array({"Qwen2ForCausalLM"}));
     EXPECT_EQ(j["model_type"], "qwen2");
     EXPECT_EQ(j["eos_token_id"], 151645);
+}
+
+// What transformers 4.x reads (top-level rope_theta, torch_dtype before 4.56) and what 5.x reads
+// (rope_parameters, dtype), with the same values; no sliding layer for either.
+TEST(ModelConfigJson, WritesBothTransformersForms) {
+    for (const char* text : {kTinyV5, kTinyV4}) {
+        ModelConfig c = parse(text);
+        c.torch_dtype = "float32";
+        const json j = json::parse(model_config_to_json(c));
+        EXPECT_EQ(j["rope_theta"], 500000.0);
+        EXPECT_EQ(j["rope_parameters"], json({{"rope_type", "default"}, {"rope_theta", 500000.0}}));
+        EXPECT_EQ(j["rms_norm_eps"], 1e-5);
+        EXPECT_EQ(j["tie_word_embeddings"], true);
+        EXPECT_EQ(j["layer_types"], json({"full_attention", "full_attention"}));
+        EXPECT_EQ(j["use_sliding_window"], false);
+        EXPECT_EQ(j["dtype"], "float32");
+        EXPECT_EQ(j["torch_dtype"], "float32");
+        EXPECT_FALSE(j.contains("rope_scaling"));
+        expect_same(parse(j.dump()), c);
+        // Each version's view alone gives the same model.
+        json v4 = j, v5 = j;
+        v4.erase("rope_parameters");
+        v5.erase("rope_theta");
+        expect_same(parse(v4.dump()), c);
+        expect_same(parse(v5.dump()), c);
+    }
 }
 
 TEST(ModelConfigJson, LoadFromFile) {

@@ -75,9 +75,12 @@ def main():
 
     # the shared init
     model_dir = os.path.join(a.work, "init")
+    # RoPE base and eps that no fallback gives (qtrain's: 10000, 1e-6). transformers 5 turns the
+    # rope_theta argument into rope_parameters and writes only that; 4.x writes rope_theta.
+    theta, eps = 500000.0, 1e-5
     cfg = Qwen2Config(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                       num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6)
+                      max_position_embeddings=4096, rope_theta=theta, rms_norm_eps=eps)
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(model_dir, safe_serialization=True)
 
@@ -94,6 +97,10 @@ def main():
         print(r.stdout[-3000:], r.stderr[-3000:])
         sys.exit("qtrain failed")
     events = [json.loads(l) for l in open(os.path.join(out, "log.jsonl"))]
+    qcfg = next(e for e in events if e["log"] == "model")["config"]
+    if qcfg["rope_theta"] != theta or qcfg["rms_norm_eps"] != eps:
+        sys.exit(f"qtrain read rope_theta {qcfg['rope_theta']}, rms_norm_eps {qcfg['rms_norm_eps']} from "
+                 f"{model_dir}/config.json (saved {theta}, {eps})")
     q_steps = [e["loss"] for e in events if e["log"] == "step"]
     q_eval = [e["loss"] for e in events if e["log"] == "eval"][-1]
 
