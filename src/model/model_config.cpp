@@ -39,6 +39,8 @@ void ModelConfig::validate(const std::string& source) const {
     QT_CHECK(head_dim % 2 == 0, source, ": head_dim must be even for RoPE, got ", head_dim);
     QT_CHECK(rms_norm_eps > 0, source, ": rms_norm_eps must be positive, got ", rms_norm_eps);
     QT_CHECK(rope_theta > 0, source, ": rope_theta must be positive, got ", rope_theta);
+    QT_CHECK(pad_token_id < vocab_size, source, ": pad_token_id ", pad_token_id, " is outside the vocabulary (",
+             vocab_size, " tokens); transformers' nn.Embedding refuses such a padding_idx too");
     QT_CHECK(hidden_act == "silu", source, ": hidden_act '", hidden_act, "' is not supported (expected silu)");
 }
 

@@ -22,8 +22,9 @@ struct ModelConfig {
     double rms_norm_eps = 1e-6;
     bool tie_word_embeddings = false;
     bool attention_bias = true;  // Qwen2: q/k/v projections have biases, o_proj has none
-    // Token ids: -1 when config.json has none (null). Not used by the math: pad_token_id would make
-    // transformers' embedding skip that row's gradient (nn.Embedding padding_idx), which qtrain does not do.
+    // Token ids: -1 when config.json has none (null). pad_token_id changes the training math as in
+    // transformers (nn.Embedding's padding_idx): the lookup's backward gives that row no gradient
+    // (tied models still get the LM head's); bos/eos are only recorded.
     int bos_token_id = 151643;
     int eos_token_id = 151643;
     int pad_token_id = -1;

@@ -1025,3 +1025,39 @@ TEST(CudaModel, ABrokenStepChangesNoWeightOrMoment) {
             << "the model does not train on after a skipped step";
     }
 }
+
+// pad_token_id (HF's padding_idx): the GPU's embedding backward leaves the pad token's row without
+// gradient and every other row exactly as without it (the same groups, summed in the same order).
+TEST(CudaModel, ThePadTokensEmbeddingRowGetsNoGradient) {
+    QTRAIN_REQUIRE_GPU();
+    ModelConfig cfg = make_config(kShapes[1]);
+    cfg.tie_word_embeddings = false;
+    const Data d = make_batch(2, 64, cfg.vocab_size, 21);
+    const int pad = d.in[5];
+    auto grad = [&](int pad_id, ModelOptions o) {
+        ModelConfig c = cfg;
+        c.pad_token_id = pad_id;
+        CudaModel m(c, o);
+        m.init_random(2);
+        m.forward_backward(Batch{d.in.data(), d.tgt.data(), 2, 64}, 1.0f);
+        return m.download("model.embed_tokens.weight", CudaModel::Which::Grad);
+    };
+    for (bool host_grads : {false, true}) {
+        SCOPED_TRACE(host_grads ? "embedding gradient summed in pinned host memory" : "on the device");
+        ModelOptions o = options(DType::BF16, 2, 64);
+        if (host_grads) o.shard_weights = o.offload_gradients = true;
+        const auto plain = grad(-1, o), padded = grad(pad, o);
+        ASSERT_EQ(plain.size(), padded.size());
+        const int C = cfg.hidden_size;
+        bool had = false;
+        for (size_t i = 0; i < plain.size(); ++i) {
+            if (static_cast<int>(i / C) == pad) {
+                had |= plain[i] != 0.0f;
+                ASSERT_EQ(padded[i], 0.0f) << "pad row, column " << i % C;
+            } else {
+                ASSERT_EQ(padded[i], plain[i]) << "row " << i / C << ", column " << i % C;
+            }
+        }
+        EXPECT_TRUE(had);
+    }
+}

@@ -39,11 +39,13 @@ from safetensors.numpy import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 SHAPES = [
-    # name, vocab, hidden, inter, layers, heads, kv_heads, tied, rope_theta, rms_norm_eps
-    ("d64_gqa2_tied", 1000, 256, 512, 2, 4, 2, True, 500000.0, 1e-5),
-    ("d128_gqa4_untied", 1537, 512, 768, 3, 4, 1, False, 2000000.0, 1e-5),
-    ("d64_gqa7_untied", 2111, 448, 1024, 2, 7, 1, False, 500000.0, 1e-5),
-    ("d128_mha_tied", 777, 256, 384, 2, 2, 2, True, 2000000.0, 1e-5),
+    # name, vocab, hidden, inter, layers, heads, kv_heads, tied, rope_theta, rms_norm_eps, pad: whether
+    # config.json sets pad_token_id (to a token of the batch: HF's nn.Embedding padding_idx then gives
+    # that row no gradient from the lookup, and qtrain must do the same)
+    ("d64_gqa2_tied", 1000, 256, 512, 2, 4, 2, True, 500000.0, 1e-5, True),
+    ("d128_gqa4_untied", 1537, 512, 768, 3, 4, 1, False, 2000000.0, 1e-5, True),
+    ("d64_gqa7_untied", 2111, 448, 1024, 2, 7, 1, False, 500000.0, 1e-5, False),
+    ("d128_mha_tied", 777, 256, 384, 2, 2, 2, True, 2000000.0, 1e-5, False),
 ]
 B, T = 2, 96
 # lr 3e-4: the losses fall from ~8 to 0.4-0.001 in 20 steps. Each optimizer mismatch tried on the
@@ -58,13 +60,14 @@ DEVICE = "cuda"
 TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 
 
-def qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps):
+def qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad=None):
     """The config in the installed transformers' own terms (5.x: rope_parameters, 4.x: rope_theta)."""
     rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if TRANSFORMERS_5
             else {"rope_theta": theta})
     return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
-                       max_position_embeddings=4096, rms_norm_eps=eps, initializer_range=0.05, **rope)
+                       max_position_embeddings=4096, rms_norm_eps=eps, initializer_range=0.05, pad_token_id=pad,
+                       **rope)
 
 
 def hf_rope_theta(cfg):
@@ -186,9 +189,12 @@ def main():
         print(line, flush=True)
         summary.append(line)
 
-    for name, vocab, hidden, inter, layers, heads, kv, tied, theta, eps in SHAPES:
+    for name, vocab, hidden, inter, layers, heads, kv, tied, theta, eps, with_pad in SHAPES:
         d = os.path.join(a.work, name)
-        cfg = qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps)
+        rng = np.random.default_rng(1)
+        tokens = rng.integers(0, vocab, size=B * (T + 1))
+        pad = int(tokens[10]) if with_pad else None
+        cfg = qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad)
         save_random_model(d, cfg, zlib.crc32(name.encode()) % 1000)
         # The file is in this transformers' format, and transformers itself reads the intended base back.
         with open(os.path.join(d, "config.json")) as f:
@@ -196,9 +202,8 @@ def main():
         back = Qwen2Config.from_pretrained(d)
         assert hf_rope_theta(back) == theta and back.rms_norm_eps == eps, (hf_rope_theta(back), back.rms_norm_eps)
         print(f"{name:18s} config.json: rope_theta {saved.get('rope_theta')}, rope_parameters "
-              f"{saved.get('rope_parameters')}, rms_norm_eps {saved.get('rms_norm_eps')}", flush=True)
-        rng = np.random.default_rng(1)
-        tokens = rng.integers(0, vocab, size=B * (T + 1))
+              f"{saved.get('rope_parameters')}, rms_norm_eps {saved.get('rms_norm_eps')}, pad_token_id "
+              f"{saved.get('pad_token_id')}", flush=True)
         tok_path = os.path.join(d, "tokens.bin")
         write_tokens(tok_path, tokens, vocab)
         ref_loss, ref_logits, ref_grads = hf_reference(d, tokens)

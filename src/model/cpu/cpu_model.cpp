@@ -361,7 +361,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }
-    cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C);
+    cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
 }
 
 void CpuModel::quantize_weights() {

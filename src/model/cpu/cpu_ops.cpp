@@ -18,9 +18,10 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
         std::memcpy(out + static_cast<int64_t>(n) * C, table + static_cast<int64_t>(tokens[n]) * C, sizeof(float) * C);
 }
 
-void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C) {
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C, int32_t skip_token) {
     // Sequential: two positions may hold the same token, and the sum must not depend on threads.
     for (int n = 0; n < N; ++n) {
+        if (tokens[n] == skip_token) continue;
         float* d = dtable + static_cast<int64_t>(tokens[n]) * C;
         const float* g = dout + static_cast<int64_t>(n) * C;
         for (int c = 0; c < C; ++c) d[c] += g[c];

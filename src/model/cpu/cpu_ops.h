@@ -34,7 +34,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // out[n,:] = table[tokens[n],:]. Tokens must lie in [0, V) (the caller validates).
 void embedding_forward(float* out, const int32_t* tokens, const float* table, int N, int C);
 // dtable[tokens[n],:] += dout[n,:], in token order (repeated tokens sum deterministically).
-void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C);
+// Positions holding `skip_token` add nothing (the config's pad_token_id, HF's padding_idx; -1 = none).
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, int N, int C, int32_t skip_token = -1);
 
 // HF Qwen2RMSNorm in fp32: out = weight * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), per row.
 // rstd[N] is saved for the backward.

@@ -38,20 +38,26 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
     CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_tgt, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     if (with_embedding_plan) {
         // group positions by token (stable: increasing position within a token) for the
-        // deterministic embedding backward
+        // deterministic embedding backward; the pad token's positions (HF's padding_idx) sort last
+        // and belong to no group, so its row gets no gradient from the lookup
+        const int32_t pad = config_.pad_token_id;
+        auto key = [&](int i) { return batch.inputs[i] == pad ? INT32_MAX : batch.inputs[i]; };
         std::vector<int32_t> order(N);
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return batch.inputs[a] < batch.inputs[b]; });
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) < key(b); });
+        const int grouped = static_cast<int>(
+            std::find_if(order.begin(), order.end(), [&](int i) { return batch.inputs[i] == pad; }) - order.begin());
         int u = 0;
         for (int i = 0; i < N; ++i) {
+            h_pos[i] = order[i];
+            if (i >= grouped) continue;
             if (i == 0 || batch.inputs[order[i]] != batch.inputs[order[i - 1]]) {
                 h_unique[u] = batch.inputs[order[i]];
                 h_off[u] = i;
                 ++u;
             }
-            h_pos[i] = order[i];
         }
-        h_off[u] = N;
+        h_off[u] = grouped;
         int32_t* h_scalars = st + 5 * N + 1;
         h_scalars[2] = u;
         CUDA_CHECK(cudaMemcpyAsync(buf_.emb_unique, h_unique, u * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
