@@ -109,12 +109,17 @@ for phase in $PHASES; do
     rehearse)  # issue 5's 24 GB rehearsal (1.5B, 3B, 7B bf16 and FP8 under --memory-limit=24GiB)
       bench/rehearse_24gb.sh 2>&1 | tail -12 ;;
     abstep)  # the optimizer step's read-back before AdamW (issue 17) against the step before it, same call:
-             # needs .gpu-ab/cuda_model_step.cpp (the old file); rebuilds `train` with it into $B-ab (~1 min)
+             # $B/old/train is `train` built with the previous optimizer_step (carried), else it is rebuilt
+             # here from .gpu-ab/cuda_model_step.cpp (the old file) into /tmp/qt-ab/build-ab
       F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2 --fp8-fast-accum=all --gemm-autotune --use-cuda-graphs"
-      rm -rf /tmp/qt-ab && cp -r . /tmp/qt-ab 2>/dev/null; cp .gpu-ab/cuda_model_step.cpp /tmp/qt-ab/src/model/cuda/
-      (cd /tmp/qt-ab && scripts/gpu_build.sh build-ab > /dev/null 2>&1) || echo "old build failed"
+      OLD=$B/old
+      if [ ! -x "$OLD/train" ]; then
+        rm -rf /tmp/qt-ab && cp -r . /tmp/qt-ab 2>/dev/null; cp .gpu-ab/cuda_model_step.cpp /tmp/qt-ab/src/model/cuda/
+        (cd /tmp/qt-ab && scripts/gpu_build.sh build-ab > /dev/null 2>&1) || echo "old build failed"
+        OLD=/tmp/qt-ab/build-ab
+      fi
       for round in 1 2; do
-        for b in "$B" /tmp/qt-ab/build-ab; do
+        for b in "$B" "$OLD"; do
           echo -n "$b 0.5B b32: "; BUILD_DIR=$b STEPS=40 SKIP=28 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 32 $F8 2>&1 | tail -1
         done
       done ;;
