@@ -49,7 +49,7 @@ SHAPES = [
 ]
 B, T = 2, 96
 # lr 1e-4: the losses fall from ~8 to 3.3-0.016 in 20 steps. An optimizer mismatch in qtrain fails the
-# check on the H200 (.gpu-ab-style probe, 2026-12-01; worst step against the 5e-5 bound, two shapes):
+# check on the H200 (compare_hf_sensitivity.py, 2026-12-01; worst step against the 5e-5 bound, two shapes):
 # --learning-rate +1% 8.6e-3 / 5.6e-2, --beta-2=0.999 2.6e-2 / 1.4e-1, --weight-decay=0 2.2e-4 / 1.1e-3,
 # --grad-clip=0 1.5e-3 / 1.9, while qtrain itself stays within 1.2e-6 of HF eager on every shape. At 3e-4 the models memorise the batch (losses ~1e-3 after 20 steps) and the relative
 # difference of such a loss is rounding noise: on the H200, d128_gqa4_untied reached 6.4e-5 at its
