@@ -160,8 +160,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     if (buf_.master) zero(buf_.master, layout_.total * sizeof(float));
     if (buf_.weights != buf_.master) zero(buf_.weights, layout_.total * dtype_size(opt_.model_dtype));
     zero(buf_.grads, layout_.total * dtype_size(opt_.param_grad_dtype));
-    zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
-    zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
+    zero(optimizer_->m(), layout_.total * dtype_size(opt_.opt_m_dtype));
+    zero(optimizer_->v(), layout_.total * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
 
     // RoPE tables, computed on the host exactly as the CPU reference (and HF) does
@@ -190,8 +190,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
         segs.push_back({off, layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0, slot});
     }
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
-    CUDA_CHECK(cudaMemcpyAsync(buf_.segments, segs.data(), segs.size() * sizeof(cuda::ParamSegment),
-                               cudaMemcpyHostToDevice, stream_));
+    optimizer_->upload_segments(segs, stream_);
     zero_resident_grads();
     weights_changed();
     sync();
@@ -317,8 +316,8 @@ void CudaModel::init_random(uint64_t seed) {
         upload_parameters(layout_.offsets[i], host.get(), s.numel());
         report_progress("initialising", done += s.numel(), total);
     }
-    zero(buf_.adam_m, layout_.total * dtype_size(opt_.opt_m_dtype));
-    zero(buf_.adam_v, layout_.total * dtype_size(opt_.opt_v_dtype));
+    zero(optimizer_->m(), layout_.total * dtype_size(opt_.opt_m_dtype));
+    zero(optimizer_->v(), layout_.total * dtype_size(opt_.opt_v_dtype));
     refresh_weights();
     sync();
 }
@@ -375,8 +374,8 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
             if (stage_grads_ && host_grads_fresh_) break;  // the host still holds the last step's: logically zero
             fetch(buf_.grads, opt_.param_grad_dtype);
             break;
-        case Which::AdamM: fetch(buf_.adam_m, opt_.opt_m_dtype); break;
-        case Which::AdamV: fetch(buf_.adam_v, opt_.opt_v_dtype); break;
+        case Which::AdamM: fetch(optimizer_->m(), opt_.opt_m_dtype); break;
+        case Which::AdamV: fetch(optimizer_->v(), opt_.opt_v_dtype); break;
     }
     return out;
 }
@@ -453,8 +452,8 @@ void CudaModel::load_checkpoint(const std::string& dir) {
                 cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
                 sync();
             };
-            load_moment(s.name + ".exp_avg", buf_.adam_m, opt_.opt_m_dtype);
-            load_moment(s.name + ".exp_avg_sq", buf_.adam_v, opt_.opt_v_dtype);
+            load_moment(s.name + ".exp_avg", optimizer_->m(), opt_.opt_m_dtype);
+            load_moment(s.name + ".exp_avg_sq", optimizer_->v(), opt_.opt_v_dtype);
             report_progress("loading the checkpoint", done += 3 * n, 3 * config_.num_parameters());
         }
     } catch (...) {

@@ -15,6 +15,7 @@
 #include "cuda/op_timer.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/optimizer_state.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
 
@@ -140,11 +141,6 @@ private:
     // layer l's freshly written input residual to host on the residual stream; residual_load(l)
     // starts copying it back into its slot unless the slot still holds it (the backward prefetches
     // l - 1 while l computes); residual_get(l) makes the compute stream wait for that copy.
-    // the AdamW update over the flat buffers: zero-copy, or double-buffered through the staging
-    // chunks (--offload-double-buffer; cuda_model_optimizer.cpp)
-    void run_adamw(const cuda::AdamWArgs& args, float* weight_amax);
-    void create_optimizer_streams();
-    void destroy_optimizer_streams();
     void residual_write(int l);
     void residual_written(int l);
     void residual_load(int l);
@@ -203,9 +199,7 @@ private:
     cudaStream_t res_stream_ = nullptr;
     cudaEvent_t r_written_[2] = {}, r_saved_[2] = {}, r_free_[2] = {}, r_loaded_[2] = {};
     int res_slot_layer_[2] = {-1, -1};  // the layer whose input residual each slot holds
-    bool opt_staged_ = false;  // --offload-double-buffer with something offloaded
-    cudaStream_t opt_in_stream_ = nullptr, opt_out_stream_ = nullptr;
-    cudaEvent_t opt_start_ = nullptr, opt_in_done_[2] = {}, opt_computed_[2] = {}, opt_out_done_[2] = {};
+    std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
 };
 
 }  // namespace qtrain

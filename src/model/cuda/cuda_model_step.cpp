@@ -388,7 +388,8 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
             // (streamed layers are quantised, amax included, as they arrive instead)
             const bool fused_amax = fp8_ && !stream_weights_;
             if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
-            run_adamw(args, fused_amax ? buf_.weight_amax : nullptr);
+            optimizer_->update(args, {buf_.master, buf_.grads, buf_.weights == buf_.master ? nullptr : buf_.weights},
+                               buf_.norm_out, fused_amax ? buf_.weight_amax : nullptr, stream_);
         }
         if (stage_grads_) {
             host_grads_fresh_ = true;  // the next backward copies instead of adding

@@ -70,11 +70,11 @@ void CudaModel::create_streams() {
         CUDA_CHECK(cudaStreamCreateWithFlags(&res_stream_, cudaStreamNonBlocking));
         for (int s = 0; s < 2; ++s) event(r_written_[s]), event(r_saved_[s]), event(r_free_[s]), event(r_loaded_[s]);
     }
-    create_optimizer_streams();
+    optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_, layout_.total);
 }
 
 void CudaModel::destroy_streams() {
-    destroy_optimizer_streams();
+    optimizer_.reset();  // waits for its copy streams
     for (cudaStream_t s : {copy_stream_, grad_stream_, res_stream_})
         if (s) cudaStreamSynchronize(s);
     for (int s = 0; s < 2; ++s)

@@ -109,14 +109,14 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                                                                                 : non_layer);
         for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);
     }
-    b.adam_m = am.take_typed(P, opt.opt_m_dtype);
-    b.adam_v = av.take_typed(P, opt.opt_v_dtype);
+    b.opt.adam_m = am.take_typed(P, opt.opt_m_dtype);
+    b.opt.adam_v = av.take_typed(P, opt.opt_v_dtype);
     if (opt.offload_double_buffer) {
-        b.opt_chunk = std::min<int64_t>(opt.optimizer_chunk, (P + 63) / 64 * 64);
+        b.opt.chunk = std::min<int64_t>(opt.optimizer_chunk, (P + 63) / 64 * 64);
         const DType types[5] = {DType::F32, opt.param_grad_dtype, opt.opt_m_dtype, opt.opt_v_dtype, A};
         for (int a = 0; a < 5; ++a)
             if (optimizer_array_on_host(opt, static_cast<OptArray>(a)))
-                for (void*& s : b.opt_stage[a]) s = opt_staging.take_typed(b.opt_chunk, types[a]);
+                for (void*& s : b.opt.stage[a]) s = opt_staging.take_typed(b.opt.chunk, types[a]);
     }
 
     // A recomputed activation gets one buffer for all layers (taken by its first layer; pointers are
@@ -197,8 +197,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.emb_unique = ws.take_n<int32_t>(N);
     b.emb_offsets = ws.take_n<int32_t>(N + 1);
     b.emb_positions = ws.take_n<int32_t>(N);
-    b.num_segments = static_cast<int>(layout.specs.size());
-    b.segments = ws.take(sizeof(cuda::ParamSegment) * b.num_segments);
+    b.opt.num_segments = static_cast<int>(layout.specs.size());
+    b.opt.segments = ws.take(sizeof(cuda::ParamSegment) * b.opt.num_segments);
 
     b.step_scalars = ws.take_n<float>(4);
 

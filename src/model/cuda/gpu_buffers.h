@@ -72,13 +72,26 @@ struct GpuLayerActivations {
     void* xT[4] = {nullptr, nullptr, nullptr, nullptr};
 };
 
+// The optimizer-state role's memory (optimizer_state.h): Adam's moments over the flat parameter
+// space, the weight-decay segment table, and the double-buffered optimizer's staging chunks: for each
+// flat array AdamW touches that lives in pinned host memory (kOptMaster .. kOptWeights), two device
+// chunks of `chunk` elements that the copy engines fill and drain while AdamW works on the other
+// (null: not staged; --offload-double-buffer).
+struct OptimizerBuffers {
+    void* adam_m = nullptr;
+    void* adam_v = nullptr;
+    void* segments = nullptr;  // ParamSegment table
+    int num_segments = 0;
+    void* stage[5][2] = {};
+    int64_t chunk = 0;
+};
+
 struct GpuBuffers {
     // parameters (layout: GpuParamLayout)
     void* weights = nullptr;  // act dtype; == master in fp32 mode
     float* master = nullptr;
     void* grads = nullptr;  // fp32, or bf16 with --param-grad-dtype=bf16 (then in pinned host memory)
-    void* adam_m = nullptr;
-    void* adam_v = nullptr;
+    OptimizerBuffers opt;   // handed to the optimizer-state role
     // saved activations
     std::vector<GpuLayerActivations> layers;
     void* res_final = nullptr;  // residual after the last layer
@@ -89,8 +102,6 @@ struct GpuBuffers {
     float *losses, *col_scratch, *norm_partials, *norm_out, *loss_acc, *cos_sin;
     void* attn_workspace = nullptr;
     int32_t *inputs, *targets, *emb_unique, *emb_offsets, *emb_positions;
-    void* segments = nullptr;  // ParamSegment table
-    int num_segments = 0;
     // pinned host staging for the per-micro-batch uploads
     int32_t* host_staging = nullptr;  // inputs | targets | unique | offsets | positions | scalars
     // per-micro-batch scalars on the device, read by the kernels (so a CUDA graph can replay the
@@ -134,17 +145,12 @@ struct GpuBuffers {
     // uses res_slots[l % 2], which layers[l].res_in points to) and the backward loads them back.
     void* res_host = nullptr;
     void* res_slots[2] = {nullptr, nullptr};
-    // Double-buffered optimizer (--offload-double-buffer): for each flat array AdamW touches that lives
-    // in pinned host memory (kOptMaster .. kOptWeights), two device chunks of opt_chunk elements that
-    // the copy engines fill and drain while AdamW works on the other (null: not staged).
-    void* opt_stage[5][2] = {};
-    int64_t opt_chunk = 0;
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };
 
-// The flat arrays of the optimizer, in GpuBuffers::opt_stage order.
+// The flat arrays of the optimizer, in OptimizerBuffers::stage order.
 enum OptArray { kOptMaster = 0, kOptGrads = 1, kOptM = 2, kOptV = 3, kOptWeights = 4 };
 // Whether array a lives in pinned host memory under these options (so the double-buffered optimizer
 // stages it).
