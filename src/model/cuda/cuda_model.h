@@ -16,6 +16,7 @@
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/optimizer_state.h"
+#include "model/cuda/residual_offload.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
 
@@ -136,16 +137,6 @@ private:
     void zero_resident_grads();
     void wait_for_gradients();  // compute stream waits for every flush queued so far
     uint32_t grad_rounding_seed() const;  // --param-grad-dtype=bf16: the seed of the host sums' rounding
-    // --offload-residual: residual_write(l) makes the compute stream wait until layer l's slot may be
-    // overwritten (the copy to host of its previous occupant is done); residual_written(l) copies
-    // layer l's freshly written input residual to host on the residual stream; residual_load(l)
-    // starts copying it back into its slot unless the slot still holds it (the backward prefetches
-    // l - 1 while l computes); residual_get(l) makes the compute stream wait for that copy.
-    void residual_write(int l);
-    void residual_written(int l);
-    void residual_load(int l);
-    void residual_get(int l);
-    std::size_t residual_bytes() const;
     void create_streams();
     void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
@@ -195,10 +186,7 @@ private:
     std::vector<char> quant_stored_;
     bool slot_has_matrices_[2] = {true, true};
     bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
-    bool offload_res_ = false;       // --offload-residual
-    cudaStream_t res_stream_ = nullptr;
-    cudaEvent_t r_written_[2] = {}, r_saved_[2] = {}, r_free_[2] = {}, r_loaded_[2] = {};
-    int res_slot_layer_[2] = {-1, -1};  // the layer whose input residual each slot holds
+    std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
 };
 

@@ -81,7 +81,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
     auto W = [&](int64_t off) { return weight(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
-    residual_write(0);
+    residuals_->before_write(0);
     {
         auto t_ = timer_.scope("embedding", stream_);
         cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
@@ -94,7 +94,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
                                        buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_,
                                        act_amax(0, kQkv));
     }
-    residual_written(0);
+    residuals_->written(0);
     for (int l = 0; l < L; ++l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
@@ -130,13 +130,13 @@ void CudaModel::forward(int B, int T, bool for_backward) {
         float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
         if (!last) get(l + 1);  // its input norm weight is fused in here
         const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
-        if (!last) residual_write(l + 1);
+        if (!last) residuals_->before_write(l + 1);
         {
             auto t_ = timer_.scope("rmsnorm fwd", stream_);
             cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
                                            stream_, last ? nullptr : act_amax(l + 1, kQkv));
         }
-        if (!last) residual_written(l + 1);
+        if (!last) residuals_->written(l + 1);
         release(l);
     }
     keep_xT_ = false;
@@ -240,9 +240,9 @@ void CudaModel::backward(int B, int T) {
         gather(l);      // weight streaming: normally already in its slot
         gather(l - 1);  // prefetch the next layer down
         get(l);
-        residual_load(l);      // residual offload: normally already in its slot
-        residual_load(l - 1);  // prefetch
-        residual_get(l);
+        residuals_->load(l);      // residual offload: normally already in its slot
+        residuals_->load(l - 1);  // prefetch
+        residuals_->get(l);
         begin_layer_grads(l);
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection

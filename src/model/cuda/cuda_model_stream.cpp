@@ -24,10 +24,7 @@
 // --param-grad-dtype=bf16 halves the host copy: the copy/add become one kernel that rounds the sum
 // to bf16 stochastically while writing host memory (the device slots still accumulate in fp32).
 //
-// --offload-residual: each layer's input residual (what --recompute-block keeps per layer) goes to
-// pinned host memory on a residual stream as soon as it is written; the layers share two device
-// slots (layer l in slot l % 2). The backward loads layer l - 1 back while layer l computes; the two
-// layers at the turn are still in their slots. Copies only: results are bit-identical.
+// (--offload-residual is a role of its own: residual_offload.h.)
 //
 // Both modes do the same arithmetic in the same order as the flat buffers, so results are
 // bit-identical to running without them (bf16 host gradients excepted: they round).
@@ -65,24 +62,23 @@ void CudaModel::create_streams() {
         for (int s = 0; s < 2; ++s) event(g_ready_[s]), event(g_free_[s]);
         event(grads_done_);
     }
-    offload_res_ = opt_.offload_residual;
-    if (offload_res_) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&res_stream_, cudaStreamNonBlocking));
-        for (int s = 0; s < 2; ++s) event(r_written_[s]), event(r_saved_[s]), event(r_free_[s]), event(r_loaded_[s]);
-    }
+    residuals_ = std::make_unique<ResidualOffload>(
+        opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
+        static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
+        stream_);
     optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_, layout_.total);
 }
 
 void CudaModel::destroy_streams() {
-    optimizer_.reset();  // waits for its copy streams
-    for (cudaStream_t s : {copy_stream_, grad_stream_, res_stream_})
+    optimizer_.reset();  // each role waits for its own streams
+    residuals_.reset();
+    for (cudaStream_t s : {copy_stream_, grad_stream_})
         if (s) cudaStreamSynchronize(s);
     for (int s = 0; s < 2; ++s)
-        for (cudaEvent_t e : {w_ready_[s], w_free_[s], g_ready_[s], g_free_[s], r_written_[s], r_saved_[s], r_free_[s],
-                              r_loaded_[s]})
+        for (cudaEvent_t e : {w_ready_[s], w_free_[s], g_ready_[s], g_free_[s]})
             if (e) cudaEventDestroy(e);
     if (grads_done_) cudaEventDestroy(grads_done_);
-    for (cudaStream_t s : {copy_stream_, grad_stream_, res_stream_})
+    for (cudaStream_t s : {copy_stream_, grad_stream_})
         if (s) cudaStreamDestroy(s);
 }
 
@@ -274,49 +270,6 @@ void CudaModel::wait_for_gradients() {
     if (!stage_grads_) return;
     CUDA_CHECK(cudaEventRecord(grads_done_, grad_stream_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, grads_done_, 0));
-}
-
-// ---- residuals ----
-
-std::size_t CudaModel::residual_bytes() const {  // one layer's input residual [N, hidden]
-    return static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype);
-}
-
-void CudaModel::residual_write(int l) {
-    if (!offload_res_) return;
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, r_saved_[l & 1], 0));
-}
-
-void CudaModel::residual_written(int l) {
-    if (!offload_res_) return;
-    const int s = l & 1;
-    const std::size_t bytes = residual_bytes();
-    CUDA_CHECK(cudaEventRecord(r_written_[s], stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(res_stream_, r_written_[s], 0));
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(buf_.res_host) + l * bytes, buf_.res_slots[s], bytes,
-                               cudaMemcpyDefault, res_stream_));
-    CUDA_CHECK(cudaEventRecord(r_saved_[s], res_stream_));
-    res_slot_layer_[s] = l;
-}
-
-void CudaModel::residual_load(int l) {
-    if (!offload_res_ || l < 0) return;
-    const int s = l & 1;
-    if (res_slot_layer_[s] == l) return;  // still there (the two layers at the turn)
-    const std::size_t bytes = residual_bytes();
-    // everything queued so far on the compute stream is all that reads the slot's current layer
-    CUDA_CHECK(cudaEventRecord(r_free_[s], stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(res_stream_, r_free_[s], 0));
-    CUDA_CHECK(cudaMemcpyAsync(buf_.res_slots[s], static_cast<const char*>(buf_.res_host) + l * bytes, bytes,
-                               cudaMemcpyDefault, res_stream_));
-    CUDA_CHECK(cudaEventRecord(r_loaded_[s], res_stream_));
-    res_slot_layer_[s] = l;
-}
-
-void CudaModel::residual_get(int l) {
-    if (!offload_res_) return;
-    QT_CHECK(res_slot_layer_[l & 1] == l, "residual offload: internal error (layer ", l, " is not in its slot)");
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, r_loaded_[l & 1], 0));
 }
 
 }  // namespace qtrain
