@@ -159,7 +159,6 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     // zero everything with state (padding stays zero forever)
     if (buf_.master) zero(buf_.master, layout_.total * sizeof(float));
     if (buf_.weights != buf_.master) zero(buf_.weights, layout_.total * dtype_size(opt_.model_dtype));
-    zero(buf_.grads, layout_.total * dtype_size(opt_.param_grad_dtype));
     zero(optimizer_->m(), layout_.total * dtype_size(opt_.opt_m_dtype));
     zero(optimizer_->v(), layout_.total * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
@@ -191,7 +190,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     }
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     optimizer_->upload_segments(segs, stream_);
-    zero_resident_grads();
+    grads_->clear();
     weights_changed();
     sync();
 }
@@ -235,8 +234,8 @@ std::string CudaModel::performance_notes() const {
 
 void CudaModel::sync() const {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (cudaStream_t s : {copy_stream_, grad_stream_})
-        if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+    if (copy_stream_) CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    grads_->sync();
 }
 
 // Zeroes a buffer that may be device memory or offloaded (pinned host) memory.
@@ -362,17 +361,16 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
             break;
         case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
         case Which::Grad:
-            if (stage_grads_ && embed_grad_host_ && off < layout_.layer_begin(0)) {  // summed in place on the host
-                fetch(buf_.grads, opt_.param_grad_dtype);
+            if (grads_->on_device_until_update(off)) {  // the resident non-layer gradients
+                CUDA_CHECK(cudaMemcpy(out.data(), grads_->at(off), n * sizeof(float), cudaMemcpyDefault));
                 break;
             }
-            if (stage_grads_ && layout_.layer_of(off) < 0) {  // still on the device until the step
-                CUDA_CHECK(cudaMemcpy(out.data(), buf_.resident_grads + resident_index(off, !embed_grad_host_),
-                                      n * sizeof(float), cudaMemcpyDefault));
+            // the host copy of the layers still holds the last step's: logically zero (the embedding
+            // of untied models is summed into the host copy in place, and read there)
+            if (grads_->streamed() && grads_->host_fresh() &&
+                !(grads_->embedding_on_host() && off < layout_.layer_begin(0)))
                 break;
-            }
-            if (stage_grads_ && host_grads_fresh_) break;  // the host still holds the last step's: logically zero
-            fetch(buf_.grads, opt_.param_grad_dtype);
+            fetch(grads_->flat(), opt_.param_grad_dtype);
             break;
         case Which::AdamM: fetch(optimizer_->m(), opt_.opt_m_dtype); break;
         case Which::AdamV: fetch(optimizer_->v(), opt_.opt_v_dtype); break;
@@ -461,9 +459,7 @@ void CudaModel::load_checkpoint(const std::string& dir) {
         throw;
     }
     CUDA_CHECK(cudaFree(staging));
-    zero(buf_.grads, layout_.total * dtype_size(opt_.param_grad_dtype));
-    host_grads_fresh_ = true;
-    zero_resident_grads();
+    grads_->clear();
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
     refresh_weights();
     sync();

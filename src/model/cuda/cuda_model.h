@@ -15,6 +15,7 @@
 #include "cuda/op_timer.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/gradients.h"
 #include "model/cuda/optimizer_state.h"
 #include "model/cuda/residual_offload.h"
 #include "model/imodel.h"
@@ -106,16 +107,12 @@ private:
 
     // ---- weight access protocol and gradient streaming (cuda_model_stream.cpp) ----
     // Layer code reads parameters through these: weight(off) is the model-dtype weight at flat
-    // offset off, weight_q/weight_qT its FP8 copies, grad(off) where its gradient accumulates. Without
-    // streaming they point into the flat buffers; with --shard-weights / --offload-gradients a layer's
-    // elements resolve to the device slot that holds the layer (which must be gotten / begun).
+    // offset off, weight_q/weight_qT its FP8 copies (gradients: grads_->at(off)). Without streaming
+    // they point into the flat buffers; with --shard-weights a layer's elements resolve to the device
+    // slot that holds the layer (which must be gotten).
     const void* weight(int64_t off) const;
     const void* weight_q(int64_t off) const;
     const void* weight_qT(int64_t off) const;
-    float* grad(int64_t off) const;
-    // offset of non-layer element off in resident_weights / resident_grads, which hold the embedding
-    // (first) only when `with_embedding`, then the final norm and the LM head
-    int64_t resident_index(int64_t off, bool with_embedding) const;
     // --shard-weights: gather(l) starts copying layer l from host into its slot (and quantising it)
     // on the copy stream, unless the slot already holds it; get(l) makes the compute stream wait for
     // it; release(l) marks the slot reusable once the work queued so far is done. No-ops otherwise.
@@ -123,20 +120,6 @@ private:
     void get(int l);
     void release(int l);
     void weights_changed();  // the host weights changed: refresh the resident copies, empty the slots
-    // --offload-gradients: begin_layer_grads zeroes layer l's device slot before the backward
-    // accumulates into it; flush_layer_grads hands it to the gradient stream, which copies (first
-    // micro-batch since the optimizer step) or adds it into the host gradients. The non-layer
-    // gradients accumulate on the device (resident_grads) over the whole step: flush_resident_grads
-    // copies them to the host before the update, zero_resident_grads clears them after it. Untied
-    // models keep the embedding's out of them (embedding_grad_on_host): the embedding backward adds
-    // into the host copy, which zero_resident_grads clears instead.
-    void begin_layer_grads(int l);
-    void flush_layer_grads(int l);
-    void end_backward_grads();
-    void flush_resident_grads();
-    void zero_resident_grads();
-    void wait_for_gradients();  // compute stream waits for every flush queued so far
-    uint32_t grad_rounding_seed() const;  // --param-grad-dtype=bf16: the seed of the host sums' rounding
     void create_streams();
     void destroy_streams();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
@@ -172,12 +155,10 @@ private:
     AttentionBackend attention_ = AttentionBackend::Flash;  // --attention, resolved (attention_choice.h)
     bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
     // streaming state (cuda_model_stream.cpp)
-    bool stream_weights_ = false, stage_grads_ = false;  // --shard-weights; --offload-gradients
-    bool embed_grad_host_ = false;                        // embedding_grad_on_host (gpu_buffers.h)
+    bool stream_weights_ = false;                         // --shard-weights
     bool embed_weights_host_ = false;                     // embedding_weights_on_host (gpu_buffers.h)
-    cudaStream_t copy_stream_ = nullptr, grad_stream_ = nullptr;
-    cudaEvent_t w_ready_[2] = {}, w_free_[2] = {}, g_ready_[2] = {}, g_free_[2] = {};
-    cudaEvent_t grads_done_ = nullptr;
+    cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t w_ready_[2] = {}, w_free_[2] = {};
     int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
     // --persistent-quants with streamed FP8 layers: whether layer l's FP8 copy is in buf_.quant_store
     // for the current weights, and whether each weight slot holds its layer's bf16 matrices (a layer
@@ -185,7 +166,7 @@ private:
     bool persist_quants_ = false;
     std::vector<char> quant_stored_;
     bool slot_has_matrices_[2] = {true, true};
-    bool host_grads_fresh_ = true;   // host gradients hold nothing of this step yet: copy, don't add
+    std::unique_ptr<Gradients> grads_;            // where gradients accumulate (gradients.h)
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
 };

@@ -109,7 +109,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                            bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix_offset(l, m);
-    float* dw = grad(off);
+    float* dw = grads_->at(off);
     if (!fp8_grads_) {
         const void* w = weight(off);
         {

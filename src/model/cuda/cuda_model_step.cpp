@@ -186,7 +186,7 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     const int h = c.hidden_size, V = c.vocab_size;
     const std::size_t es = dtype_size(A);
     const void* w_lm = weight(layout_.lm_head);
-    float* dw_lm = grad(layout_.lm_head);
+    float* dw_lm = grads_->at(layout_.lm_head);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
@@ -224,7 +224,7 @@ void CudaModel::backward(int B, int T) {
               I = c.intermediate_size, L = c.num_hidden_layers;
     const std::size_t es = dtype_size(A);
     auto W = [&](int64_t off) { return weight(off); };
-    auto G = [&](int64_t off) { return grad(off); };
+    auto G = [&](int64_t off) { return grads_->at(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
@@ -243,7 +243,7 @@ void CudaModel::backward(int B, int T) {
         residuals_->load(l);      // residual offload: normally already in its slot
         residuals_->load(l - 1);  // prefetch
         residuals_->get(l);
-        begin_layer_grads(l);
+        grads_->begin_layer(l);
         recompute_layer(l, B, T);
         // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
         linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h, fp8_grads_);  // d_res amax: from its norm
@@ -297,24 +297,24 @@ void CudaModel::backward(int B, int T) {
             cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
                                    h, stream_, grad_amax());  // the next (lower) layer's down-projection dy
         }
-        flush_layer_grads(l);
+        grads_->flush_layer(l);
         release(l);
     }
     {
         auto t_ = timer_.scope("embedding", stream_);
         const int32_t* num_unique = reinterpret_cast<const int32_t*>(buf_.step_scalars + 2);
-        if (embed_grad_host_) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
+        if (grads_->embedding_on_host()) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
             const DType gt = opt_.param_grad_dtype;
-            void* table = static_cast<char*>(buf_.grads) + layout_.embed * dtype_size(gt);
+            void* table = static_cast<char*>(grads_->flat()) + layout_.embed * dtype_size(gt);
             cuda::embedding_backward(table, gt, A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
                                      num_unique, N, h, stream_, static_cast<uint64_t>(layout_.embed),
-                                     grad_rounding_seed());
+                                     grads_->rounding_seed());
         } else {
             cuda::embedding_backward(G(layout_.embed), DType::F32, A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets,
                                      buf_.emb_positions, num_unique, N, h, stream_);
         }
     }
-    end_backward_grads();
+    grads_->end_backward();
 }
 
 void CudaModel::forward_backward_ops(int B, int T) {
@@ -366,10 +366,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     bool updated = false;
     {
         auto t_ = timer_.scope("optimizer", stream_);
-        wait_for_gradients();
-        const std::size_t grad_bytes = layout_.total * dtype_size(opt_.param_grad_dtype);
-        if (stage_grads_ && host_grads_fresh_) zero(buf_.grads, grad_bytes);  // no backward ran
-        flush_resident_grads();
+        grads_->prepare_update();
         cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total,
                           p.grad_clip, stream_);
         // The norm and the loss come back before AdamW is queued, so a broken step (non-finite, or a
@@ -391,11 +388,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
             optimizer_->update(args, {buf_.master, buf_.grads, buf_.weights == buf_.master ? nullptr : buf_.weights},
                                buf_.norm_out, fused_amax ? buf_.weight_amax : nullptr, stream_);
         }
-        if (stage_grads_) {
-            host_grads_fresh_ = true;  // the next backward copies instead of adding
-            zero_resident_grads();
-        }
-        else zero(buf_.grads, grad_bytes);
+        grads_->finish_update();
     }
     if (updated) {
         weights_changed();

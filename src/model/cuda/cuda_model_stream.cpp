@@ -1,4 +1,4 @@
-// The weight access protocol (docs/design.md, "Memory") and gradient streaming of the GPU model.
+// The weight access protocol (docs/design.md, "Memory") of the GPU model: weight streaming.
 //
 // --shard-weights on one GPU: the model-dtype weights live in pinned host memory; the embedding,
 // final norm and LM head stay resident on the device, and the layers pass through two device slots
@@ -14,20 +14,11 @@
 // bytes and only the small bf16 tensors (norm weights, q|k|v bias), and makes the transposed copy on
 // the device: 1 byte per weight crosses PCIe instead of 2, and the codes are those of re-quantising.
 //
-// --offload-gradients: the fp32 gradients live in pinned host memory. Each layer's backward
-// accumulates into a zeroed device slot, then the gradient stream copies (first micro-batch after
-// an optimizer step) or adds (later micro-batches) the slot into the host copy while the compute
-// stream goes on with the next layer. The non-layer gradients (embedding, final norm, LM head) stay
-// on the device for the whole optimizer step and are copied to the host once, before the update:
-// they get several contributions per micro-batch (LM-head chunks, the tied embedding), and summing
-// them in place keeps the order of the flat buffers (and saves moving them every micro-batch).
-// --param-grad-dtype=bf16 halves the host copy: the copy/add become one kernel that rounds the sum
-// to bf16 stochastically while writing host memory (the device slots still accumulate in fp32).
+// (--offload-gradients and --offload-residual are roles of their own: gradients.h and
+// residual_offload.h.)
 //
-// (--offload-residual is a role of its own: residual_offload.h.)
-//
-// Both modes do the same arithmetic in the same order as the flat buffers, so results are
-// bit-identical to running without them (bf16 host gradients excepted: they round).
+// Streaming does the same arithmetic in the same order as the flat buffers, so results are
+// bit-identical to running without it.
 #include "model/cuda/cuda_model.h"
 
 #include <algorithm>
@@ -43,25 +34,19 @@ namespace qtrain {
 // (same seed, salted)
 constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 
-uint32_t CudaModel::grad_rounding_seed() const { return static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt); }
 
 void CudaModel::create_streams() {
     stream_weights_ = opt_.shard_weights;
     persist_quants_ = streamed_quants_persist(opt_);
     quant_stored_.assign(persist_quants_ ? config_.num_hidden_layers : 0, 0);
-    stage_grads_ = opt_.offload_gradients;
-    embed_grad_host_ = embedding_grad_on_host(config_, opt_);
     embed_weights_host_ = embedding_weights_on_host(config_, opt_);
     auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
     if (stream_weights_) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
         for (int s = 0; s < 2; ++s) event(w_ready_[s]), event(w_free_[s]);
     }
-    if (stage_grads_) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&grad_stream_, cudaStreamNonBlocking));
-        for (int s = 0; s < 2; ++s) event(g_ready_[s]), event(g_free_[s]);
-        event(grads_done_);
-    }
+    grads_ = std::make_unique<Gradients>(buf_, layout_, config_, opt_, static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt),
+                                         stream_);
     residuals_ = std::make_unique<ResidualOffload>(
         opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
         static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
@@ -72,14 +57,12 @@ void CudaModel::create_streams() {
 void CudaModel::destroy_streams() {
     optimizer_.reset();  // each role waits for its own streams
     residuals_.reset();
-    for (cudaStream_t s : {copy_stream_, grad_stream_})
-        if (s) cudaStreamSynchronize(s);
+    grads_.reset();
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
     for (int s = 0; s < 2; ++s)
-        for (cudaEvent_t e : {w_ready_[s], w_free_[s], g_ready_[s], g_free_[s]})
+        for (cudaEvent_t e : {w_ready_[s], w_free_[s]})
             if (e) cudaEventDestroy(e);
-    if (grads_done_) cudaEventDestroy(grads_done_);
-    for (cudaStream_t s : {copy_stream_, grad_stream_})
-        if (s) cudaStreamDestroy(s);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
 }
 
 // ---- where a parameter is ----
@@ -90,13 +73,6 @@ static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
     return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
 }
 
-int64_t CudaModel::resident_index(int64_t off, bool with_embedding) const {
-    const int64_t begin = layout_.layer_begin(0);
-    QT_CHECK(off >= begin || with_embedding,
-             "weight/gradient streaming: internal error (the embedding is not in this resident buffer)");
-    return off < begin ? off : (with_embedding ? begin : 0) + (off - layout_.layers_end());
-}
-
 const void* CudaModel::weight(int64_t off) const {
     const std::size_t es = dtype_size(opt_.model_dtype);
     if (!stream_weights_) return static_cast<const char*>(buf_.weights) + off * es;
@@ -104,7 +80,7 @@ const void* CudaModel::weight(int64_t off) const {
     if (l < 0) {
         if (embed_weights_host_ && off < layout_.layer_begin(0))  // the lookup reads its rows over PCIe
             return static_cast<const char*>(buf_.weights) + off * es;
-        return static_cast<const char*>(buf_.resident_weights) + resident_index(off, !embed_weights_host_) * es;
+        return static_cast<const char*>(buf_.resident_weights) + layout_.resident_index(off, !embed_weights_host_) * es;
     }
     QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
     const int64_t rel = off - layout_.layer_begin(l);
@@ -129,13 +105,6 @@ const void* CudaModel::weight_q(int64_t off) const {
 
 const void* CudaModel::weight_qT(int64_t off) const {
     return fp8_weight(layout_, slot_layer_, stream_weights_, buf_.wTq, buf_.quantT_slots, off);
-}
-
-float* CudaModel::grad(int64_t off) const {
-    if (!stage_grads_) return static_cast<float*>(buf_.grads) + off;  // fp32 unless offloaded (check_options)
-    const int l = layout_.layer_of(off);
-    if (l < 0) return buf_.resident_grads + resident_index(off, !embed_grad_host_);
-    return buf_.grad_slots[l & 1] + (off - layout_.layer_begin(l));
 }
 
 // ---- weights ----
@@ -200,76 +169,6 @@ void CudaModel::weights_changed() {
     slot_layer_[0] = slot_layer_[1] = -1;
     std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use
     for (cudaEvent_t e : w_free_) CUDA_CHECK(cudaEventRecord(e, stream_));
-}
-
-// ---- gradients ----
-
-void CudaModel::begin_layer_grads(int l) {
-    if (!stage_grads_) return;
-    const int s = l & 1;
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, g_free_[s], 0));
-    CUDA_CHECK(cudaMemsetAsync(buf_.grad_slots[s], 0, layout_.layer_span * sizeof(float), stream_));
-}
-
-void CudaModel::flush_layer_grads(int l) {
-    if (!stage_grads_) return;
-    const int s = l & 1;
-    CUDA_CHECK(cudaEventRecord(g_ready_[s], stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(grad_stream_, g_ready_[s], 0));
-    const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
-    if (opt_.param_grad_dtype == DType::BF16) {
-        cuda::accumulate_bf16(static_cast<uint16_t*>(buf_.grads) + begin, buf_.grad_slots[s], n, host_grads_fresh_,
-                              static_cast<uint64_t>(begin), grad_rounding_seed(),
-                              grad_stream_);
-        CUDA_CHECK(cudaEventRecord(g_free_[s], grad_stream_));
-        return;
-    }
-    float* dst = static_cast<float*>(buf_.grads) + begin;
-    if (host_grads_fresh_)
-        CUDA_CHECK(cudaMemcpyAsync(dst, buf_.grad_slots[s], n * sizeof(float), cudaMemcpyDefault, grad_stream_));
-    else
-        cuda::add_f32(dst, buf_.grad_slots[s], n, grad_stream_);
-    CUDA_CHECK(cudaEventRecord(g_free_[s], grad_stream_));
-}
-
-void CudaModel::end_backward_grads() {
-    host_grads_fresh_ = false;  // this backward's layer flushes (all queued by now) wrote every layer element
-}
-
-void CudaModel::flush_resident_grads() {
-    if (!stage_grads_) return;
-    // head: the embedding's elements in resident_grads (none when its backward writes the host copy)
-    const int64_t head = embed_grad_host_ ? 0 : layout_.layer_begin(0), end = layout_.layers_end(),
-                  tail = layout_.total - end;
-    if (opt_.param_grad_dtype == DType::BF16) {  // rounded once, from the fp32 sums of the whole step
-        uint16_t* g = static_cast<uint16_t*>(buf_.grads);
-        const uint32_t seed = grad_rounding_seed();
-        cuda::accumulate_bf16(g, buf_.resident_grads, head, true, 0, seed, stream_);
-        cuda::accumulate_bf16(g + end, buf_.resident_grads + head, tail, true, static_cast<uint64_t>(end), seed, stream_);
-        return;
-    }
-    float* g = static_cast<float*>(buf_.grads);
-    if (head) CUDA_CHECK(cudaMemcpyAsync(g, buf_.resident_grads, head * sizeof(float), cudaMemcpyDefault, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(g + end, buf_.resident_grads + head, tail * sizeof(float), cudaMemcpyDefault, stream_));
-}
-
-void CudaModel::zero_resident_grads() {
-    if (!stage_grads_) return;
-    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
-    if (embed_grad_host_) {
-        // the embedding backward adds into the host copy, which must start the step at zero (the
-        // optimizer reads every row, touched or not): cleared over PCIe, ~0.1 s for 7B's 2.2 GB
-        cuda::fill_zero(buf_.grads, head * dtype_size(opt_.param_grad_dtype), stream_);
-        CUDA_CHECK(cudaMemsetAsync(buf_.resident_grads, 0, tail * sizeof(float), stream_));
-        return;
-    }
-    CUDA_CHECK(cudaMemsetAsync(buf_.resident_grads, 0, (head + tail) * sizeof(float), stream_));
-}
-
-void CudaModel::wait_for_gradients() {
-    if (!stage_grads_) return;
-    CUDA_CHECK(cudaEventRecord(grads_done_, grad_stream_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, grads_done_, 0));
 }
 
 }  // namespace qtrain

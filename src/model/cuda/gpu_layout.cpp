@@ -9,6 +9,13 @@ constexpr int64_t kAlign = 64;
 int64_t align_up(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
+int64_t GpuParamLayout::resident_index(int64_t off, bool with_embedding) const {
+    const int64_t begin = layer_begin(0);
+    QT_CHECK(off >= begin || with_embedding,
+             "weight/gradient streaming: internal error (the embedding is not in this resident buffer)");
+    return off < begin ? off : (with_embedding ? begin : 0) + (off - layers_end());
+}
+
 int64_t GpuParamLayout::offset_of(const std::string& name) const {
     auto it = index.find(name);
     QT_CHECK(it != index.end(), "GPU model: no parameter named '", name, "'");

@@ -37,6 +37,10 @@ struct GpuParamLayout {
         return static_cast<int>((off - layer_begin(0)) / layer_span);
     }
 
+    // Index of non-layer element off in a resident buffer (resident_weights / resident_grads) that
+    // holds the embedding (first) only when `with_embedding`, then the final norm and the LM head.
+    int64_t resident_index(int64_t off, bool with_embedding) const;
+
     int64_t offset_of(const std::string& name) const;  // throws naming the tensor
     const ParamSpec& spec_of(const std::string& name) const;
 

@@ -1,0 +1,130 @@
+#include "model/cuda/gradients.h"
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+
+namespace qtrain {
+
+Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const ModelConfig& config,
+                     const ModelOptions& o, uint32_t rounding_seed, cudaStream_t compute)
+    : layout_(layout),
+      flat_(b.grads),
+      resident_(b.resident_grads),
+      slots_{b.grad_slots[0], b.grad_slots[1]},
+      type_(o.param_grad_dtype),
+      streamed_(o.offload_gradients),
+      embedding_on_host_(embedding_grad_on_host(config, o)),
+      seed_(rounding_seed),
+      compute_(compute) {
+    if (!streamed_) return;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
+    for (int s = 0; s < 2; ++s) event(ready_[s]), event(free_[s]);
+    event(done_);
+}
+
+Gradients::~Gradients() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : {ready_[0], ready_[1], free_[0], free_[1], done_})
+        if (e) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+float* Gradients::at(int64_t off) const {
+    if (!streamed_) return static_cast<float*>(flat_) + off;  // fp32 unless offloaded (check_options)
+    const int l = layout_.layer_of(off);
+    if (l < 0) return resident_ + layout_.resident_index(off, !embedding_on_host_);
+    return slots_[l & 1] + (off - layout_.layer_begin(l));
+}
+
+bool Gradients::on_device_until_update(int64_t off) const {
+    return streamed_ && layout_.layer_of(off) < 0 && !(embedding_on_host_ && off < layout_.layer_begin(0));
+}
+
+void Gradients::begin_layer(int l) {
+    if (!streamed_) return;
+    const int s = l & 1;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, free_[s], 0));
+    CUDA_CHECK(cudaMemsetAsync(slots_[s], 0, layout_.layer_span * sizeof(float), compute_));
+}
+
+void Gradients::flush_layer(int l) {
+    if (!streamed_) return;
+    const int s = l & 1;
+    CUDA_CHECK(cudaEventRecord(ready_[s], compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_[s], 0));
+    const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
+    if (type_ == DType::BF16) {
+        cuda::accumulate_bf16(static_cast<uint16_t*>(flat_) + begin, slots_[s], n, host_fresh_,
+                              static_cast<uint64_t>(begin), seed_, stream_);
+        CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+        return;
+    }
+    float* dst = static_cast<float*>(flat_) + begin;
+    if (host_fresh_)
+        CUDA_CHECK(cudaMemcpyAsync(dst, slots_[s], n * sizeof(float), cudaMemcpyDefault, stream_));
+    else
+        cuda::add_f32(dst, slots_[s], n, stream_);
+    CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+}
+
+void Gradients::end_backward() {
+    host_fresh_ = false;  // this backward's layer flushes (all queued by now) wrote every layer element
+}
+
+void Gradients::prepare_update() {
+    if (!streamed_) return;
+    CUDA_CHECK(cudaEventRecord(done_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    if (host_fresh_) zero_flat();  // no backward ran since the last update
+    // head: the embedding's elements in resident (none when its backward writes the host copy)
+    const int64_t head = embedding_on_host_ ? 0 : layout_.layer_begin(0), end = layout_.layers_end(),
+                  tail = layout_.total - end;
+    if (type_ == DType::BF16) {  // rounded once, from the fp32 sums of the whole step
+        uint16_t* g = static_cast<uint16_t*>(flat_);
+        cuda::accumulate_bf16(g, resident_, head, true, 0, seed_, compute_);
+        cuda::accumulate_bf16(g + end, resident_ + head, tail, true, static_cast<uint64_t>(end), seed_, compute_);
+        return;
+    }
+    float* g = static_cast<float*>(flat_);
+    if (head) CUDA_CHECK(cudaMemcpyAsync(g, resident_, head * sizeof(float), cudaMemcpyDefault, compute_));
+    CUDA_CHECK(cudaMemcpyAsync(g + end, resident_ + head, tail * sizeof(float), cudaMemcpyDefault, compute_));
+}
+
+void Gradients::finish_update() {
+    if (!streamed_) return zero_flat();
+    host_fresh_ = true;  // the next backward copies instead of adding
+    zero_resident();
+}
+
+void Gradients::clear() {
+    zero_flat();
+    host_fresh_ = true;
+    zero_resident();
+}
+
+void Gradients::sync() const {
+    if (stream_) CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void Gradients::zero_flat() {
+    const std::size_t bytes = layout_.total * dtype_size(type_);
+    if (streamed_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
+    else CUDA_CHECK(cudaMemsetAsync(flat_, 0, bytes, compute_));
+}
+
+void Gradients::zero_resident() {
+    if (!streamed_) return;
+    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
+    if (embedding_on_host_) {
+        // the embedding backward adds into the host copy, which must start the step at zero (the
+        // optimizer reads every row, touched or not): cleared over PCIe, ~0.1 s for 7B's 2.2 GB
+        cuda::fill_zero(flat_, head * dtype_size(type_), compute_);
+        CUDA_CHECK(cudaMemsetAsync(resident_, 0, tail * sizeof(float), compute_));
+        return;
+    }
+    CUDA_CHECK(cudaMemsetAsync(resident_, 0, (head + tail) * sizeof(float), compute_));
+}
+
+}  // namespace qtrain

@@ -1,0 +1,79 @@
+// The gradient role of the GPU model (docs/design.md, "GPU model roles"): where each parameter's
+// gradient accumulates and how it reaches the optimizer. Flat: one buffer on the device. Streamed
+// (--offload-gradients): the flat copy is in pinned host memory (fp32, or bf16 with
+// --param-grad-dtype=bf16); each layer's backward accumulates into a zeroed device slot (two slots,
+// l % 2) that the role's own stream copies (first micro-batch after an update) or adds into the host
+// copy while the next layer computes; the non-layer gradients (embedding, final norm, LM head) sum on
+// the device for the whole step (resident) and go to the host once, before the update. Untied models
+// keep the embedding's out of them: its backward adds into the host copy directly
+// (embedding_on_host). The same additions in the same order as the flat buffer: bit-identical (bf16
+// host gradients round, by construction). Its memory is bound by bind_gpu_buffers; its stream, events
+// and slot state are its own. Sharding gradients (ZeRO-2) becomes a policy of this role.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+#include "model/cuda/gpu_buffers.h"
+#include "model/cuda/gpu_layout.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+class Gradients {
+public:
+    // `rounding_seed`: the seed of the bf16 host sums' stochastic rounding; `compute`: the model's
+    // compute stream, which every call below orders against.
+    Gradients(const GpuBuffers& buffers, const GpuParamLayout& layout, const ModelConfig& config,
+              const ModelOptions& options, uint32_t rounding_seed, cudaStream_t compute);
+    ~Gradients();
+    Gradients(const Gradients&) = delete;
+    Gradients& operator=(const Gradients&) = delete;
+
+    bool streamed() const { return streamed_; }
+    bool embedding_on_host() const { return embedding_on_host_; }
+    void* flat() const { return flat_; }  // the whole flat gradient (pinned host memory when streamed)
+    DType type() const { return type_; }
+    uint32_t rounding_seed() const { return seed_; }
+    // The host copy holds nothing of this step yet (the next layer flush copies instead of adding).
+    bool host_fresh() const { return host_fresh_; }
+
+    // Where the gradient of flat element `off` accumulates during the backward (fp32): the flat
+    // buffer, or (streamed) the device slot of its layer / the resident buffer.
+    float* at(int64_t off) const;
+    // A non-layer gradient that is still on the device (streamed, not the host-summed embedding).
+    bool on_device_until_update(int64_t off) const;
+
+    // Layer l's backward is about to accumulate into its slot / has finished with it.
+    void begin_layer(int l);
+    void flush_layer(int l);
+    void end_backward();  // every layer of this backward has been flushed (queued)
+    // Before the optimizer reads the flat gradient: the compute stream waits for the layer flushes, a
+    // step without backward reads zeros, and the resident gradients go to the host.
+    void prepare_update();
+    // After the update: the gradients start the next step at zero.
+    void finish_update();
+    // Zero everything (initialisation, loading a checkpoint).
+    void clear();
+    void sync() const;  // waits for the role's stream
+
+private:
+    void zero_resident();
+    void zero_flat();
+
+    const GpuParamLayout& layout_;
+    void* flat_ = nullptr;
+    float* resident_ = nullptr;
+    float* slots_[2] = {nullptr, nullptr};
+    DType type_ = DType::F32;
+    bool streamed_ = false, embedding_on_host_ = false;
+    uint32_t seed_ = 0;
+    cudaStream_t compute_ = nullptr, stream_ = nullptr;
+    cudaEvent_t ready_[2] = {}, free_[2] = {}, done_ = nullptr;
+    bool host_fresh_ = true;
+};
+
+}  // namespace qtrain
