@@ -193,12 +193,20 @@ int Trainer::run() {
     // the log once it is open.
     std::optional<ResumePoint> resume;
     std::vector<std::pair<std::string, std::string>> rejected;
-    if (opt_.continue_from_checkpoint && !list_complete_checkpoints(opt_.checkpoint_dir).empty())
+    if (opt_.continue_from_checkpoint && !list_complete_checkpoints(opt_.checkpoint_dir).empty()) {
+        // hashing a large checkpoint takes minutes (a 7B one is ~100 GB): say what is going on
+        std::printf("[Resume] checking the checkpoints in '%s' (newest first)\n", opt_.checkpoint_dir.c_str());
+        std::fflush(stdout);
+        const auto t_verify = Clock::now();
         resume = find_resume_point(opt_.checkpoint_dir, [&](const std::string& dir, const std::string& error) {
             std::printf("[Resume] cannot resume from %s: %s\n", dir.c_str(), error.c_str());
             std::fflush(stdout);
             rejected.emplace_back(dir, error);
         });
+        if (resume->verified)
+            std::printf("[Resume] %s: every file matches its checksum (%.1f s)\n", resume->dir.c_str(),
+                        std::chrono::duration<double>(Clock::now() - t_verify).count());
+    }
     const std::optional<std::string> resume_dir = resume ? std::optional<std::string>(resume->dir) : std::nullopt;
     std::vector<OptionChange> resume_changes;
     bool append_log = false;
