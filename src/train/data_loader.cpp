@@ -53,14 +53,29 @@ void DataLoader::fill_row(const Chunk& c, int32_t* in, int32_t* tgt) const {
     }
 }
 
+void DataLoader::set_rank(int rank, int world) {
+    QT_CHECK(world >= 1 && rank >= 0 && rank < world, "data loader: rank ", rank, " of ", world, " ranks");
+    rank_ = rank;
+    world_ = world;
+}
+
+const DataLoader::Chunk& DataLoader::take_chunk() {
+    if (state_.position >= num_chunks()) set_state({state_.epoch + 1, 0});  // lazily, as one rank would
+    return chunks_[order_[state_.position++]];
+}
+
+void DataLoader::skip_chunks(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) (void)take_chunk();
+}
+
 void DataLoader::next_batch(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
     inputs.resize(static_cast<std::size_t>(batch_size_) * seq_len_);
     targets.resize(inputs.size());
-    for (int b = 0; b < batch_size_; ++b) {
-        if (state_.position >= num_chunks()) set_state({state_.epoch + 1, 0});
-        const Chunk& c = chunks_[order_[state_.position++]];
-        fill_row(c, inputs.data() + static_cast<std::size_t>(b) * seq_len_, targets.data() + static_cast<std::size_t>(b) * seq_len_);
-    }
+    skip_chunks(static_cast<int64_t>(rank_) * batch_size_);  // the lower ranks' blocks
+    for (int b = 0; b < batch_size_; ++b)
+        fill_row(take_chunk(), inputs.data() + static_cast<std::size_t>(b) * seq_len_,
+                 targets.data() + static_cast<std::size_t>(b) * seq_len_);
+    skip_chunks(static_cast<int64_t>(world_ - 1 - rank_) * batch_size_);  // the higher ranks' blocks
 }
 
 bool DataLoader::next_batch_no_wrap(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {

@@ -25,6 +25,13 @@ public:
     DataLoader(const std::vector<std::string>& files, int batch_size, int seq_len, uint64_t seed, bool shuffle,
                int model_vocab, const std::string& what);
 
+    // Data parallel (issue 18, "one global order"): rank `rank` of `world` ranks. Every rank walks the
+    // same sequence of chunks; each micro-batch consumes world x batch chunks of it, of which this
+    // rank takes block `rank`. So micro-batch j of rank r is micro-batch j * world + r of one rank
+    // with world x the accumulation: the same data whatever the world size, and a state (epoch,
+    // position) that is the same on every rank. Default: rank 0 of 1.
+    void set_rank(int rank, int world);
+
     // Fills B*T inputs and targets. Wraps into the next epoch when the current one runs out.
     void next_batch(std::vector<int32_t>& inputs, std::vector<int32_t>& targets);
     // Like next_batch but never wraps: returns false at the end of the epoch; a final partial batch
@@ -48,6 +55,8 @@ private:
         int64_t offset;
     };
     void build_order();
+    void skip_chunks(int64_t n);           // advance by n chunks, wrapping like next_batch
+    const Chunk& take_chunk();             // the next chunk, wrapping into the next epoch
     void fill_row(const Chunk& c, int32_t* in, int32_t* tgt) const;
 
     std::vector<std::unique_ptr<TokenFile>> files_;
@@ -57,6 +66,7 @@ private:
     int batch_size_, seq_len_;
     uint64_t seed_;
     bool shuffle_;
+    int rank_ = 0, world_ = 1;
     int64_t total_tokens_ = 0;
     DataLoaderState state_;
 };

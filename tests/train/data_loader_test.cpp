@@ -144,3 +144,40 @@ TEST(DataLoader, TokenBeyondModelVocabIsAnError) {
         EXPECT_TRUE(Contains(e.what(), "v.bin"));
     }
 }
+
+// One global order (issue 18): micro-batch j of rank r of W ranks is micro-batch j * W + r of one rank
+// with W x the accumulation, across epoch boundaries, and every rank ends each step in the state of
+// that one rank. 37 chunks of 8 tokens, batch 2, accumulation 3: a step is 6 W chunks, so epochs end
+// inside micro-batches and inside a rank's block.
+TEST(DataLoader, RanksShareOneGlobalOrder) {
+    TempDir d;
+    const int T = 8, B = 2, A = 3;
+    auto f = make_file(d, "a.bin", 37 * T + 1, 100000);
+    for (int W : {2, 3, 4}) {
+        SCOPED_TRACE("world " + std::to_string(W));
+        DataLoader one({f}, B, T, 7, true, 100000, "--train-file");
+        std::vector<std::unique_ptr<DataLoader>> ranks;
+        for (int r = 0; r < W; ++r) {
+            ranks.push_back(std::make_unique<DataLoader>(std::vector<std::string>{f}, B, T, 7, true, 100000, "--train-file"));
+            ranks.back()->set_rank(r, W);
+        }
+        std::vector<int32_t> in, tgt, rin, rtgt;
+        for (int step = 0; step < 9; ++step) {
+            std::vector<std::vector<int32_t>> single(A * W);
+            for (auto& m : single) one.next_batch(m, tgt);
+            for (int r = 0; r < W; ++r)
+                for (int j = 0; j < A; ++j) {
+                    ranks[r]->next_batch(rin, rtgt);
+                    ASSERT_EQ(rin, single[j * W + r]) << "step " << step << ", rank " << r << ", micro-batch " << j;
+                }
+            for (int r = 0; r < W; ++r) {
+                EXPECT_EQ(ranks[r]->state().epoch, one.state().epoch) << "rank " << r;
+                EXPECT_EQ(ranks[r]->state().position, one.state().position) << "rank " << r;
+            }
+        }
+        EXPECT_GE(one.state().epoch, 1) << "the test must cross an epoch boundary";
+    }
+    DataLoader dl({f}, B, T, 7, true, 100000, "--train-file");
+    EXPECT_THROW(dl.set_rank(2, 2), Error);
+    EXPECT_THROW(dl.set_rank(0, 0), Error);
+}
