@@ -223,8 +223,10 @@ int Trainer::run() {
     } else if (opt_.continue_from_checkpoint) {
         // a typo in --checkpoint-dir must not start over and replace the run it meant to resume
         std::vector<std::string> existing = existing_run_output(opt_);
+        bool own_log = false;
         if (!existing.empty() && existing.front() == opt_.log_path() &&
             log_is_of_this_run(opt_.log_path(), opt_, device, cfg)) {
+            own_log = true;
             append_log = true;  // this run's own log: it restarts before its first checkpoint
             existing.erase(existing.begin());
             if (existing.empty())
@@ -235,8 +237,10 @@ int Trainer::run() {
         for (const auto& path : existing) list += (list.empty() ? "'" : ", '") + path + "'";
         QT_CHECK(existing.empty() || opt_.overwrite, "--continue: no complete checkpoint in --checkpoint-dir '",
                  opt_.checkpoint_dir, "', but ", list, " hold", existing.size() == 1 ? "s" : "",
-                 " another run's output, which starting from step 0 would replace. Check --checkpoint-dir, or "
-                 "add --overwrite to start from step 0 anyway");
+                 own_log ? " the output of this same run, which finished without writing a checkpoint to resume from"
+                           " (--ckpt-interval); starting from step 0 would replace it"
+                         : " another run's output, which starting from step 0 would replace",
+                 ". Check --checkpoint-dir, or add --overwrite to start from step 0 anyway");
     } else if (const auto old = find_latest_checkpoint(opt_.checkpoint_dir)) {
         // a fresh run's checkpoints would mix with another run's, and --continue would pick the newest
         QT_CHECK(opt_.overwrite, "--checkpoint-dir '", opt_.checkpoint_dir, "' holds checkpoints of another run (newest: ",

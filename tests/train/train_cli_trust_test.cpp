@@ -139,6 +139,9 @@ TEST(TrainCliTrust, ContinueBeforeTheFirstCheckpointRestartsTheSameRun) {
     const auto again = run_command(f.base_cmd("run") + " --steps=3 --continue");
     EXPECT_EQ(again.exit_code, 0) << again.output;
     EXPECT_EQ(count_events(f.dir / "run/log.jsonl", "options"), 2) << "the log was not appended to";
+    // finished, exported and without a checkpoint: its own output is not replaced silently either
+    expect_refused(run_command(f.base_cmd("run") + " --steps=3 --continue"),
+                   "the output of this same run, which finished without writing a checkpoint");
     // with another seed it is another run: refused
     fs::remove(f.dir / "run/model.safetensors");
     expect_refused(run_command(f.base_cmd("run") + " --steps=3 --continue --seed=9"), "another run's output");
