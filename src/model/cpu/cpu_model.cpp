@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fp8_reference.h"
 #include "model/cpu/cpu_ops.h"
@@ -417,6 +418,7 @@ float CpuModel::evaluate(const Batch& batch) { return static_cast<float>(evaluat
 
 StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
     QT_CHECK(p.step >= 1, "optimizer step must be 1-based, got ", p.step);
+    if (comm_ && comm_->world() > 1) return data_parallel_step(p);
     StepStats stats;
     stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_squares(grads_.data(), num_elements())));
     stats.loss = static_cast<float>(step_loss_);

@@ -18,6 +18,10 @@
 
 namespace qtrain {
 
+namespace comm {
+class Communicator;
+}
+
 class CpuModel : public IModel {
 public:
     // Throws qtrain::Error naming the flag for any option the CPU model does not implement (it runs
@@ -46,6 +50,16 @@ public:
     void load_checkpoint(const std::string& dir) override;
 
     MemoryPlan memory_plan() const override;
+
+    // Data parallel (issue 18): this model is rank comm.rank() of comm.world() replicas, each running
+    // forward_backward on its share of the micro-batches (gradients scaled by 1 / (accumulation x
+    // world)). optimizer_step then sums the gradients and the loss over the ranks in rank order
+    // (ZeRO-1: all-reduce; ZeRO-2: reduce-scatter, each rank keeping its block), computes the global
+    // norm from per-rank blocks of the flat parameter space (combined in rank order, so both levels
+    // give the same bits), updates its block with AdamW and all-gathers the weights and moments, so
+    // every rank holds the whole state (the reference model shards the work, not the memory).
+    // `zero_level` 1 or 2; null `comm` = a single model again.
+    void set_communicator(comm::Communicator* comm, int zero_level);
 
     // ---- direct access, for tests and for comparing the GPU model against this one ----
     const std::vector<ParamSpec>& params() const { return specs_; }
@@ -118,6 +132,12 @@ private:
     std::unordered_map<std::string, size_t> index_;
     std::vector<float> params_, grads_, adam_m_, adam_v_;
     double step_loss_ = 0.0;
+    comm::Communicator* comm_ = nullptr;
+    int zero_level_ = 1;
+    StepStats data_parallel_step(const OptimizerParams& p);
+    // AdamW over the flat elements [begin, end), gradients read from grads + (i - grads_begin).
+    void adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* grads, int64_t grads_begin,
+                     float clip_scale);
     Activations acts_;
 };
 

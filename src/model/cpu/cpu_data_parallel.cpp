@@ -1,0 +1,78 @@
+// The CPU reference model's data-parallel optimizer step (cpu_model.h, set_communicator): the sums
+// over ranks, the sharded AdamW and the gathers. Each element is summed over the ranks in rank order
+// (comm/communicator.h), so ZeRO-1 and ZeRO-2 give the same bits, and the result equals one model with
+// world x the accumulation up to the order of the micro-batch additions.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "model/cpu/cpu_model.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+
+void CpuModel::set_communicator(comm::Communicator* comm, int zero_level) {
+    QT_CHECK(zero_level == 1 || zero_level == 2, "--zero-level=", zero_level,
+             " is not supported by the CPU model's data parallel step (1 or 2)");
+    comm_ = comm;
+    zero_level_ = zero_level;
+}
+
+void CpuModel::adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* g, int64_t g_begin,
+                           float clip_scale) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i] + specs_[i].numel());
+        if (lo >= hi) continue;  // AdamW is elementwise: a tensor's part is updated as in the whole
+        cpu::adamw_update(params_.data() + lo, g + (lo - g_begin), adam_m_.data() + lo, adam_v_.data() + lo, hi - lo,
+                          p.learning_rate, p.beta1, p.beta2, p.epsilon, specs_[i].decay() ? p.weight_decay : 0.0f,
+                          clip_scale, p.step);
+    }
+}
+
+StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
+    comm::Communicator& c = *comm_;
+    const int W = c.world(), r = c.rank();
+    const int64_t P = num_elements(), S = (P + W - 1) / W, begin = std::min<int64_t>(r * S, P),
+                  end = std::min<int64_t>(begin + S, P);
+    // the loss and the blocks' sums of squares as doubles (bytes through all_gather), combined in rank order
+    auto gather_sum = [&](double x) {
+        std::vector<double> all(static_cast<size_t>(W));
+        c.all_gather(&x, all.data(), 2, DType::F32);  // one double = two 4-byte elements
+        double sum = 0.0;
+        for (double v : all) sum += v;
+        return sum;
+    };
+    StepStats stats;
+    stats.loss = static_cast<float>(gather_sum(step_loss_));
+    step_loss_ = 0.0;
+
+    // the summed gradients of this rank's block [begin, end), padded to S elements per rank
+    std::vector<float> padded(static_cast<size_t>(S) * W, 0.0f), block(static_cast<size_t>(S));
+    std::copy(grads_.begin(), grads_.end(), padded.begin());
+    const float* g = nullptr;
+    if (zero_level_ == 1) {
+        c.all_reduce(padded.data(), padded.data(), padded.size(), DType::F32);
+        g = padded.data() + r * S;
+    } else {
+        c.reduce_scatter(padded.data(), block.data(), static_cast<size_t>(S), DType::F32);
+        g = block.data();
+    }
+    stats.grad_norm = static_cast<float>(std::sqrt(gather_sum(cpu::sum_squares(g, end - begin))));
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    if (!update_allowed(stats)) return stats;  // every rank sees the same stats: none updates
+
+    const float clip_scale = (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) ? p.grad_clip / stats.grad_norm : 1.0f;
+    adamw_range(p, begin, end, g, begin, clip_scale);
+    // every rank gets every block of the weights and moments back
+    for (std::vector<float>* state : {&params_, &adam_m_, &adam_v_}) {
+        std::copy(state->begin() + begin, state->begin() + end, block.begin());
+        std::fill(block.begin() + (end - begin), block.end(), 0.0f);
+        c.all_gather(block.data(), padded.data(), static_cast<size_t>(S), DType::F32);
+        std::copy(padded.begin(), padded.begin() + P, state->begin());
+    }
+    return stats;
+}
+
+}  // namespace qtrain
