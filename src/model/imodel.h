@@ -7,10 +7,15 @@
 #include <functional>
 #include <string>
 
+#include "core/error.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 
 namespace qtrain {
+
+namespace comm {
+class Communicator;
+}
 
 // One micro-batch on the host: B rows of T tokens. targets[i] < 0 means "no loss here" (masked
 // prompt tokens, padding). Pointers stay valid for the duration of the call only.
@@ -68,6 +73,14 @@ public:
     virtual void load_checkpoint(const std::string& dir) = 0;
 
     virtual MemoryPlan memory_plan() const = 0;
+
+    // Data parallel: this model is one rank of comm's world (ZeRO `zero_level`); optimizer_step then
+    // works with the other ranks. Backends that cannot refuse with an error naming the flag.
+    virtual void set_communicator(comm::Communicator* comm, int zero_level) {
+        (void)comm;
+        (void)zero_level;
+        throw_error(cat("--gpus > 1 is not supported yet on --device=", device_name()));
+    }
 
     // What the backend learnt while running that a user should see once (e.g. the GEMM autotuner's
     // findings once it has decided); asked after every step, empty when there is nothing (new) to say.

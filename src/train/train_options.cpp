@@ -62,8 +62,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
 
     g = app.add_option_group("Multi-GPU");
-    g->add_option("--gpus", o.gpus, "Number of GPUs. Only 1 works today: multi-GPU training (threads mode, "
-                  "mpirun, ZeRO) is not implemented yet and --gpus other than 1 is refused");
+    g->add_option("--gpus", o.gpus, "Number of ranks. With --device=cpu: that many data-parallel CPU ranks as threads "
+                  "(ZeRO-1, or ZeRO-2 with --zero-level=2; equal to one rank with that many times the "
+                  "accumulation). On the GPU only 1 works today: multi-GPU is not implemented yet and other "
+                  "values are refused");
     g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
     g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2)");
     g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")

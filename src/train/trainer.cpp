@@ -12,6 +12,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/thread_world.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "model/imodel.h"
@@ -23,6 +24,7 @@
 #include "train/memory_fit.h"
 #include "train/model_factory.h"
 #include "train/output_tokenizer.h"
+#include "train/rank_threads.h"
 #include "train/resume_check.h"
 #include "train/run_guard.h"
 #include "train/sol.h"
@@ -101,13 +103,20 @@ int Trainer::run() {
     const std::optional<Tokenizer> tokenizer =
         opt_.plan_only ? std::nullopt : load_output_tokenizer(opt_.tokenizer, cfg.vocab_size);
     const ModelOptions mopt = opt_.model_options(device);
+    // Threads mode on the CPU model: --gpus ranks, each a model of its own in this process
+    // (rank_threads.h). The GPU model refuses --gpus > 1 itself (multi-GPU is issue 18's next step).
+    const int world = device == "cpu" ? std::max(1, opt_.gpus) : 1;
     // The CPU model's plan is host memory: a training run checks it against this machine's RAM (a
-    // batch that does not fit would be killed by the OOM killer minutes later), like the pinned plan.
-    const uint64_t ram_limit = device == "cpu" && !opt_.plan_only ? usable_host_memory() : 0;
+    // batch that does not fit would be killed by the OOM killer minutes later), like the pinned plan;
+    // with several CPU ranks each gets its share of it.
+    const uint64_t ram_limit = device == "cpu" && !opt_.plan_only ? usable_host_memory() / world : 0;
     const uint64_t limit = ram_limit && (!mopt.memory_limit || ram_limit < mopt.memory_limit) ? ram_limit
                                                                                               : mopt.memory_limit;
-    const char* limit_name = limit && limit == ram_limit ? "this machine can give the CPU model about "
-                                                         : "--memory-limit is ";
+    const std::string limit_name =
+        limit && limit == ram_limit
+            ? (world > 1 ? cat("this machine can give each of the ", world, " CPU ranks about ")
+                         : std::string("this machine can give the CPU model about "))
+            : std::string("--memory-limit is ");
     if (planning_for_gpu)
         std::printf("note: no GPU here; --plan-only plans for the GPU (--device=cuda). --device=cpu plans the CPU "
                     "reference model instead\n\n");
@@ -372,9 +381,56 @@ int Trainer::run() {
         ~RestoreSignals() { std::signal(SIGINT, i); std::signal(SIGTERM, t); }
     } restore{old_int, old_term};
 
+    // Threads mode: ranks 1..world-1 train the same steps on their share of each micro-batch group and
+    // meet this one (rank 0, which logs, evaluates, checkpoints and exports) in the model's collectives
+    // and once per step in agree_after_step.
+    const int zero_level = mopt.shard_gradients ? 2 : 1;
+    std::unique_ptr<comm::ThreadWorld> thread_world;
+    std::unique_ptr<RankThreads> ranks;
+    if (world > 1) {
+        thread_world = std::make_unique<comm::ThreadWorld>(world);
+        ranks = std::make_unique<RankThreads>(*thread_world, [&](comm::Communicator& c) {
+            std::unique_ptr<IModel> m = create_model(cfg, mopt, device);
+            m->set_communicator(&c, zero_level);
+            DataLoader data(expand_glob(opt_.train_file, "--train-file"), opt_.batch_size, opt_.seq_len, opt_.seed,
+                            true, cfg.vocab_size, "--train-file");
+            data.set_rank(c.rank(), world);
+            int first = 0;
+            if (resume) {
+                m->load_checkpoint(resume->dir);
+                data.set_state(resume->state.train_data);
+                first = resume->state.step;
+            } else if (opt_.from_scratch) {
+                m->init_random(opt_.seed);
+            } else {
+                m->load_hf(*source.directory);
+            }
+            std::vector<int32_t> in, tgt;
+            const float scale = 1.0f / static_cast<float>(opt_.grad_accumulation * world);
+            for (int s = first; s < opt_.steps; ++s) {
+                int64_t valid = 0;
+                for (int micro = 0; micro < opt_.grad_accumulation; ++micro) {
+                    data.next_batch(in, tgt);
+                    valid += count_valid(tgt);
+                    m->forward_backward(Batch{in.data(), tgt.data(), opt_.batch_size, opt_.seq_len}, scale);
+                }
+                const StepStats st = m->optimizer_step(
+                    {schedule.at(s), opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, s + 1});
+                const StepAgreement a = agree_after_step(c, false, valid);
+                const bool skipped = std::isfinite(st.loss) && std::isfinite(st.grad_norm) && a.valid_targets == 0;
+                if ((!IModel::update_allowed(st) && !skipped) || a.stop) return;  // rank 0 stops the run
+            }
+        });
+        model->set_communicator(&ranks->rank0(), zero_level);
+        train_data.set_rank(0, world);
+        log.message(cat("[Setup] threads mode: ", world, " CPU ranks, ZeRO-", zero_level,
+                        " (rank 0 logs, evaluates, checkpoints and exports)"));
+    }
+
     std::vector<int32_t> inputs, targets;
-    const float grad_scale = 1.0f / static_cast<float>(opt_.grad_accumulation);
-    const int64_t step_tokens = static_cast<int64_t>(opt_.batch_size) * opt_.seq_len * opt_.grad_accumulation;
+    const float grad_scale = 1.0f / static_cast<float>(opt_.grad_accumulation * world);
+    const int64_t step_tokens =
+        static_cast<int64_t>(opt_.batch_size) * opt_.seq_len * opt_.grad_accumulation * world;
     int step = start_step;
     bool evaluated_last = false;
     for (; step < opt_.steps; ++step) {
@@ -388,6 +444,12 @@ int Trainer::run() {
         const float lr = schedule.at(step);
         OptimizerParams p{lr, opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, step + 1};
         const StepStats stats = model->optimizer_step(p);
+        bool stop = g_stop_signal.load() != 0;
+        if (ranks) {  // the other ranks decide alike: the global target count, one stop for all
+            const StepAgreement a = agree_after_step(ranks->rank0(), stop, valid_targets);
+            valid_targets = a.valid_targets;
+            stop = a.stop;
+        }
         log.log_step(step, train_data.epoch_progress(), step_tokens, ms_since(t0), stats.grad_norm, stats.loss, lr);
         if (std::string notes = model->performance_notes(); !notes.empty()) log.message(notes);
         if (!IModel::update_allowed(stats)) {  // the model applied no update (imodel.h)
@@ -424,10 +486,11 @@ int Trainer::run() {
             evaluated_last = true;
         }
         if (opt_.ckpt_interval > 0 && completed % opt_.ckpt_interval == 0) save_checkpoint(completed);
-        if (int sig = g_stop_signal.load()) {
-            log.message(fmt::format("\nStopping on signal {} after step {}", sig, step));
+        if (stop) {
+            log.message(fmt::format("\nStopping on signal {} after step {}", g_stop_signal.load(), step));
             if (!(opt_.ckpt_interval > 0 && completed % opt_.ckpt_interval == 0) && !opt_.checkpoint_dir.empty())
                 save_checkpoint(completed);
+            if (ranks) ranks->join();
             return 130;
         }
     }
@@ -463,6 +526,7 @@ int Trainer::run() {
         for (const std::string& f : files) names += (names.empty() ? "" : ", ") + f;
         log.message(cat("[Setup] tokenizer files written: ", names, " (from ", tokenizer->source(), ")"));
     }
+    if (ranks) ranks->join();
     log.log_done(step, opt_.out_dir, std::chrono::duration<double>(Clock::now() - t_start).count());
     return 0;
 }

@@ -67,7 +67,8 @@ void CpuModel::check_options(const ModelOptions& o) {
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");
-    // GPU settings mean nothing to the CPU model, so each is refused (not ignored). The recompute
+    // GPU settings mean nothing to the CPU model, so each is refused (not ignored; --shard-gradients
+    // is ZeRO-2 with several ranks, --gpus > 1 in threads mode). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
     const std::pair<const char*, bool> flags[] = {
@@ -79,13 +80,13 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--offload-quants", o.offload_quants},       {"--offload-gradients", o.offload_gradients},
         {"--persistent-quants", o.persistent_quants}, {"--write-combined", o.write_combined},
         {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights},
-        {"--shard-gradients", o.shard_gradients},     {"--use-cuda-graphs", o.use_cuda_graphs},
+        {"--shard-gradients", o.shard_gradients && o.gpus <= 1},     {"--use-cuda-graphs", o.use_cuda_graphs},
         {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
         {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off},
         {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
     for (const auto& [flag, on] : flags)
         QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
-    QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported on --device=cpu (it runs on one device)");
+    QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, " on --device=cpu: give the number of ranks (threads), at least 1");
     QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
     QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
     QT_CHECK(o.seq_len >= 1, "--seq-len must be at least 1, got ", o.seq_len);

@@ -18,9 +18,6 @@
 
 namespace qtrain {
 
-namespace comm {
-class Communicator;
-}
 
 class CpuModel : public IModel {
 public:
@@ -59,7 +56,7 @@ public:
     // give the same bits), updates its block with AdamW and all-gathers the weights and moments, so
     // every rank holds the whole state (the reference model shards the work, not the memory).
     // `zero_level` 1 or 2; null `comm` = a single model again.
-    void set_communicator(comm::Communicator* comm, int zero_level);
+    void set_communicator(comm::Communicator* comm, int zero_level) override;
 
     // ---- direct access, for tests and for comparing the GPU model against this one ----
     const std::vector<ParamSpec>& params() const { return specs_; }
