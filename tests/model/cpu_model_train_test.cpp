@@ -393,7 +393,7 @@ TEST(CpuModelOptions, UnsupportedOptionsNameTheFlag) {
     expect_refused(with([](ModelOptions& o) { o.shard_gradients = true; }), "--shard-gradients");
     expect_refused(with([](ModelOptions& o) { o.persistent_quants = true; }), "--persistent-quants");
     expect_refused(with([](ModelOptions& o) { o.use_cuda_graphs = true; }), "--use-cuda-graphs");
-    expect_refused(with([](ModelOptions& o) { o.gpus = 2; }), "--gpus=2");
+    expect_refused(with([](ModelOptions& o) { o.gpus = 0; }), "--gpus=0");  // --gpus > 1: threads mode (the engine's ranks)
     // lmhead_chunks is the CPU model's own chunking: accepted.
     EXPECT_NO_THROW(CpuModel(test::tiny_config(true), with([](ModelOptions& o) { o.lmhead_chunks = 4; })));
 }
