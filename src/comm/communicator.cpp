@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 
@@ -98,5 +99,17 @@ void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int r
 }
 
 void Communicator::barrier() { do_barrier(); }
+
+void sum_scalars_over_ranks(Communicator& comm, const double* values, double* sums, int n) {
+    QT_CHECK(n >= 0, "sum_scalars_over_ranks: negative count ", n);
+    std::vector<double> all(static_cast<std::size_t>(n) * static_cast<std::size_t>(comm.world()));
+    // a double is two 4-byte elements to the byte-moving all_gather
+    comm.all_gather(values, all.data(), 2 * static_cast<std::size_t>(n), DType::F32);
+    for (int i = 0; i < n; ++i) {
+        double s = 0.0;
+        for (int r = 0; r < comm.world(); ++r) s += all[static_cast<std::size_t>(r) * n + i];
+        sums[i] = s;
+    }
+}
 
 }  // namespace qtrain::comm

@@ -71,6 +71,11 @@ protected:
     virtual bool uses_stream() const { return false; }
 };
 
+// sums[i] = values[i] summed over the ranks in rank order, in double, on every rank: for the few
+// host scalars a step agrees on (losses, partial sums of squares, counts: exact up to 2^53), which the
+// fp32/bf16 sums would round. Gathered as bytes, so every backend gives the same bits.
+void sum_scalars_over_ranks(Communicator& comm, const double* values, double* sums, int n);
+
 // What a launcher (run_ranks, run_mpi_rank) runs as each rank.
 using RankFunction = std::function<void(Communicator&)>;
 

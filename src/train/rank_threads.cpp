@@ -8,11 +8,10 @@
 namespace qtrain {
 
 StepAgreement agree_after_step(comm::Communicator& comm, bool stop_requested, int64_t valid_targets) {
-    // fp32 sums are exact for these small integers (the targets of one step stay far below 2^24 per
-    // rank for the CPU model's batches); doubles would need a dtype the collectives do not sum
-    float v[2] = {stop_requested ? 1.0f : 0.0f, static_cast<float>(valid_targets)};
-    comm.all_reduce(v, v, 2, DType::F32);
-    return {v[0] > 0.0f, static_cast<int64_t>(v[1])};
+    const double mine[2] = {stop_requested ? 1.0 : 0.0, static_cast<double>(valid_targets)};
+    double all[2];
+    comm::sum_scalars_over_ranks(comm, mine, all, 2);
+    return {all[0] > 0.0, static_cast<int64_t>(all[1])};
 }
 
 RankThreads::RankThreads(comm::ThreadWorld& world, const std::function<void(comm::Communicator&)>& fn)

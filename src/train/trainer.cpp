@@ -79,6 +79,36 @@ void copy_model_dir_files(const std::string& from_dir, const std::string& to_dir
     }
 }
 
+// One step's micro-batches on `model`: returns the targets that carry a loss.
+int64_t run_micro_batches(IModel& model, DataLoader& data, int accumulation, int batch_size, int seq_len,
+                          float grad_scale, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    int64_t valid = 0;
+    for (int micro = 0; micro < accumulation; ++micro) {
+        data.next_batch(inputs, targets);
+        valid += count_valid(targets);
+        model.forward_backward(Batch{inputs.data(), targets.data(), batch_size, seq_len}, grad_scale);
+    }
+    return valid;
+}
+
+// The state a run starts from: the resume point's (weights, optimizer state, data position), else a
+// random init or the --model directory's weights. Returns the first step to run.
+int load_start_state(IModel& model, DataLoader& data, const std::optional<ResumePoint>& resume,
+                     const TrainOptions& o, const ModelSource& source) {
+    if (resume) {
+        model.load_checkpoint(resume->dir);
+        data.set_state(resume->state.train_data);
+        return resume->state.step;
+    }
+    if (o.from_scratch) {
+        model.init_random(o.seed);
+    } else {
+        QT_CHECK(source.directory, "--model: no weights to load for ", source.description, " (add --from-scratch)");
+        model.load_hf(*source.directory);
+    }
+    return 0;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::string command_line)
@@ -312,25 +342,15 @@ int Trainer::run() {
     log.log_sol(training_flops_per_token(cfg, opt_.seq_len), peak);
     t_setup = Clock::now();
 
-    int start_step = 0;
+    if (!resume && opt_.continue_from_checkpoint)
+        log.message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", opt_.checkpoint_dir));
+    if (!resume && !opt_.from_scratch && source.directory) log.message("Loading weights from " + *source.directory);
+    const int start_step = load_start_state(*model, train_data, resume, opt_, source);
     if (resume) {
-        model->load_checkpoint(resume->dir);
-        train_data.set_state(resume->state.train_data);
-        start_step = resume->state.step;
         log.log_resume(start_step, resume->dir, resume->skipped, resume->verified);
         for (const OptionChange& c : resume_changes)
             log.message(cat("[Resume] ", c.changes_run ? "--force-resume: " : "", describe_option_change(c)));
         log.log_option_changes(resume_changes);
-    } else {
-        if (opt_.continue_from_checkpoint)
-            log.message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", opt_.checkpoint_dir));
-        if (opt_.from_scratch) {
-            model->init_random(opt_.seed);
-        } else {
-            QT_CHECK(source.directory, "--model: no weights to load for ", source.description, " (add --from-scratch)");
-            log.message("Loading weights from " + *source.directory);
-            model->load_hf(*source.directory);
-        }
     }
     log.message(fmt::format("[Setup] parameters {} in {:.1f} s",
                             resume_dir ? "and optimizer state loaded" : opt_.from_scratch ? "initialised" : "loaded",
@@ -384,6 +404,11 @@ int Trainer::run() {
     // Threads mode: ranks 1..world-1 train the same steps on their share of each micro-batch group and
     // meet this one (rank 0, which logs, evaluates, checkpoints and exports) in the model's collectives
     // and once per step in agree_after_step.
+    const float grad_scale = 1.0f / static_cast<float>(opt_.grad_accumulation * world);
+    auto optimizer_params = [&](int step) {
+        return OptimizerParams{schedule.at(step), opt_.beta_1,     opt_.beta_2, opt_.adam_epsilon,
+                               opt_.weight_decay, opt_.grad_clip, step + 1};
+    };
     const int zero_level = mopt.shard_gradients ? 2 : 1;
     std::unique_ptr<comm::ThreadWorld> thread_world;
     std::unique_ptr<RankThreads> ranks;
@@ -395,27 +420,11 @@ int Trainer::run() {
             DataLoader data(expand_glob(opt_.train_file, "--train-file"), opt_.batch_size, opt_.seq_len, opt_.seed,
                             true, cfg.vocab_size, "--train-file");
             data.set_rank(c.rank(), world);
-            int first = 0;
-            if (resume) {
-                m->load_checkpoint(resume->dir);
-                data.set_state(resume->state.train_data);
-                first = resume->state.step;
-            } else if (opt_.from_scratch) {
-                m->init_random(opt_.seed);
-            } else {
-                m->load_hf(*source.directory);
-            }
             std::vector<int32_t> in, tgt;
-            const float scale = 1.0f / static_cast<float>(opt_.grad_accumulation * world);
-            for (int s = first; s < opt_.steps; ++s) {
-                int64_t valid = 0;
-                for (int micro = 0; micro < opt_.grad_accumulation; ++micro) {
-                    data.next_batch(in, tgt);
-                    valid += count_valid(tgt);
-                    m->forward_backward(Batch{in.data(), tgt.data(), opt_.batch_size, opt_.seq_len}, scale);
-                }
-                const StepStats st = m->optimizer_step(
-                    {schedule.at(s), opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, s + 1});
+            for (int s = load_start_state(*m, data, resume, opt_, source); s < opt_.steps; ++s) {
+                const int64_t valid = run_micro_batches(*m, data, opt_.grad_accumulation, opt_.batch_size,
+                                                        opt_.seq_len, grad_scale, in, tgt);
+                const StepStats st = m->optimizer_step(optimizer_params(s));
                 const StepAgreement a = agree_after_step(c, false, valid);
                 const bool skipped = std::isfinite(st.loss) && std::isfinite(st.grad_norm) && a.valid_targets == 0;
                 if ((!IModel::update_allowed(st) && !skipped) || a.stop) return;  // rank 0 stops the run
@@ -428,21 +437,16 @@ int Trainer::run() {
     }
 
     std::vector<int32_t> inputs, targets;
-    const float grad_scale = 1.0f / static_cast<float>(opt_.grad_accumulation * world);
     const int64_t step_tokens =
         static_cast<int64_t>(opt_.batch_size) * opt_.seq_len * opt_.grad_accumulation * world;
     int step = start_step;
     bool evaluated_last = false;
     for (; step < opt_.steps; ++step) {
         auto t0 = Clock::now();
-        int64_t valid_targets = 0;
-        for (int micro = 0; micro < opt_.grad_accumulation; ++micro) {
-            train_data.next_batch(inputs, targets);
-            valid_targets += count_valid(targets);
-            model->forward_backward(Batch{inputs.data(), targets.data(), opt_.batch_size, opt_.seq_len}, grad_scale);
-        }
-        const float lr = schedule.at(step);
-        OptimizerParams p{lr, opt_.beta_1, opt_.beta_2, opt_.adam_epsilon, opt_.weight_decay, opt_.grad_clip, step + 1};
+        int64_t valid_targets = run_micro_batches(*model, train_data, opt_.grad_accumulation, opt_.batch_size,
+                                                  opt_.seq_len, grad_scale, inputs, targets);
+        const OptimizerParams p = optimizer_params(step);
+        const float lr = p.learning_rate;
         const StepStats stats = model->optimizer_step(p);
         bool stop = g_stop_signal.load() != 0;
         if (ranks) {  // the other ranks decide alike: the global target count, one stop for all

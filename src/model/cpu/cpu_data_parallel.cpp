@@ -36,12 +36,10 @@ StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
     const int W = c.world(), r = c.rank();
     const int64_t P = num_elements(), S = (P + W - 1) / W, begin = std::min<int64_t>(r * S, P),
                   end = std::min<int64_t>(begin + S, P);
-    // the loss and the blocks' sums of squares as doubles (bytes through all_gather), combined in rank order
+    // the loss and the blocks' sums of squares, combined in rank order as doubles
     auto gather_sum = [&](double x) {
-        std::vector<double> all(static_cast<size_t>(W));
-        c.all_gather(&x, all.data(), 2, DType::F32);  // one double = two 4-byte elements
         double sum = 0.0;
-        for (double v : all) sum += v;
+        comm::sum_scalars_over_ranks(c, &x, &sum, 1);
         return sum;
     };
     StepStats stats;
