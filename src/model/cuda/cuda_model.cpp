@@ -83,7 +83,7 @@ void CudaModel::check_options(const ModelOptions& o) {
              "--fp8-fast-accum=all also covers the backward GEMMs, which are FP8 only with --gradient-dtype=e4m3|e5m2 "
              "(add that, or use --fp8-fast-accum=forward)");
     unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
-    // On one GPU, sharding means streaming from host memory (cuda_model_stream.cpp).
+    // On one GPU, sharding means streaming from host memory (the weights role, weights.h).
     QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
              "--shard-weights needs --model-dtype=bf16 (it streams the bf16 weights from host memory)");
     QT_CHECK(!o.shard_gradients || o.offload_gradients,
@@ -153,7 +153,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
-    create_streams();
+    create_roles();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
 
     // zero everything with state (padding stays zero forever)
@@ -174,16 +174,15 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     std::vector<cuda::ParamSegment> segs;
     int64_t matrix_numel[4];
     for (int m = 0; m < 4; ++m) {
-        int64_t rows = 0, cols = 0;
-        matrix_shape(static_cast<Matrix>(m), rows, cols);
-        matrix_numel[m] = rows * cols;
+        const MatrixShape g = layer_matrix(layout_, config_, 0, static_cast<Matrix>(m));
+        matrix_numel[m] = g.rows * g.cols;
     }
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const int64_t off = layout_.offsets[i];
         int slot = -1;
         if (const int l = layout_.layer_of(off); fp8_ && l >= 0)
             for (int m = 0; m < 4; ++m) {
-                const int64_t begin = matrix_offset(l, static_cast<Matrix>(m));
+                const int64_t begin = matrix(l, static_cast<Matrix>(m)).offset;
                 if (off >= begin && off < begin + matrix_numel[m]) slot = 4 * l + m;
             }
         segs.push_back({off, layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0, slot});
@@ -191,13 +190,13 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     std::sort(segs.begin(), segs.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     optimizer_->upload_segments(segs, stream_);
     grads_->clear();
-    weights_changed();
+    weights_->changed();
     sync();
 }
 
 CudaModel::~CudaModel() {
     if (stream_) cudaStreamSynchronize(stream_);
-    destroy_streams();
+    destroy_roles();
     if (timer_.enabled() && timer_.steps() > 0) std::fprintf(stderr, "%s", timer_.report().c_str());
     gemm_.reset();
     for (Arena& a : arenas_) {
@@ -234,8 +233,30 @@ std::string CudaModel::performance_notes() const {
 
 void CudaModel::sync() const {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (copy_stream_) CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    weights_->sync();
     grads_->sync();
+}
+
+// --param-grad-dtype=bf16 rounds the host gradients with random bits independent of the optimizer's
+// (same seed, salted)
+constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
+
+void CudaModel::create_roles() {
+    weights_ = std::make_unique<Weights>(buf_, layout_, config_, opt_, stream_, timer_);
+    grads_ = std::make_unique<Gradients>(buf_, layout_, config_, opt_, static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt),
+                                         stream_);
+    residuals_ = std::make_unique<ResidualOffload>(
+        opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
+        static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
+        stream_);
+    optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_, layout_.total);
+}
+
+void CudaModel::destroy_roles() {
+    optimizer_.reset();  // each role waits for its own streams
+    residuals_.reset();
+    grads_.reset();
+    weights_.reset();
 }
 
 // Zeroes a buffer that may be device memory or offloaded (pinned host) memory.
@@ -294,8 +315,8 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
 void CudaModel::refresh_weights() {
     if (buf_.master && buf_.weights != buf_.master)
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
-    weights_changed();
-    quantize_weights();
+    weights_->changed();
+    weights_->quantize();
 }
 
 // weights in and out

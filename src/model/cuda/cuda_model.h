@@ -18,6 +18,8 @@
 #include "model/cuda/gradients.h"
 #include "model/cuda/optimizer_state.h"
 #include "model/cuda/residual_offload.h"
+#include "model/cuda/weights.h"
+#include "model/cuda/layer_matrices.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
 
@@ -75,10 +77,8 @@ private:
     void lm_head(int N, float* loss_acc, bool with_grads);
     void backward(int B, int T);
     void recompute_layer(int l, int B, int T);  // the activations the --recompute-* flags dropped
-    // The four matrices of a layer, in the order of the FP8 scale slots.
-    enum Matrix { kQkv = 0, kO = 1, kGateUp = 2, kDown = 3 };
-    int64_t matrix_offset(int l, Matrix m) const;
-    void matrix_shape(Matrix m, int64_t& rows, int64_t& cols) const;  // W[rows = out, cols = in]
+    // layer l's matrix m (layer_matrices.h): its flat offset and shape
+    MatrixShape matrix(int l, Matrix m) const { return layer_matrix(layout_, config_, l, m); }
     // y[N,out] = x[N,in] W^T (+ bias) for matrix m of layer l: bf16 GEMM, or with --matmul-dtype=e4m3
     // x quantised with its current amax (kept per layer for the backward) times the fp8 weight.
     // amax_ready: x's producer already wrote its amax into the layer's activation slot.
@@ -95,38 +95,10 @@ private:
     // the amax slot a producer kernel fills for matrix m's forward input / for the gradient (null without FP8)
     float* act_amax(int l, Matrix m) const;
     float* grad_amax() const;
-    // fp8 weight copies (and transposes) from the model-dtype weights; amax_ready: AdamW has just
-    // folded each matrix's abs-max into buf_.weight_amax (no separate pass)
-    void quantize_weights(bool amax_ready = false);
-    // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
-    // copies, laid out like the weights, one byte per element), on `stream`.
-    void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready = false);
-    // qT = the transposes of the four matrices already quantised in q (a layer's FP8 copies, laid out
-    // like the weights): what quantize_layer writes to qT, bit for bit.
-    void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
-
-    // ---- weight access protocol and gradient streaming (cuda_model_stream.cpp) ----
-    // Layer code reads parameters through these: weight(off) is the model-dtype weight at flat
-    // offset off, weight_q/weight_qT its FP8 copies (gradients: grads_->at(off)). Without streaming
-    // they point into the flat buffers; with --shard-weights a layer's elements resolve to the device
-    // slot that holds the layer (which must be gotten).
-    const void* weight(int64_t off) const;
-    const void* weight_q(int64_t off) const;
-    const void* weight_qT(int64_t off) const;
-    // --shard-weights: gather(l) starts copying layer l from host into its slot (and quantising it)
-    // on the copy stream, unless the slot already holds it; get(l) makes the compute stream wait for
-    // it; release(l) marks the slot reusable once the work queued so far is done. No-ops otherwise.
-    void gather(int l);
-    void get(int l);
-    void release(int l);
-    void weights_changed();  // the host weights changed: refresh the resident copies, empty the slots
-    void create_streams();
-    void destroy_streams();
+    void create_roles();   // the role objects, once the buffers are bound
+    void destroy_roles();
     float* fp8_slot_ptr(int slot) const { return buf_.fp8_scales + 4 * slot; }
-    // layer l's matrix m weight abs-max: slot 4 * l + m of the contiguous buf_.weight_amax (AdamW
-    // writes them all, so they are zeroed with one memset)
-    float* weight_amax_ptr(int l, Matrix m) const { return buf_.weight_amax + 4 * (4 * l + static_cast<int>(m)); }
-    void refresh_weights();  // weights = (model dtype) master
+    void refresh_weights();  // weights = (model dtype) master, then the weights role's copies
     void sync() const;
     void zero(void* p, std::size_t bytes);  // device or offloaded host memory
     // Copies host data in, ordered on stream_ and finished on return (the source may be reused).
@@ -154,18 +126,7 @@ private:
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
     AttentionBackend attention_ = AttentionBackend::Flash;  // --attention, resolved (attention_choice.h)
     bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
-    // streaming state (cuda_model_stream.cpp)
-    bool stream_weights_ = false;                         // --shard-weights
-    bool embed_weights_host_ = false;                     // embedding_weights_on_host (gpu_buffers.h)
-    cudaStream_t copy_stream_ = nullptr;
-    cudaEvent_t w_ready_[2] = {}, w_free_[2] = {};
-    int slot_layer_[2] = {-1, -1};   // the layer each weight slot holds (-1: none)
-    // --persistent-quants with streamed FP8 layers: whether layer l's FP8 copy is in buf_.quant_store
-    // for the current weights, and whether each weight slot holds its layer's bf16 matrices (a layer
-    // filled from the store gets only its norms and biases in bf16; its matrices are FP8 only).
-    bool persist_quants_ = false;
-    std::vector<char> quant_stored_;
-    bool slot_has_matrices_[2] = {true, true};
+    std::unique_ptr<Weights> weights_;            // the layers' weights and FP8 copies (weights.h)
     std::unique_ptr<Gradients> grads_;            // where gradients accumulate (gradients.h)
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)

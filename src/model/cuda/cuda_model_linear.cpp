@@ -1,6 +1,6 @@
 // The model's linear layers: each of a layer's four matrices as a bf16 GEMM or, with
 // --matmul-dtype=e4m3, as an FP8 GEMM on operands quantised with their current per-tensor scale
-// (docs/design.md, "Precision"), and the per-step quantisation of the weights.
+// (docs/design.md, "Precision"). The weights' FP8 copies are the weights role's (weights.h).
 #include "model/cuda/cuda_model.h"
 
 #include "core/error.h"
@@ -9,68 +9,6 @@
 #include "cuda/gemm.h"
 
 namespace qtrain {
-
-int64_t CudaModel::matrix_offset(int l, Matrix m) const {
-    const GpuLayerOffsets& o = layout_.layers[l];
-    switch (m) {
-        case kQkv: return o.qkv_w;
-        case kO: return o.o_w;
-        case kGateUp: return o.gate_up_w;
-        default: return o.down_w;
-    }
-}
-
-void CudaModel::matrix_shape(Matrix m, int64_t& rows, int64_t& cols) const {
-    const ModelConfig& c = config_;
-    const int64_t h = c.hidden_size, qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
-    const int64_t all_rows[4] = {qkvd, h, 2 * I, h}, all_cols[4] = {h, c.q_dim(), h, I};
-    rows = all_rows[m];
-    cols = all_cols[m];
-}
-
-void CudaModel::quantize_weights(bool amax_ready) {
-    if (!fp8_ || stream_weights_) return;  // streamed layers are quantised as they arrive (gather)
-    auto t_ = timer_.scope("fp8 quantize", stream_);
-    for (int l = 0; l < config_.num_hidden_layers; ++l) {
-        const int64_t b = layout_.layer_begin(l);
-        quantize_layer(l, static_cast<const char*>(buf_.weights) + b * dtype_size(opt_.model_dtype),
-                       static_cast<char*>(buf_.wq) + b, buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, stream_,
-                       amax_ready);
-    }
-}
-
-void CudaModel::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream,
-                               bool amax_ready) {
-    const std::size_t es = dtype_size(opt_.model_dtype);
-    const int64_t begin = layout_.layer_begin(l);
-    for (int m = 0; m < 4; ++m) {
-        int64_t rows = 0, cols = 0;
-        matrix_shape(static_cast<Matrix>(m), rows, cols);
-        const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
-        const void* w = static_cast<const char*>(w_layer) + rel * es;
-        float* amax = weight_amax_ptr(l, static_cast<Matrix>(m));
-        float* inv = fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m));
-        if (!amax_ready) cuda::abs_max(amax, opt_.model_dtype, w, rows * cols, stream);
-        if (fp8_grads_) {  // row-major copy and transpose in one pass
-            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows,
-                                         cols, amax, inv, stream, static_cast<char*>(q_layer) + rel);
-        } else {
-            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, opt_.model_dtype, rows * cols, amax,
-                               inv, stream);
-        }
-    }
-}
-
-void CudaModel::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {
-    const int64_t begin = layout_.layer_begin(l);
-    for (int m = 0; m < 4; ++m) {
-        int64_t rows = 0, cols = 0;
-        matrix_shape(static_cast<Matrix>(m), rows, cols);
-        const int64_t rel = matrix_offset(l, static_cast<Matrix>(m)) - begin;
-        cuda::transpose_fp8(static_cast<char*>(qT_layer) + rel, static_cast<const char*>(q_layer) + rel, rows, cols,
-                            stream);
-    }
-}
 
 float* CudaModel::act_amax(int l, Matrix m) const {
     return fp8_ ? fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)) : nullptr;
@@ -83,10 +21,10 @@ float* CudaModel::grad_amax() const {
 void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* bias, int N, int in, int out,
                            bool amax_ready) {
     const DType A = opt_.model_dtype;
-    const int64_t off = matrix_offset(l, m);
+    const int64_t off = matrix(l, m).offset;
     if (!fp8_) {
         auto t_ = timer_.scope("gemm fwd", stream_);
-        gemm_->linear_forward(y, A, x, weight(off), A, bias, N, in, out, stream_);
+        gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_);
         return;
     }
     float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
@@ -100,18 +38,18 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
             cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
     }
     auto t_ = timer_.scope("gemm fwd", stream_);
-    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weight_q(off), DType::E4M3,
-                              fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), bias, N, in, out, stream_, 0.0f,
+    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weights_->q(off), DType::E4M3,
+                              weights_->inv_scale(l, m), bias, N, in, out, stream_, 0.0f,
                               opt_.fp8_fast_accum != Fp8FastAccum::Off);
 }
 
 void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
                            bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
-    const int64_t off = matrix_offset(l, m);
+    const int64_t off = matrix(l, m).offset;
     float* dw = grads_->at(off);
     if (!fp8_grads_) {
-        const void* w = weight(off);
+        const void* w = weights_->at(off);
         {
             auto t_ = timer_.scope("gemm bwd dx", stream_);
             gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
@@ -141,8 +79,8 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     }
     {
         auto t_ = timer_.scope("gemm bwd dx", stream_);
-        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weight_qT(off),
-                                         DType::E4M3, fp8_slot_ptr(fp8_slot(l, Fp8Slot::WeightInv, m)), N, in, out,
+        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weights_->qT(off),
+                                         DType::E4M3, weights_->inv_scale(l, m), N, in, out,
                                          stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);

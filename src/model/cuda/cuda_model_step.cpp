@@ -78,7 +78,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size, L = c.num_hidden_layers;
     const float eps = static_cast<float>(c.rms_norm_eps);
-    auto W = [&](int64_t off) { return weight(off); };
+    auto W = [&](int64_t off) { return weights_->at(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
     residuals_->before_write(0);
@@ -86,8 +86,8 @@ void CudaModel::forward(int B, int T, bool for_backward) {
         auto t_ = timer_.scope("embedding", stream_);
         cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
     }
-    gather(0);
-    get(0);
+    weights_->gather(0);
+    weights_->get(0);
     {
         auto t_ = timer_.scope("rmsnorm fwd", stream_);
         cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
@@ -98,7 +98,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
     for (int l = 0; l < L; ++l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
-        gather(l + 1);  // prefetch (weight streaming): copied while this layer computes
+        weights_->gather(l + 1);  // prefetch (weight streaming): copied while this layer computes
         // attention block
         linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
         {
@@ -128,7 +128,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
         void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
         void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
         float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
-        if (!last) get(l + 1);  // its input norm weight is fused in here
+        if (!last) weights_->get(l + 1);  // its input norm weight is fused in here
         const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
         if (!last) residuals_->before_write(l + 1);
         {
@@ -137,7 +137,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
                                            stream_, last ? nullptr : act_amax(l + 1, kQkv));
         }
         if (!last) residuals_->written(l + 1);
-        release(l);
+        weights_->release(l);
     }
     keep_xT_ = false;
 }
@@ -152,7 +152,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size;
     const float eps = static_cast<float>(c.rms_norm_eps);
-    auto W = [&](int64_t off) { return weight(off); };
+    auto W = [&](int64_t off) { return weights_->at(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
     const GpuLayerOffsets& o = layout_.layers[l];
     GpuLayerActivations& x = buf_.layers[l];
@@ -185,7 +185,7 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     const DType A = opt_.model_dtype;
     const int h = c.hidden_size, V = c.vocab_size;
     const std::size_t es = dtype_size(A);
-    const void* w_lm = weight(layout_.lm_head);
+    const void* w_lm = weights_->at(layout_.lm_head);
     float* dw_lm = grads_->at(layout_.lm_head);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
@@ -223,7 +223,7 @@ void CudaModel::backward(int B, int T) {
     const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
               I = c.intermediate_size, L = c.num_hidden_layers;
     const std::size_t es = dtype_size(A);
-    auto W = [&](int64_t off) { return weight(off); };
+    auto W = [&](int64_t off) { return weights_->at(off); };
     auto G = [&](int64_t off) { return grads_->at(off); };
     const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
@@ -237,9 +237,9 @@ void CudaModel::backward(int B, int T) {
     for (int l = L - 1; l >= 0; --l) {
         const GpuLayerOffsets& o = layout_.layers[l];
         GpuLayerActivations& x = buf_.layers[l];
-        gather(l);      // weight streaming: normally already in its slot
-        gather(l - 1);  // prefetch the next layer down
-        get(l);
+        weights_->gather(l);      // weight streaming: normally already in its slot
+        weights_->gather(l - 1);  // prefetch the next layer down
+        weights_->get(l);
         residuals_->load(l);      // residual offload: normally already in its slot
         residuals_->load(l - 1);  // prefetch
         residuals_->get(l);
@@ -298,7 +298,7 @@ void CudaModel::backward(int B, int T) {
                                    h, stream_, grad_amax());  // the next (lower) layer's down-projection dy
         }
         grads_->flush_layer(l);
-        release(l);
+        weights_->release(l);
     }
     {
         auto t_ = timer_.scope("embedding", stream_);
@@ -383,16 +383,16 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
             cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
             // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
             // (streamed layers are quantised, amax included, as they arrive instead)
-            const bool fused_amax = fp8_ && !stream_weights_;
-            if (fused_amax) zero(buf_.weight_amax, 16 * 4 * static_cast<std::size_t>(config_.num_hidden_layers));
+            const bool fused_amax = weights_->amax_from_update();
+            if (fused_amax) zero(weights_->amax_slots(), weights_->amax_bytes());
             optimizer_->update(args, {buf_.master, buf_.grads, buf_.weights == buf_.master ? nullptr : buf_.weights},
-                               buf_.norm_out, fused_amax ? buf_.weight_amax : nullptr, stream_);
+                               buf_.norm_out, fused_amax ? weights_->amax_slots() : nullptr, stream_);
         }
         grads_->finish_update();
     }
     if (updated) {
-        weights_changed();
-        quantize_weights(fp8_ && !stream_weights_);
+        weights_->changed();
+        weights_->quantize(weights_->amax_from_update());
     }
     sync();
     timer_.collect();  // every scope of this step has ended (the optimizer's block above)
@@ -408,7 +408,7 @@ std::vector<float> CudaModel::logits(const Batch& batch) {
     std::vector<float> out(static_cast<std::size_t>(N) * V);
     float* chunk_f32 = nullptr;
     CUDA_CHECK(cudaMalloc(&chunk_f32, static_cast<std::size_t>(buf_.lmhead_chunk_rows) * V * sizeof(float)));
-    const void* w_lm = weight(layout_.lm_head);
+    const void* w_lm = weights_->at(layout_.lm_head);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;

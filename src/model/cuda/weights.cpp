@@ -1,0 +1,220 @@
+// The weights role (weights.h): where the layers' weights are, streaming them through two device
+// slots, and their FP8 copies.
+//
+// Streaming (--shard-weights on one GPU): gather(l) copies a layer in on the copy stream — and
+// quantises it there with --matmul-dtype=e4m3 — while the compute stream works on the neighbouring
+// layer; get(l) waits for it, release(l) hands the slot back. Forward and backward visit layers in
+// opposite orders, so the two layers at the turn (and at the start of the next micro-batch) are still
+// in their slots.
+//
+// --persistent-quants (FP8 with FP8 gradients): the first time a layer arrives after an optimizer
+// step it is copied in bf16 and quantised as above, and its row-major FP8 copy is then saved
+// (buf_.quant_store: on the device, or pinned with --offload-quants) behind the slot's ready event.
+// Every later pass of the step (the backward, the next micro-batches, eval) copies in the saved FP8
+// bytes and only the small bf16 tensors (norm weights, q|k|v bias), and makes the transposed copy on
+// the device: 1 byte per weight crosses PCIe instead of 2, and the codes are those of re-quantising.
+//
+// Streaming does the same arithmetic in the same order as the flat buffers, so results are
+// bit-identical to running without it.
+#include "model/cuda/weights.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/fp8.h"
+#include "cuda/kernels.h"
+
+namespace qtrain {
+
+Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelConfig& config,
+                 const ModelOptions& o, cudaStream_t compute, OpTimer& timer)
+    : buf_(b),
+      layout_(layout),
+      config_(config),
+      type_(o.model_dtype),
+      layers_(config.num_hidden_layers),
+      timer_(timer),
+      flat_(b.weights),
+      amax_(b.weight_amax),
+      fp8_(o.matmul_dtype == DType::E4M3),
+      fp8_grads_(fp8_ && is_fp8(o.gradient_dtype)),
+      streamed_(o.shard_weights),
+      embed_on_host_(embedding_weights_on_host(config, o)),
+      persist_quants_(streamed_quants_persist(o)),
+      compute_(compute) {
+    quant_stored_.assign(persist_quants_ ? layers_ : 0, 0);
+    if (!streamed_) return;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    for (int s = 0; s < 2; ++s) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&ready_[s], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&free_[s], cudaEventDisableTiming));
+    }
+}
+
+Weights::~Weights() {
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+    for (int s = 0; s < 2; ++s)
+        for (cudaEvent_t e : {ready_[s], free_[s]})
+            if (e) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+}
+
+void Weights::sync() const {
+    if (copy_stream_) CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+}
+
+float* Weights::inv_scale(int l, Matrix m) const {
+    return buf_.fp8_scales + 4 * fp8_slot(l, Fp8Slot::WeightInv, static_cast<int>(m));
+}
+
+// ---- where a parameter is ----
+
+// Whether flat offset off, inside the span of the layer with offsets o, belongs to one of its four
+// matrices rather than a norm weight or the q|k|v bias.
+static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
+    return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
+}
+
+const void* Weights::at(int64_t off) const {
+    const std::size_t es = dtype_size(type_);
+    if (!streamed_) return static_cast<const char*>(flat_) + off * es;
+    const int l = layout_.layer_of(off);
+    if (l < 0) {
+        if (embed_on_host_ && off < layout_.layer_begin(0))  // the lookup reads its rows over PCIe
+            return static_cast<const char*>(flat_) + off * es;
+        return static_cast<const char*>(buf_.resident_weights) + layout_.resident_index(off, !embed_on_host_) * es;
+    }
+    QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
+    const int64_t rel = off - layout_.layer_begin(l);
+    QT_CHECK(slot_has_matrices_[l & 1] || !in_weight_matrix(layout_.layers[l], off),
+             "weight streaming: internal error (bf16 matrix of layer ", l, " read with only its FP8 copy in the slot)");
+    return static_cast<const char*>(buf_.weight_slots[l & 1]) + rel * es;
+}
+
+// The FP8 copy at flat offset off: in the flat copy, or in the slot of its (streamed) layer.
+static const void* fp8_weight(const GpuParamLayout& layout, const int (&slot_layer)[2], bool streamed,
+                              const void* flat, void* const (&slots)[2], int64_t off) {
+    if (!streamed) return static_cast<const char*>(flat) + off;
+    const int l = layout.layer_of(off);
+    QT_CHECK(l >= 0 && slot_layer[l & 1] == l, "weight streaming: internal error (fp8 weights of layer ", l,
+             " are not in their slot)");
+    return static_cast<const char*>(slots[l & 1]) + (off - layout.layer_begin(l));
+}
+
+const void* Weights::q(int64_t off) const {
+    return fp8_weight(layout_, slot_layer_, streamed_, buf_.wq, buf_.quant_slots, off);
+}
+
+const void* Weights::qT(int64_t off) const {
+    return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
+}
+
+// ---- streaming ----
+
+void Weights::gather(int l) {
+    if (!streamed_ || l < 0 || l >= layers_) return;
+    const int s = l & 1;
+    if (slot_layer_[s] == l) return;
+    const std::size_t es = dtype_size(type_);
+    const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
+    const char* host = static_cast<const char*>(flat_) + begin * es;
+    char* slot = static_cast<char*>(buf_.weight_slots[s]);
+    char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
+    if (persist_quants_ && quant_stored_[l]) {
+        // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
+        const GpuLayerOffsets& o = layout_.layers[l];
+        for (auto [from, to] : {std::pair{o.ln1, o.qkv_w}, {o.qkv_b, o.o_w}, {o.ln2, o.gate_up_w}})
+            CUDA_CHECK(cudaMemcpyAsync(slot + (from - begin) * es, host + (from - begin) * es, (to - from) * es,
+                                       cudaMemcpyDefault, copy_stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
+        transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+        CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
+        slot_has_matrices_[s] = false;
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(slot, host, span * es, cudaMemcpyDefault, copy_stream_));
+        if (fp8_) quantize_layer(l, slot, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+        CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
+        // saved after the ready event (the compute stream need not wait for it); the next copy into
+        // this slot is queued behind it on the same stream
+        if (persist_quants_) {
+            CUDA_CHECK(cudaMemcpyAsync(stored, buf_.quant_slots[s], span, cudaMemcpyDefault, copy_stream_));
+            quant_stored_[l] = 1;
+        }
+        slot_has_matrices_[s] = true;
+    }
+    slot_layer_[s] = l;
+}
+
+void Weights::get(int l) {
+    if (!streamed_) return;
+    QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (get of layer ", l, " before its gather)");
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[l & 1], 0));
+}
+
+void Weights::release(int l) {
+    if (!streamed_) return;
+    CUDA_CHECK(cudaEventRecord(free_[l & 1], compute_));
+}
+
+void Weights::changed() {
+    if (!streamed_) return;
+    const std::size_t es = dtype_size(type_);
+    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
+    const char* w = static_cast<const char*>(flat_);
+    char* r = static_cast<char*>(buf_.resident_weights);
+    const int64_t resident_head = embed_on_host_ ? 0 : head;  // the embedding stays on the host
+    if (resident_head) CUDA_CHECK(cudaMemcpyAsync(r, w, head * es, cudaMemcpyDefault, compute_));
+    CUDA_CHECK(cudaMemcpyAsync(r + resident_head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault,
+                               compute_));
+    // the next copies into the slots must wait for whatever just wrote the host weights
+    slot_layer_[0] = slot_layer_[1] = -1;
+    std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use
+    for (cudaEvent_t e : free_) CUDA_CHECK(cudaEventRecord(e, compute_));
+}
+
+// ---- FP8 copies ----
+
+void Weights::quantize(bool amax_ready) {
+    if (!fp8_ || streamed_) return;  // streamed layers are quantised as they arrive (gather)
+    auto t_ = timer_.scope("fp8 quantize", compute_);
+    for (int l = 0; l < layers_; ++l) {
+        const int64_t b = layout_.layer_begin(l);
+        quantize_layer(l, static_cast<const char*>(flat_) + b * dtype_size(type_), static_cast<char*>(buf_.wq) + b,
+                       buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, compute_, amax_ready);
+    }
+}
+
+void Weights::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream,
+                             bool amax_ready) {
+    const std::size_t es = dtype_size(type_);
+    const int64_t begin = layout_.layer_begin(l);
+    for (int mi = 0; mi < 4; ++mi) {
+        const Matrix m = static_cast<Matrix>(mi);
+        const MatrixShape g = layer_matrix(layout_, config_, l, m);
+        const int64_t rel = g.offset - begin;
+        const void* w = static_cast<const char*>(w_layer) + rel * es;
+        if (!amax_ready) cuda::abs_max(amax(l, m), type_, w, g.rows * g.cols, stream);
+        if (fp8_grads_) {  // row-major copy and transpose in one pass
+            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, type_, g.rows, g.cols,
+                                         amax(l, m), inv_scale(l, m), stream, static_cast<char*>(q_layer) + rel);
+        } else {
+            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, type_, g.rows * g.cols, amax(l, m),
+                               inv_scale(l, m), stream);
+        }
+    }
+}
+
+void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {
+    const int64_t begin = layout_.layer_begin(l);
+    for (int mi = 0; mi < 4; ++mi) {
+        const MatrixShape g = layer_matrix(layout_, config_, l, static_cast<Matrix>(mi));
+        const int64_t rel = g.offset - begin;
+        cuda::transpose_fp8(static_cast<char*>(qT_layer) + rel, static_cast<const char*>(q_layer) + rel, g.rows, g.cols,
+                            stream);
+    }
+}
+
+}  // namespace qtrain

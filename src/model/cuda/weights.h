@@ -1,0 +1,102 @@
+// The weights role of the GPU model (docs/design.md, "GPU model roles"): the model-dtype weights the
+// layers read, their FP8 copies, and where both are. Resident: one flat buffer on the device (and,
+// with --matmul-dtype=e4m3, flat FP8 copies quantised once per optimizer step). Streamed
+// (--shard-weights on one GPU): the flat copy is in pinned host memory; the embedding, final norm and
+// LM head stay resident, and the layers pass through two device slots (layer l in slot l % 2) on the
+// role's own copy stream, quantised there as they arrive; with --persistent-quants each layer's FP8
+// copy is kept after its first pass of a step and copied in instead of the bf16 matrices.
+//
+// Layer code reads parameters through at / q / qT (flat offsets) after get(l) of the layer. Its memory
+// is bound by bind_gpu_buffers (so the plan counts it); its stream, events and slot state are its own.
+// Sharding the weights (ZeRO-3) becomes a policy of this role.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cuda/op_timer.h"
+#include "model/cuda/gpu_buffers.h"
+#include "model/cuda/gpu_layout.h"
+#include "model/cuda/layer_matrices.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+class Weights {
+public:
+    // `compute`: the model's compute stream, which every call orders against; `timer`: the model's
+    // per-op timer (the quantisation is one of its scopes).
+    Weights(const GpuBuffers& buffers, const GpuParamLayout& layout, const ModelConfig& config,
+            const ModelOptions& options, cudaStream_t compute, OpTimer& timer);
+    ~Weights();
+    Weights(const Weights&) = delete;
+    Weights& operator=(const Weights&) = delete;
+
+    bool streamed() const { return streamed_; }
+    // The whole flat model-dtype copy (pinned host memory when streamed; the master itself in fp32).
+    void* flat() const { return flat_; }
+
+    // The model-dtype weight at flat offset off, and its FP8 copies (row-major; transposed, only with
+    // FP8 gradients): in the flat buffers, or in the slot of its streamed layer.
+    const void* at(int64_t off) const;
+    const void* q(int64_t off) const;
+    const void* qT(int64_t off) const;
+    // FP8 per-tensor abs-max and inverse scale of layer l's matrix m (16-byte slots).
+    float* amax(int l, Matrix m) const { return amax_ + 4 * (4 * l + static_cast<int>(m)); }
+    float* inv_scale(int l, Matrix m) const;
+    // The contiguous abs-max slots of every layer (AdamW folds the new weights' abs-max into them),
+    // and their size in bytes.
+    float* amax_slots() const { return amax_; }
+    std::size_t amax_bytes() const { return 16 * 4 * static_cast<std::size_t>(layers_); }
+    // Whether AdamW can compute the abs-max as it writes the weights (FP8 with resident weights;
+    // streamed layers are quantised as they arrive instead).
+    bool amax_from_update() const { return fp8_ && !streamed_; }
+
+    // Streaming: gather(l) starts copying layer l into its slot (and quantising it) on the copy
+    // stream unless the slot already holds it; get(l) makes the compute stream wait for it;
+    // release(l) marks the slot reusable once the compute work queued so far is done. No-ops when
+    // resident (and for layers outside [0, layers)).
+    void gather(int l);
+    void get(int l);
+    void release(int l);
+    // The flat weights changed (an update, a load): refresh the resident copies and empty the slots.
+    void changed();
+    // Resident FP8: quantise every layer again (streamed layers are quantised as they arrive);
+    // amax_ready: AdamW has just written the abs-max slots.
+    void quantize(bool amax_ready = false);
+    void sync() const;  // waits for the copy stream
+
+private:
+    // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
+    // copies, laid out like the weights, one byte per element), on `stream`.
+    void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready = false);
+    // qT = the transposes of the four matrices already quantised in q: what quantize_layer writes to
+    // qT, bit for bit.
+    void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
+
+    const GpuBuffers& buf_;
+    const GpuParamLayout& layout_;
+    const ModelConfig& config_;
+    const DType type_;
+    const int layers_;
+    OpTimer& timer_;
+    void* flat_ = nullptr;
+    float* amax_ = nullptr;
+    bool fp8_ = false, fp8_grads_ = false;
+    bool streamed_ = false;            // --shard-weights
+    bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
+    bool persist_quants_ = false;      // streamed_quants_persist (gpu_buffers.h)
+    cudaStream_t compute_ = nullptr, copy_stream_ = nullptr;
+    cudaEvent_t ready_[2] = {}, free_[2] = {};
+    int slot_layer_[2] = {-1, -1};  // the layer each slot holds (-1: none)
+    // --persistent-quants: whether layer l's FP8 copy is in buf_.quant_store for the current weights,
+    // and whether each slot holds its layer's bf16 matrices (a layer filled from the store gets only
+    // its norms and biases in bf16; its matrices are FP8 only).
+    std::vector<char> quant_stored_;
+    bool slot_has_matrices_[2] = {true, true};
+};
+
+}  // namespace qtrain
