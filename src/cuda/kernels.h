@@ -89,6 +89,12 @@ struct ParamSegment {
 int norm_partials_count();
 void global_norm(float* out, float* partials, const void* grad, DType grad_type, int64_t n, float max_norm,
                  cudaStream_t s);
+// global_norm's two halves, for data parallel: each rank writes the norm_partials_count() partial
+// sums of squares of its block into partials; norm_from_partials sums `count` of them (every rank's,
+// gathered in rank order) in double, in index order, and writes out as global_norm does. At one rank
+// the two give global_norm's bits.
+void sum_squares_partials(float* partials, const void* grad, DType grad_type, int64_t n, cudaStream_t s);
+void norm_from_partials(float* out, const float* partials, int count, float max_norm, cudaStream_t s);
 // AdamW over the segments (torch.optim.AdamW semantics, grads — fp32 or bf16 — scaled by clip[1] first). m and v are
 // fp32 or bf16 (bf16 stored with stochastic rounding seeded by (seed, step, index)); master is fp32;
 // the model-dtype copy `weights` (act type; may be null in fp32 mode when weights == master) is

@@ -259,15 +259,24 @@ void launch_adamw_grads(DType grad_type, const ParamSegment* segs, int num_segs,
 
 int norm_partials_count() { return kNormBlocks; }
 
-void global_norm(float* out, float* partials, const void* grad, DType grad_type, int64_t n, float max_norm,
-                 cudaStream_t s) {
+void sum_squares_partials(float* partials, const void* grad, DType grad_type, int64_t n, cudaStream_t s) {
     QT_CHECK(n % 4 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0,
              "global_norm: the gradient buffer must be 16-byte aligned and a multiple of 4 elements (got ", n, ")");
     QT_CHECK(grad_type == DType::F32 || grad_type == DType::BF16, "global_norm: gradients must be fp32 or bf16");
     if (grad_type == DType::F32) sum_squares_kernel<float><<<kNormBlocks, kNormThreads, 0, s>>>(partials, grad, n);
     else sum_squares_kernel<__nv_bfloat16><<<kNormBlocks, kNormThreads, 0, s>>>(partials, grad, n);
-    norm_finalize_kernel<<<1, 32, 0, s>>>(out, partials, kNormBlocks, max_norm);
     CUDA_CHECK(cudaGetLastError());
+}
+
+void norm_from_partials(float* out, const float* partials, int count, float max_norm, cudaStream_t s) {
+    norm_finalize_kernel<<<1, 32, 0, s>>>(out, partials, count, max_norm);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void global_norm(float* out, float* partials, const void* grad, DType grad_type, int64_t n, float max_norm,
+                 cudaStream_t s) {
+    sum_squares_partials(partials, grad, grad_type, n, s);
+    norm_from_partials(out, partials, kNormBlocks, max_norm, s);
 }
 
 void adamw_update(const ParamSegment* segs, int num_segs, int64_t total, float* master, const void* grad,

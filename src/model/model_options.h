@@ -46,7 +46,8 @@ struct ModelOptions {
     // sharding (ZeRO)
     bool shard_weights = false, shard_gradients = false;
     int zero_level = 1;
-    int gpus = 1;
+    int gpus = 1;          // data-parallel ranks (the plan's block sizes; each rank plans its own GPU)
+    int device_index = 0;  // this rank's CUDA device (--gpu-ids; the GPU model calls cudaSetDevice with it)
 
     bool use_cuda_graphs = false;
     int lmhead_chunks = 1;

@@ -31,9 +31,6 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 
 void CudaModel::check_options(const ModelOptions& o) {
-    auto unsupported = [](bool set, const char* flag) {
-        QT_CHECK(!set, flag, " is not supported yet on --device=cuda");
-    };
     QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, "--model-dtype=", dtype_name(o.model_dtype),
              " is not supported on --device=cuda (fp32 or bf16)");
     const bool fp8 = o.matmul_dtype == DType::E4M3;
@@ -82,11 +79,10 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype),
              "--fp8-fast-accum=all also covers the backward GEMMs, which are FP8 only with --gradient-dtype=e4m3|e5m2 "
              "(add that, or use --fp8-fast-accum=forward)");
-    unsupported(o.memcpy_all_gather, "--memcpy-all-gather");
     // On one GPU, sharding means streaming from host memory (the weights role, weights.h).
     QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
              "--shard-weights needs --model-dtype=bf16 (it streams the bf16 weights from host memory)");
-    QT_CHECK(!o.shard_gradients || o.offload_gradients,
+    QT_CHECK(!o.shard_gradients || o.offload_gradients || o.gpus > 1,
              "--shard-gradients on one GPU streams the gradients to host memory: add --offload-gradients");
     QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients && !o.offload_residual),
              "--use-cuda-graphs cannot be combined with --shard-weights, --offload-gradients or --offload-residual yet "
@@ -94,7 +90,15 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, "--attn-bwd-chunks=",
              o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
-    QT_CHECK(o.gpus == 1, "--gpus=", o.gpus, " is not supported yet (one GPU)");
+    QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, ": must be at least 1");
+    // Data parallel keeps every rank's weights and gradients whole on its GPU for now: the one-GPU
+    // streaming of either (which the ZeRO-3 / sharded-gradient paths will replace) is not combined yet.
+    QT_CHECK(o.gpus == 1 || !o.shard_weights, "--shard-weights with --gpus=", o.gpus,
+             " is not supported yet (weights are whole on every rank under ZeRO-1/2; ZeRO-3 comes later)");
+    QT_CHECK(o.gpus == 1 || !o.offload_gradients, "--offload-gradients with --gpus=", o.gpus,
+             " is not supported yet (the collectives reduce the device gradients)");
+    QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather,
+             "--memcpy-all-gather chooses the copy-engine communicator between ranks: it needs --gpus > 1");
 }
 
 // FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 alignment rules).
@@ -116,10 +120,16 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     fp8_ = opt_.matmul_dtype == DType::E4M3;
     fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
     if (fp8_) check_fp8_shapes(config_, opt_);
-    QT_CHECK(cuda_device_count() > 0, "--device=cuda: no GPU is visible");
-    CUDA_CHECK(cudaSetDevice(0));
+    const int devices = cuda_device_count();
+    QT_CHECK(devices > 0, "--device=cuda: no GPU is visible");
+    QT_CHECK(opt_.device_index >= 0 && opt_.device_index < devices, "GPU ", opt_.device_index,
+             " does not exist: this machine has ", devices, " visible GPU", devices == 1 ? "" : "s",
+             " (--gpu-ids, CUDA_VISIBLE_DEVICES)");
+    // the calling thread's device: a rank thread makes all of its model's CUDA calls on it
+    CUDA_CHECK(cudaSetDevice(opt_.device_index));
+    shard_ = param_shard(layout_.total, 1, 0);  // the whole space until set_communicator
     attention_ = choose_attention_backend(config_, opt_);
-    const GpuInfo info = cuda_device_info(0);
+    const GpuInfo info = cuda_device_info(opt_.device_index);
     device_name_ = info.name;
     plan_ = gpu_memory_plan(config_, opt_, device_name_);
     QT_CHECK(plan_.total_device() <= info.free_memory, "the memory plan needs ", human_bytes(plan_.total_device()),
@@ -156,11 +166,14 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     create_roles();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
 
-    // zero everything with state (padding stays zero forever)
-    if (buf_.master) zero(buf_.master, layout_.total * sizeof(float));
-    if (buf_.weights != buf_.master) zero(buf_.weights, layout_.total * dtype_size(opt_.model_dtype));
-    zero(optimizer_->m(), layout_.total * dtype_size(opt_.opt_m_dtype));
-    zero(optimizer_->v(), layout_.total * dtype_size(opt_.opt_v_dtype));
+    // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
+    // to the ranks' equal blocks and the master (when separate) and moments are one block
+    const int64_t padded = param_shard(layout_.total, std::max(1, opt_.gpus), 0).padded_total();
+    const int64_t master_n = buf_.master == buf_.weights ? padded : opt_.gpus > 1 ? optimizer_->elements() : layout_.total;
+    if (buf_.master) zero(buf_.master, master_n * sizeof(float));
+    if (buf_.weights != buf_.master) zero(buf_.weights, padded * dtype_size(opt_.model_dtype));
+    zero(optimizer_->m(), optimizer_->elements() * dtype_size(opt_.opt_m_dtype));
+    zero(optimizer_->v(), optimizer_->elements() * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
 
     // RoPE tables, computed on the host exactly as the CPU reference (and HF) does
@@ -249,7 +262,7 @@ void CudaModel::create_roles() {
         opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
         static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
         stream_);
-    optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_, layout_.total);
+    optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_);
 }
 
 void CudaModel::destroy_roles() {
@@ -281,17 +294,30 @@ void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
 
 // Sets parameter values [off, off + n) from fp32 host data: into the fp32 master, or, with
 // --master-dtype=bf16, into the bf16 weights (rounded to nearest, as an HF bf16 checkpoint would be).
+// Data parallel with the master a rank's block: the weights take every value (rounded to nearest, as
+// refresh_weights rounds the master) and the master its block's.
+void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
+    if (master_is_block()) {
+        QT_CHECK(comm_, "GPU model: set_communicator must come before the parameters are set (--gpus=", opt_.gpus, ")");
+        store_values(static_cast<char*>(buf_.weights) + off * dtype_size(opt_.model_dtype), opt_.model_dtype, host, n);
+        const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
+        if (lo < hi) store_values(buf_.master + (lo - shard_.begin), DType::F32, host + (lo - off), hi - lo);
+        return;
+    }
+    if (buf_.master) store_values(buf_.master + off, DType::F32, host, n);
+    else store_values(static_cast<uint16_t*>(buf_.weights) + off, DType::BF16, host, n);
+}
+
 // Offloaded (pinned host) destinations are written by all cores directly: a cudaMemcpy between two
 // host buffers runs on one thread, and a temporary bf16 copy would be zero-filled and page-faulted on
 // one thread too (for 14B, ~30 GB each way at initialisation and load).
-void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
-    void* dst = buf_.master ? static_cast<void*>(buf_.master + off)
-                            : static_cast<void*>(static_cast<uint16_t*>(buf_.weights) + off);
+void CudaModel::store_values(void* dst, DType t, const float* host, int64_t n) {
+    QT_CHECK(t == DType::F32 || t == DType::BF16, "GPU model: parameters are stored as fp32 or bf16");
     cudaPointerAttributes attr{};
     CUDA_CHECK(cudaPointerGetAttributes(&attr, dst));
     if (attr.type == cudaMemoryTypeHost) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued may still read the old values
-        if (buf_.master) {
+        if (t == DType::F32) {
             float* out = static_cast<float*>(dst);
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
             for (int64_t i = 0; i < n; ++i) out[i] = host[i];
@@ -302,7 +328,7 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
         }
         return;
     }
-    if (buf_.master) {
+    if (t == DType::F32) {
         upload(dst, host, n * sizeof(float));
         return;
     }
@@ -313,7 +339,8 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
 }
 
 void CudaModel::refresh_weights() {
-    if (buf_.master && buf_.weights != buf_.master)
+    // (a block master: upload_parameters has written the weights themselves)
+    if (buf_.master && buf_.weights != buf_.master && !master_is_block())
         cuda::convert_from_f32(buf_.weights, opt_.model_dtype, buf_.master, layout_.total, stream_);
     weights_->changed();
     weights_->quantize();
@@ -336,8 +363,8 @@ void CudaModel::init_random(uint64_t seed) {
         upload_parameters(layout_.offsets[i], host.get(), s.numel());
         report_progress("initialising", done += s.numel(), total);
     }
-    zero(optimizer_->m(), layout_.total * dtype_size(opt_.opt_m_dtype));
-    zero(optimizer_->v(), layout_.total * dtype_size(opt_.opt_v_dtype));
+    zero(optimizer_->m(), optimizer_->elements() * dtype_size(opt_.opt_m_dtype));
+    zero(optimizer_->v(), optimizer_->elements() * dtype_size(opt_.opt_v_dtype));
     refresh_weights();
     sync();
 }
@@ -358,45 +385,48 @@ void CudaModel::load_hf(const std::string& model_dir) {
     sync();
 }
 
+std::vector<float> CudaModel::fetch_values(const void* base, DType t, int64_t off, int64_t n) const {
+    std::vector<float> out(n);
+    if (t == DType::F32) {
+        CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + off, n * sizeof(float), cudaMemcpyDefault));
+        return out;
+    }
+    std::vector<uint16_t> raw(n);
+    CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const uint16_t*>(base) + off, n * sizeof(uint16_t), cudaMemcpyDefault));
+#pragma omp parallel for schedule(static) if (n > (1 << 16))  // the export of a large model: all cores
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(raw[i]);
+    return out;
+}
+
 std::vector<float> CudaModel::download(const std::string& name, Which which) const {
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name), n = s.numel();
-    std::vector<float> out(n);
     sync();
-    auto fetch = [&](const void* base, DType t) {
-        if (t == DType::F32) {
-            CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(base) + off, n * sizeof(float),
-                                  cudaMemcpyDefault));
-        } else {
-            std::vector<uint16_t> raw(n);
-            CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const uint16_t*>(base) + off, n * sizeof(uint16_t),
-                                  cudaMemcpyDefault));
-#pragma omp parallel for schedule(static) if (n > (1 << 16))  // the export of a large model: all cores
-            for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(raw[i]);
-        }
-    };
+    QT_CHECK(!(which == Which::Master && master_is_block()) &&
+                 !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()),
+             "GPU model: with --gpus=", opt_.gpus, " this rank holds only its block of the master weights and Adam's "
+             "moments, not the whole of ", name);
     switch (which) {
         case Which::Master:
-            if (buf_.master) fetch(buf_.master, DType::F32);
-            else fetch(buf_.weights, DType::BF16);  // --master-dtype=bf16: the weights are the master
-            break;
-        case Which::Weights: fetch(buf_.weights, opt_.model_dtype); break;
+            if (buf_.master) return fetch_values(buf_.master, DType::F32, off, n);
+            return fetch_values(buf_.weights, DType::BF16, off, n);  // --master-dtype=bf16: the weights are the master
+        case Which::Weights: return fetch_values(buf_.weights, opt_.model_dtype, off, n);
         case Which::Grad:
             if (grads_->on_device_until_update(off)) {  // the resident non-layer gradients
+                std::vector<float> out(n);
                 CUDA_CHECK(cudaMemcpy(out.data(), grads_->at(off), n * sizeof(float), cudaMemcpyDefault));
-                break;
+                return out;
             }
             // the host copy of the layers still holds the last step's: logically zero (the embedding
             // of untied models is summed into the host copy in place, and read there)
             if (grads_->streamed() && grads_->host_fresh() &&
                 !(grads_->embedding_on_host() && off < layout_.layer_begin(0)))
-                break;
-            fetch(grads_->flat(), opt_.param_grad_dtype);
-            break;
-        case Which::AdamM: fetch(optimizer_->m(), opt_.opt_m_dtype); break;
-        case Which::AdamV: fetch(optimizer_->v(), opt_.opt_v_dtype); break;
+                return std::vector<float>(n, 0.0f);
+            return fetch_values(grads_->flat(), opt_.param_grad_dtype, off, n);
+        case Which::AdamM: return fetch_values(optimizer_->m(), opt_.opt_m_dtype, off, n);
+        case Which::AdamV: return fetch_values(optimizer_->v(), opt_.opt_v_dtype, off, n);
     }
-    return out;
+    return {};
 }
 
 void CudaModel::upload_master(const std::string& name, const float* data) {
@@ -415,7 +445,8 @@ void CudaModel::save_hf(const std::string& dir) const {
     auto done = std::make_shared<int64_t>(0);
     for (const ParamSpec& s : qwen2_parameters(config_))  // canonical HF order
         w.add_f32_deferred(s.name, s.shape, [this, name = s.name, n = s.numel(), total, done] {
-            auto values = download(name, Which::Master);
+            // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
+            auto values = download(name, master_is_block() ? Which::Weights : Which::Master);
             report_progress("exporting", *done += n, total);
             return values;
         }, store);
@@ -427,6 +458,7 @@ void CudaModel::save_hf(const std::string& dir) const {
 }
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
+    if (moments_are_block()) return save_block_checkpoint(dir);
     SafeTensorsWriter model_w, opt_w;  // one tensor at a time in host memory
     const int64_t total = 3 * config_.num_parameters();  // master, m, v
     auto done = std::make_shared<int64_t>(0);
@@ -448,6 +480,7 @@ void CudaModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CudaModel::load_checkpoint(const std::string& dir) {
+    if (moments_are_block()) return load_block_checkpoint(dir);
     SafeTensorsReader model_r({(fs::path(dir) / "model.safetensors").string()});
     SafeTensorsReader opt_r({(fs::path(dir) / "optimizer.safetensors").string()});
     std::vector<float> host;

@@ -20,6 +20,7 @@
 #include "model/cuda/residual_offload.h"
 #include "model/cuda/weights.h"
 #include "model/cuda/layer_matrices.h"
+#include "model/cuda/param_shard.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
 
@@ -53,6 +54,15 @@ public:
 
     void save_checkpoint(const std::string& dir) const override;
     void load_checkpoint(const std::string& dir) override;
+
+    // Data parallel (cuda_model_data_parallel.cpp): this model is rank comm->rank() of a world of
+    // --gpus ranks (the plan's block sizes); comm moves device memory on the model's stream (NCCL or
+    // the copy-engine backend). Must be set before the parameters are initialised or loaded: each rank
+    // keeps the master weights and Adam's moments of its block of the flat space only (ZeRO-1); the
+    // gradients are all-reduced (ZeRO-1) or reduce-scattered (ZeRO-2) before the update, and the
+    // updated weights all-gathered. Also at world 1 (the sharded path over a one-rank communicator:
+    // the plain path's bits).
+    void set_communicator(comm::Communicator* comm, int zero_level) override;
 
     MemoryPlan memory_plan() const override { return plan_; }
 
@@ -104,6 +114,23 @@ private:
     // Copies host data in, ordered on stream_ and finished on return (the source may be reused).
     void upload(void* dst, const void* src, std::size_t bytes);
     void upload_parameters(int64_t off, const float* host, int64_t n);
+    // dst[0, n) = host values stored as t (fp32 or bf16 rounded to nearest), device or pinned memory.
+    void store_values(void* dst, DType t, const float* host, int64_t n);
+    // n values of the array at base (dtype t), from element off, as fp32 on the host.
+    std::vector<float> fetch_values(const void* base, DType t, int64_t off, int64_t n) const;
+
+    // ---- data parallel (cuda_model_data_parallel.cpp) ----
+    // Whether the master is a rank's block rather than the whole flat space (--gpus > 1 with an fp32
+    // master separate from the weights).
+    bool master_is_block() const { return shard_.world > 1 && buf_.master && buf_.master != buf_.weights; }
+    bool moments_are_block() const { return shard_.world > 1; }
+    // The summed gradient of this rank's block (all-reduce or reduce-scatter, in place) and the
+    // global norm's partial sums of squares of every rank; the global loss, summed in rank order.
+    void reduce_gradients();
+    float global_loss();
+    void gather_weights();  // every rank's updated block of the weights into every rank's copy
+    void save_block_checkpoint(const std::string& dir) const;
+    void load_block_checkpoint(const std::string& dir);
 
     ModelConfig config_;
     ModelOptions opt_;
@@ -130,6 +157,9 @@ private:
     std::unique_ptr<Gradients> grads_;            // where gradients accumulate (gradients.h)
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
+    comm::Communicator* comm_ = nullptr;  // data parallel (set_communicator); null: one GPU, plain path
+    int zero_level_ = 1;
+    ParamShard shard_;  // this rank's block (the whole space at world 1)
 };
 
 }  // namespace qtrain

@@ -367,32 +367,44 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     {
         auto t_ = timer_.scope("optimizer", stream_);
         grads_->prepare_update();
-        cuda::global_norm(buf_.norm_out, buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total,
-                          p.grad_clip, stream_);
+        const int K = cuda::norm_partials_count();
+        if (comm_) {
+            reduce_gradients();  // this rank's block summed over the ranks, every rank's partials
+        } else {
+            cuda::sum_squares_partials(buf_.norm_partials, buf_.grads, opt_.param_grad_dtype, layout_.total, stream_);
+        }
+        cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, K * shard_.world, p.grad_clip, stream_);
         // The norm and the loss come back before AdamW is queued, so a broken step (non-finite, or a
         // zero norm) writes nothing (imodel.h). The wait costs one round trip per step (~10 us of a
         // step of 100+ ms): AdamW is queued after the backward has drained instead of behind it.
-        float host[2] = {0, 0};
-        CUDA_CHECK(cudaMemcpyAsync(&host[0], buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(&host[1], buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        stats = StepStats{host[1], host[0]};
+        float norm = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&norm, buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        stats = StepStats{global_loss(), norm};  // (waits for the stream)
         updated = update_allowed(stats);
         if (updated) {
             cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
             // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
-            // (streamed layers are quantised, amax included, as they arrive instead)
-            const bool fused_amax = weights_->amax_from_update();
+            // (streamed layers are quantised, amax included, as they arrive instead); a rank that
+            // updates only its block sees only its part, so the quantisation measures it after the gather
+            const bool fused_amax = weights_->amax_from_update() && shard_.world == 1;
             if (fused_amax) zero(weights_->amax_slots(), weights_->amax_bytes());
-            optimizer_->update(args, {buf_.master, buf_.grads, buf_.weights == buf_.master ? nullptr : buf_.weights},
-                               buf_.norm_out, fused_amax ? weights_->amax_slots() : nullptr, stream_);
+            // the arrays at this rank's first element (the whole space on one GPU); a block master
+            // and the moments start there
+            const int64_t b = shard_.begin;
+            float* master = !buf_.master ? nullptr : master_is_block() ? buf_.master : buf_.master + b;
+            const void* grads = static_cast<const char*>(buf_.grads) + b * dtype_size(opt_.param_grad_dtype);
+            void* weights = buf_.weights == buf_.master
+                                ? nullptr
+                                : static_cast<char*>(buf_.weights) + b * dtype_size(opt_.model_dtype);
+            optimizer_->update(args, {master, grads, weights}, b, shard_.end, buf_.norm_out,
+                               fused_amax ? weights_->amax_slots() : nullptr, stream_);
+            if (comm_) gather_weights();
         }
         grads_->finish_update();
     }
     if (updated) {
         weights_->changed();
-        weights_->quantize(weights_->amax_from_update());
+        weights_->quantize(weights_->amax_from_update() && shard_.world == 1);
     }
     sync();
     timer_.collect();  // every scope of this step has ended (the optimizer's block above)

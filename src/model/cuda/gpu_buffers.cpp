@@ -1,4 +1,5 @@
 #include "model/cuda/gpu_buffers.h"
+#include "model/cuda/param_shard.h"
 
 #include <algorithm>
 
@@ -93,10 +94,16 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const int64_t h = c.hidden_size, q = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(), I = c.intermediate_size;
     const int L = c.num_hidden_layers;
 
-    // --master-dtype=bf16: no fp32 copy, the bf16 weights are what AdamW updates
-    b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(P) : nullptr;
-    b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(P, A);
-    b.grads = grads.take_typed(P, opt.param_grad_dtype);
+    // Data parallel (--gpus=N, param_shard.h): each rank keeps the master and Adam's moments of its
+    // block only; the weights and gradients the collectives move are padded to N equal blocks (at
+    // N = 1 nothing changes). --master-dtype=bf16: no fp32 copy, the bf16 weights are what AdamW
+    // updates; an fp32 model's master is its weights, so it stays whole.
+    const int world = std::max(1, opt.gpus);
+    const ParamShard shard = param_shard(P, world, 0);
+    const int64_t Pp = shard.padded_total(), owned = world > 1 ? shard.size : P;
+    b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned) : nullptr;
+    b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(Pp, A);
+    b.grads = grads.take_typed(Pp, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
     if (opt.shard_weights) {
@@ -109,10 +116,11 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                                                                                 : non_layer);
         for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);
     }
-    b.opt.adam_m = am.take_typed(P, opt.opt_m_dtype);
-    b.opt.adam_v = av.take_typed(P, opt.opt_v_dtype);
+    b.opt.adam_m = am.take_typed(owned, opt.opt_m_dtype);
+    b.opt.adam_v = av.take_typed(owned, opt.opt_v_dtype);
+    b.opt.elements = owned;
     if (opt.offload_double_buffer) {
-        b.opt.chunk = std::min<int64_t>(opt.optimizer_chunk, (P + 63) / 64 * 64);
+        b.opt.chunk = std::min<int64_t>(opt.optimizer_chunk, (owned + 63) / 64 * 64);
         const DType types[5] = {DType::F32, opt.param_grad_dtype, opt.opt_m_dtype, opt.opt_v_dtype, A};
         for (int a = 0; a < 5; ++a)
             if (optimizer_array_on_host(opt, static_cast<OptArray>(a)))
@@ -183,7 +191,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const std::size_t col = std::max({cuda::bias_grad_scratch_floats(static_cast<int>(N), static_cast<int>(qkvd)),
                                       cuda::rmsnorm_backward_scratch_floats(static_cast<int>(N), static_cast<int>(h))});
     b.col_scratch = ws.take_n<float>(col);
-    b.norm_partials = ws.take_n<float>(cuda::norm_partials_count());
+    b.norm_partials = ws.take_n<float>(static_cast<std::size_t>(cuda::norm_partials_count()) * world);
+    b.rank_losses = ws.take_n<float>(world);
     b.norm_out = ws.take_n<float>(4);
     b.loss_acc = ws.take_n<float>(4);
     b.cos_sin = ws.take_n<float>(static_cast<std::size_t>(opt.seq_len) * c.head_dim);

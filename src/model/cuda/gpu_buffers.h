@@ -84,6 +84,7 @@ struct OptimizerBuffers {
     int num_segments = 0;
     void* stage[5][2] = {};
     int64_t chunk = 0;
+    int64_t elements = 0;  // of adam_m / adam_v: the whole flat space, or a data-parallel rank's block
 };
 
 struct GpuBuffers {
@@ -100,6 +101,9 @@ struct GpuBuffers {
     // backward and scratch
     void *tmp_h, *d_res, *d_ln, *d_qkv, *d_att, *d_swi, *d_gu, *logits;
     float *losses, *col_scratch, *norm_partials, *norm_out, *loss_acc, *cos_sin;
+    // data parallel: every rank's loss (gathered), and norm_partials holds every rank's partial sums
+    // of squares (norm_partials_count() per rank, in rank order)
+    float* rank_losses = nullptr;
     void* attn_workspace = nullptr;
     int32_t *inputs, *targets, *emb_unique, *emb_offsets, *emb_positions;
     // pinned host staging for the per-micro-batch uploads

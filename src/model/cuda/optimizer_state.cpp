@@ -19,13 +19,12 @@
 
 namespace qtrain {
 
-OptimizerState::OptimizerState(const OptimizerBuffers& buffers, const ModelOptions& o, int64_t total_elements)
+OptimizerState::OptimizerState(const OptimizerBuffers& buffers, const ModelOptions& o)
     : buf_(buffers),
       m_type_(o.opt_m_dtype),
       v_type_(o.opt_v_dtype),
       grad_type_(o.param_grad_dtype),
-      model_type_(o.model_dtype),
-      total_(total_elements) {
+      model_type_(o.model_dtype) {
     for (const auto& slots : buf_.stage) staged_ = staged_ || slots[0] != nullptr;
     if (!staged_) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&in_stream_, cudaStreamNonBlocking));
@@ -51,16 +50,19 @@ void OptimizerState::upload_segments(const std::vector<cuda::ParamSegment>& segm
                                cudaMemcpyHostToDevice, stream));
 }
 
-void OptimizerState::update(const cuda::AdamWArgs& args, const Params& p, const float* clip, float* weight_amax,
-                            cudaStream_t stream) {
-    if (staged_) return update_staged(args, p, clip, weight_amax, stream);
-    cuda::adamw_update(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, total_, p.master,
-                       p.grads, grad_type_, buf_.adam_m, m_type_, buf_.adam_v, v_type_, p.weights, model_type_, clip,
-                       args, weight_amax, stream);
+void OptimizerState::update(const cuda::AdamWArgs& args, const Params& p, int64_t begin, int64_t end,
+                            const float* clip, float* weight_amax, cudaStream_t stream) {
+    QT_CHECK(begin >= 0 && end - begin <= buf_.elements, "OptimizerState: range [", begin, ", ", end,
+             ") is larger than its ", buf_.elements, " elements");
+    if (end <= begin) return;  // a rank whose block is all padding
+    if (staged_) return update_staged(args, p, begin, end, clip, weight_amax, stream);
+    cuda::adamw_update_range(static_cast<const cuda::ParamSegment*>(buf_.segments), buf_.num_segments, begin, end,
+                             p.master, p.grads, grad_type_, buf_.adam_m, m_type_, buf_.adam_v, v_type_, p.weights,
+                             model_type_, clip, args, weight_amax, stream);
 }
 
-void OptimizerState::update_staged(const cuda::AdamWArgs& args, const Params& p, const float* clip,
-                                   float* weight_amax, cudaStream_t stream) {
+void OptimizerState::update_staged(const cuda::AdamWArgs& args, const Params& p, int64_t range_begin,
+                                   int64_t range_end, const float* clip, float* weight_amax, cudaStream_t stream) {
     const auto* segs = static_cast<const cuda::ParamSegment*>(buf_.segments);
     // the arrays in kOpt* order, their element types, whether AdamW reads / writes them
     void* const base[5] = {p.master, const_cast<void*>(p.grads), buf_.adam_m, buf_.adam_v, p.weights};
@@ -71,15 +73,16 @@ void OptimizerState::update_staged(const cuda::AdamWArgs& args, const Params& p,
     // were joined into it by the model)
     CUDA_CHECK(cudaEventRecord(start_, stream));
     CUDA_CHECK(cudaStreamWaitEvent(in_stream_, start_, 0));
-    const int64_t P = total_, C = buf_.chunk;
-    for (int64_t begin = 0, k = 0; begin < P; begin += C, ++k) {
+    // chunk k covers the absolute elements [range_begin + rel, + n); the arrays are indexed by rel
+    const int64_t P = range_end - range_begin, C = buf_.chunk;
+    for (int64_t rel = 0, k = 0; rel < P; rel += C, ++k) {
         const int s = static_cast<int>(k & 1);
-        const int64_t n = std::min(C, P - begin);
+        const int64_t n = std::min(C, P - rel), begin = range_begin + rel;
         void* at[5];
         CUDA_CHECK(cudaStreamWaitEvent(in_stream_, out_done_[s], 0));  // slot s written back
         for (int a = 0; a < 5; ++a) {
             const std::size_t es = dtype_size(type[a]);
-            char* host = base[a] ? static_cast<char*>(base[a]) + begin * es : nullptr;
+            char* host = base[a] ? static_cast<char*>(base[a]) + rel * es : nullptr;
             if (!buf_.stage[a][s]) {  // on the device: used in place
                 at[a] = host;
                 continue;
@@ -97,7 +100,7 @@ void OptimizerState::update_staged(const cuda::AdamWArgs& args, const Params& p,
         for (int a = 0; a < 5; ++a) {
             if (!buf_.stage[a][s] || !writes[a] || !base[a]) continue;
             const std::size_t es = dtype_size(type[a]);
-            CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base[a]) + begin * es, at[a], n * es, cudaMemcpyDeviceToHost,
+            CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base[a]) + rel * es, at[a], n * es, cudaMemcpyDeviceToHost,
                                        out_stream_));
         }
         CUDA_CHECK(cudaEventRecord(out_done_[s], out_stream_));

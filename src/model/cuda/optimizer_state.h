@@ -3,7 +3,8 @@
 // weight-decay segment table, and the AdamW update over them — one zero-copy launch, or with
 // --offload-double-buffer a chunked pipeline on the role's own two copy streams. Its memory is carved
 // from the arenas by bind_gpu_buffers (GpuBuffers::opt, so the plan counts it); its streams, events
-// and staging slots are its own. Sharding the state (ZeRO-1) becomes a policy of this role.
+// and staging slots are its own. Under data parallel (ZeRO-1/2) the role holds a rank's block of the
+// flat space only (param_shard.h): its moments are that block's, and update() runs over it.
 #pragma once
 
 #include <cstdint>
@@ -19,37 +20,39 @@ namespace qtrain {
 
 class OptimizerState {
 public:
-    // The flat arrays AdamW reads and writes besides the moments, each at element 0.
+    // The flat arrays AdamW reads and writes besides the moments, each pointing at the first element
+    // of the range update() runs over.
     struct Params {
         float* master = nullptr;   // fp32 master weights; null with --master-dtype=bf16
         const void* grads = nullptr;
         void* weights = nullptr;   // model-dtype weights; null when they are the master (fp32 model)
     };
 
-    OptimizerState(const OptimizerBuffers& buffers, const ModelOptions& options, int64_t total_elements);
+    OptimizerState(const OptimizerBuffers& buffers, const ModelOptions& options);
     ~OptimizerState();
     OptimizerState(const OptimizerState&) = delete;
     OptimizerState& operator=(const OptimizerState&) = delete;
 
     void* m() const { return buf_.adam_m; }
     void* v() const { return buf_.adam_v; }
+    int64_t elements() const { return buf_.elements; }  // of m and v
 
     // The weight-decay segments (one per tensor, sorted by offset), copied to the device on `stream`.
     void upload_segments(const std::vector<cuda::ParamSegment>& segments, cudaStream_t stream);
 
-    // AdamW over every element on `stream` (clip: the device-side [norm, clip factor] of global_norm;
-    // weight_amax: the FP8 weights' abs-max slots AdamW folds into, or null). What is queued on
-    // `stream` afterwards sees the updated state, staged or not.
-    void update(const cuda::AdamWArgs& args, const Params& params, const float* clip, float* weight_amax,
-                cudaStream_t stream);
+    // AdamW over the flat elements [begin, end) on `stream` (the whole space, or a rank's block: at
+    // most elements() of them; m and v element 0 is `begin`). clip: the device-side [norm, clip
+    // factor] of the global norm; weight_amax: the FP8 weights' abs-max slots AdamW folds into, or
+    // null. What is queued on `stream` afterwards sees the updated state, staged or not.
+    void update(const cuda::AdamWArgs& args, const Params& params, int64_t begin, int64_t end, const float* clip,
+                float* weight_amax, cudaStream_t stream);
 
 private:
-    void update_staged(const cuda::AdamWArgs& args, const Params& params, const float* clip, float* weight_amax,
-                       cudaStream_t stream);
+    void update_staged(const cuda::AdamWArgs& args, const Params& params, int64_t begin, int64_t end,
+                       const float* clip, float* weight_amax, cudaStream_t stream);
 
     OptimizerBuffers buf_;
     DType m_type_, v_type_, grad_type_, model_type_;
-    int64_t total_ = 0;
     bool staged_ = false;  // --offload-double-buffer with something offloaded
     cudaStream_t in_stream_ = nullptr, out_stream_ = nullptr;
     cudaEvent_t start_ = nullptr, in_done_[2] = {}, computed_[2] = {}, out_done_[2] = {};

@@ -1,0 +1,215 @@
+// The GPU model as one rank of a data-parallel world (ZeRO-1/2, cuda_model.h set_communicator): the
+// collectives of the optimizer step and the block checkpoints.
+//
+// Each rank owns the block [begin, end) of the flat parameter space (param_shard.h): its fp32 master
+// and Adam's moments hold that block only. The step: the gradients, whole on every rank, are summed
+// over the ranks in rank order (comm/communicator.h) — all-reduced (ZeRO-1) or reduce-scattered
+// (ZeRO-2) in place, which give the same bits for the rank's block — then each rank's partial sums of
+// squares of its block are gathered and summed in one order, so every rank gets the same norm and clip
+// factor; AdamW updates the block; the updated weights are all-gathered in place. At world 1 every
+// collective is the identity and the arithmetic is the plain path's, so it gives the same bits.
+//
+// (ZeRO-2 reduces the whole gradient once per step, after the backward; reducing each layer's bucket
+// as the backward produces it, so that only the block's gradient is kept, is the next step.)
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+#include "io/safetensors.h"
+#include "model/cuda/cuda_model.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
+    QT_CHECK(comm, "GPU model: set_communicator without a communicator");
+    QT_CHECK(zero_level == 1 || zero_level == 2, "--zero-level=", zero_level,
+             " is not supported by the GPU model's data parallel step yet (1 or 2)");
+    QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for --gpus=", opt_.gpus,
+             " but the communicator has ", comm->world(), " ranks");
+    QT_CHECK(!opt_.shard_weights && !opt_.offload_gradients,
+             "GPU model: --shard-weights and --offload-gradients are not combined with a communicator yet");
+    const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
+    QT_CHECK(s.count() > 0, "GPU model: ", comm->world(), " ranks leave rank ", comm->rank(),
+             " no parameters of this ", layout_.total, "-element model (fewer ranks, or a larger model)");
+    comm_ = comm;
+    zero_level_ = zero_level;
+    shard_ = s;
+}
+
+void CudaModel::reduce_gradients() {
+    const int W = shard_.world, r = shard_.rank, K = cuda::norm_partials_count();
+    const int64_t S = shard_.size;
+    const DType gt = opt_.param_grad_dtype;
+    char* g = static_cast<char*>(buf_.grads);
+    char* block = g + r * S * dtype_size(gt);
+    if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * W, gt, stream_);
+    else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), gt, stream_);
+    // the block's padding beyond the layout is zero, so summing all S elements adds nothing
+    cuda::sum_squares_partials(buf_.norm_partials + r * K, block, gt, S, stream_);
+    comm_->all_gather(buf_.norm_partials + r * K, buf_.norm_partials, K, DType::F32, stream_);
+}
+
+float CudaModel::global_loss() {
+    if (!comm_) {
+        float loss = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&loss, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return loss;
+    }
+    const int W = shard_.world, r = shard_.rank;
+    CUDA_CHECK(cudaMemcpyAsync(buf_.rank_losses + r, buf_.loss_acc, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));
+    comm_->all_gather(buf_.rank_losses + r, buf_.rank_losses, 1, DType::F32, stream_);
+    std::vector<float> losses(W);
+    CUDA_CHECK(cudaMemcpyAsync(losses.data(), buf_.rank_losses, W * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    double sum = 0.0;  // in rank order: every rank gets the same bits
+    for (float x : losses) sum += x;
+    return static_cast<float>(sum);
+}
+
+void CudaModel::gather_weights() {
+    const DType A = opt_.model_dtype;
+    char* w = static_cast<char*>(buf_.weights);
+    comm_->all_gather(w + shard_.rank * shard_.size * dtype_size(A), w, static_cast<std::size_t>(shard_.size), A,
+                      stream_);
+}
+
+// ---- block checkpoints: rank r of W writes block-r-of-W.safetensors ----
+
+namespace {
+
+// A block's arrays are stored as 1-D pieces of at most this many elements, so a writer holds one piece
+// in host memory at a time (a 7B model's block on 2 ranks is 3.5G elements).
+constexpr int64_t kPiece = int64_t{1} << 26;
+
+std::string block_file(const std::string& dir, int rank, int world) {
+    char name[64];
+    std::snprintf(name, sizeof name, "block-%05d-of-%05d.safetensors", rank, world);
+    return (fs::path(dir) / name).string();
+}
+
+std::string piece_name(const char* array, int64_t piece) { return std::string(array) + "." + std::to_string(piece); }
+
+}  // namespace
+
+// The array that holds the master of this rank's block: the block master itself, or (an fp32 model,
+// or --master-dtype=bf16) the weights from the block's first element.
+static void master_source(const GpuBuffers& b, const ParamShard& s, bool block_master, DType model_dtype,
+                          const void*& base, DType& type, int64_t& off) {
+    if (block_master) {
+        base = b.master, type = DType::F32, off = 0;
+    } else {
+        base = b.weights, type = model_dtype, off = s.begin;
+    }
+}
+
+void CudaModel::save_block_checkpoint(const std::string& dir) const {
+    sync();
+    SafeTensorsWriter w;
+    const int64_t n = shard_.count();
+    const void* mbase = nullptr;
+    DType mtype = DType::F32;
+    int64_t moff = 0;
+    master_source(buf_, shard_, master_is_block(), opt_.model_dtype, mbase, mtype, moff);
+    struct Array {
+        const char* name;
+        const void* base;
+        DType type;
+        int64_t off;
+        DType store;
+    };
+    const Array arrays[3] = {{"master", mbase, mtype, moff, opt_.master_dtype},
+                             {"exp_avg", optimizer_->m(), opt_.opt_m_dtype, 0, opt_.opt_m_dtype},
+                             {"exp_avg_sq", optimizer_->v(), opt_.opt_v_dtype, 0, opt_.opt_v_dtype}};
+    for (const Array& a : arrays)
+        for (int64_t p = 0; p * kPiece < n; ++p) {
+            const int64_t len = std::min(kPiece, n - p * kPiece);
+            w.add_f32_deferred(piece_name(a.name, p), {len},
+                               [this, a, p, len] { return fetch_values(a.base, a.type, a.off + p * kPiece, len); },
+                               a.store);
+        }
+    w.set_metadata("format", "qtrain data-parallel block");
+    w.set_metadata("rank", std::to_string(shard_.rank));
+    w.set_metadata("world", std::to_string(shard_.world));
+    w.set_metadata("begin", std::to_string(shard_.begin));
+    w.set_metadata("end", std::to_string(shard_.end));
+    w.set_metadata("total", std::to_string(layout_.total));
+    w.write(block_file(dir, shard_.rank, shard_.world));
+}
+
+void CudaModel::load_block_checkpoint(const std::string& dir) {
+    const std::string path = block_file(dir, shard_.rank, shard_.world);
+    if (!fs::exists(path)) {
+        std::string found;
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir, ec))
+            if (e.path().filename().string().rfind("block-", 0) == 0) found = e.path().filename().string();
+        throw_error(cat("checkpoint ", dir, " has no ", fs::path(path).filename().string(), " for rank ", shard_.rank,
+                        " of ", shard_.world,
+                        found.empty() ? std::string(" (it holds no data-parallel blocks: written by one GPU?)")
+                                      : cat(" (it holds e.g. ", found, ": written by another number of ranks?)"),
+                        "; resuming at another world size needs resharding, which is not supported yet"));
+    }
+    {
+        SafeTensorsFile f(path);
+        auto meta = [&](const char* key) {
+            auto it = f.metadata().find(key);
+            QT_CHECK(it != f.metadata().end(), path, ": no '", key, "' in the block's metadata");
+            return it->second;
+        };
+        const std::string want[5][2] = {{"rank", std::to_string(shard_.rank)},
+                                        {"world", std::to_string(shard_.world)},
+                                        {"begin", std::to_string(shard_.begin)},
+                                        {"end", std::to_string(shard_.end)},
+                                        {"total", std::to_string(layout_.total)}};
+        for (const auto& [key, value] : want)
+            QT_CHECK(meta(key.c_str()) == value, path, ": the block's ", key, " is ", meta(key.c_str()),
+                     ", this run's is ", value, " (another model or world size?)");
+    }
+    SafeTensorsReader r({path});
+    const int64_t n = shard_.count();
+    std::vector<float> host;
+    auto read = [&](const char* array, const std::function<void(int64_t, const float*, int64_t)>& store) {
+        for (int64_t p = 0; p * kPiece < n; ++p) {
+            const int64_t len = std::min(kPiece, n - p * kPiece);
+            host.resize(len);
+            r.read_finite_f32(piece_name(array, p), {len}, host.data());
+            store(p * kPiece, host.data(), len);
+        }
+    };
+    const DType A = opt_.model_dtype;
+    const std::size_t es = dtype_size(A);
+    read("master", [&](int64_t at, const float* v, int64_t len) {
+        if (master_is_block()) {
+            store_values(buf_.master + at, DType::F32, v, len);
+            // the weights are the master rounded to nearest, as refresh_weights makes them
+            cuda::convert_from_f32(static_cast<char*>(buf_.weights) + (shard_.begin + at) * es, A, buf_.master + at,
+                                   len, stream_);
+        } else {
+            store_values(static_cast<char*>(buf_.weights) + (shard_.begin + at) * es, A, v, len);
+        }
+    });
+    read("exp_avg", [&](int64_t at, const float* v, int64_t len) {
+        store_values(static_cast<char*>(optimizer_->m()) + at * dtype_size(opt_.opt_m_dtype), opt_.opt_m_dtype, v, len);
+    });
+    read("exp_avg_sq", [&](int64_t at, const float* v, int64_t len) {
+        store_values(static_cast<char*>(optimizer_->v()) + at * dtype_size(opt_.opt_v_dtype), opt_.opt_v_dtype, v, len);
+    });
+    gather_weights();  // every rank's block
+    grads_->clear();
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
+    weights_->changed();
+    weights_->quantize();
+    sync();
+}
+
+}  // namespace qtrain

@@ -1,0 +1,329 @@
+// Data parallel on the GPU model (CudaModel::set_communicator, ZeRO-1/2), tested on one GPU: N ranks
+// are N threads whose models share device 0 and talk through the copy-engine communicator (the
+// design's --memcpy-all-gather path, which needs no second GPU).
+//  - ZeRO-1 and ZeRO-2 give the same bits (losses, norms, every weight), and every rank ends with the
+//    same weights;
+//  - N ranks equal one plain model with N x the micro-batches (same data in the same global order)
+//    to rounding: fp32 tightly, bf16 and FP8 (with recompute and CUDA graphs) within bf16 noise;
+//  - the sharded path over a one-rank communicator gives the plain path's bits;
+//  - a block checkpoint written by every rank resumes bit-identically.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "comm/cuda/copy_engine_communicator.h"
+#include "comm/thread_world.h"
+#include "core/rng.h"
+#include "gpu_test_util.h"
+#include "model/cuda/cuda_model.h"
+#include "model/model_config.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+ModelConfig dp_config() {
+    ModelConfig c;
+    c.vocab_size = 384;
+    c.hidden_size = 128;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 64;
+    c.tie_word_embeddings = false;
+    c.rope_theta = 50000.0;
+    c.rms_norm_eps = 1e-5;
+    c.initializer_range = 0.05;
+    c.validate("test");
+    return c;
+}
+
+constexpr int kB = 2, kT = 64;
+
+struct Tokens {
+    std::vector<int32_t> in, tgt;
+};
+// Micro-batch k of step `step` in the global order: rank r of W takes k = j * W + r.
+Tokens tokens(int vocab, int step, int k) {
+    Rng r(7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1);
+    Tokens d;
+    for (int i = 0; i < kB * kT; ++i) {
+        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
+        d.tgt.push_back(static_cast<int32_t>(r.below(vocab)));
+    }
+    return d;
+}
+
+struct Run {
+    std::vector<float> losses, norms;
+    std::vector<std::vector<float>> weights;  // per rank: every tensor's model-dtype weights, concatenated
+};
+
+std::vector<float> all_weights(const CudaModel& m) {
+    std::vector<float> out;
+    for (const ParamSpec& s : m.layout().specs) {
+        auto v = m.download(s.name, CudaModel::Which::Weights);
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+
+OptimizerParams params(int step) { return {2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}; }
+
+// Steps [first, last] on rank `rank` of `world` with `micro` micro-batches per rank.
+void train_steps(CudaModel& m, int first, int last, int rank, int world, int micro, Run* run) {
+    for (int step = first; step <= last; ++step) {
+        for (int j = 0; j < micro; ++j) {
+            Tokens d = tokens(m.config().vocab_size, step, j * world + rank);
+            m.forward_backward(Batch{d.in.data(), d.tgt.data(), kB, kT}, 1.0f / static_cast<float>(micro * world));
+        }
+        const StepStats s = m.optimizer_step(params(step));
+        if (rank == 0 && run) {
+            run->losses.push_back(s.loss);
+            run->norms.push_back(s.grad_norm);
+        }
+    }
+}
+
+// Runs fn(rank, communicator) on `world` threads (all on device 0); rethrows the first failure.
+void run_gpu_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
+    comm::ThreadWorld tw(world, std::chrono::milliseconds(120'000));
+    std::vector<std::thread> threads;
+    std::mutex mu;
+    std::exception_ptr first;
+    for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                CUDA_CHECK(cudaSetDevice(0));
+                std::unique_ptr<comm::Communicator> c = comm::make_copy_engine_communicator(tw, r, 0);
+                fn(r, *c);
+                tw.leave(r);
+            } catch (const std::exception& e) {
+                tw.abort(r, e.what());
+                std::lock_guard<std::mutex> lock(mu);
+                if (!first) first = std::current_exception();
+            }
+        });
+    for (auto& t : threads) t.join();
+    if (first) std::rethrow_exception(first);
+}
+
+// `world` ranks (ZeRO `zero`; world 0: the plain one-GPU path) training `steps` steps of `micro`
+// micro-batches per rank from the same initial weights.
+Run run(const ModelOptions& base, int world, int zero, int steps, int micro) {
+    const ModelConfig cfg = dp_config();
+    Run out;
+    if (world == 0) {
+        ModelOptions o = base;
+        CudaModel m(cfg, o);
+        m.init_random(42);
+        train_steps(m, 1, steps, 0, 1, micro, &out);
+        out.weights.push_back(all_weights(m));
+        return out;
+    }
+    out.weights.resize(world);
+    run_gpu_ranks(world, [&](int r, comm::Communicator& c) {
+        ModelOptions o = base;
+        o.gpus = world;
+        CudaModel m(cfg, o);
+        m.set_communicator(&c, zero);
+        m.init_random(42);
+        train_steps(m, 1, steps, r, world, micro, &out);
+        out.weights[r] = all_weights(m);
+    });
+    return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The smallest cosine over the model's tensors between two concatenated weight sets.
+double worst_cosine(const std::vector<float>& a, const std::vector<float>& b,
+                    std::string* where) {
+    const GpuParamLayout layout = make_gpu_layout(dp_config());
+    double worst = 1.0;
+    std::size_t at = 0;
+    for (const ParamSpec& s : layout.specs) {
+        double ab = 0, aa = 0, bb = 0;
+        for (int64_t i = 0; i < s.numel(); ++i, ++at) {
+            ab += double(a[at]) * b[at];
+            aa += double(a[at]) * a[at];
+            bb += double(b[at]) * b[at];
+        }
+        const double cos = (aa == 0 && bb == 0) ? 1.0 : ab / std::sqrt(aa * bb);
+        if (cos < worst) worst = cos, *where = s.name;
+    }
+    return worst;
+}
+
+struct Mode {
+    const char* name;
+    void (*apply)(ModelOptions&);
+    double loss_rel;    // allowed relative loss difference from one rank with N x the micro-batches
+    double min_cosine;  // allowed smallest per-tensor weight cosine after the steps
+};
+
+const Mode kModes[] = {
+    {"fp32", [](ModelOptions& o) { o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::F32; }, 1e-5, 0.999999},
+    {"bf16", [](ModelOptions&) {}, 2e-3, 0.9999},
+    {"e4m3, e5m2 gradients, recompute, CUDA graphs",
+     [](ModelOptions& o) {
+         o.matmul_dtype = DType::E4M3;
+         o.gradient_dtype = DType::E5M2;
+         o.recompute_block = true;
+         o.use_cuda_graphs = true;
+     },
+     5e-3, 0.9999},
+    {"bf16 moments, offloaded double-buffered optimizer",
+     [](ModelOptions& o) {
+         o.opt_m_dtype = o.opt_v_dtype = DType::BF16;
+         o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
+         o.optimizer_chunk = 4096;
+     },
+     2e-3, 0.9999},
+    {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }, 2e-3,
+     0.9999},
+};
+
+ModelOptions base_options() {
+    ModelOptions o;
+    o.batch_size = kB;
+    o.seq_len = kT;
+    return o;
+}
+
+}  // namespace
+
+class DataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(DataParallel, TwoRanksOnOneGpuEqualOneRankWithTwiceTheMicroBatches) {
+    QTRAIN_REQUIRE_GPU();
+    const Mode& mode = kModes[GetParam()];
+    ModelOptions o = base_options();
+    mode.apply(o);
+    constexpr int kSteps = 10, kMicro = 2;
+    const Run one = run(o, 0, 1, kSteps, 2 * kMicro);
+    const Run z1 = run(o, 2, 1, kSteps, kMicro);
+    const Run z2 = run(o, 2, 2, kSteps, kMicro);
+    // ZeRO-1 and ZeRO-2: the same sums of the same elements, so the same bits everywhere
+    EXPECT_TRUE(same_bits(z1.losses, z2.losses)) << mode.name;
+    EXPECT_TRUE(same_bits(z1.norms, z2.norms)) << mode.name;
+    EXPECT_TRUE(same_bits(z1.weights[0], z2.weights[0])) << mode.name;
+    EXPECT_TRUE(same_bits(z1.weights[0], z1.weights[1])) << mode.name << ": the ranks' weights differ";
+    EXPECT_TRUE(same_bits(z2.weights[0], z2.weights[1])) << mode.name << ": the ranks' weights differ";
+    // against one rank: rounding only (the micro-batch gradients are added in another order)
+    double worst_loss = 0;
+    for (int s = 0; s < kSteps; ++s) {
+        worst_loss = std::max(worst_loss, std::abs(double(z1.losses[s]) - one.losses[s]) / std::abs(one.losses[s]));
+        EXPECT_NEAR(z1.norms[s], one.norms[s], 1e-2 * one.norms[s] + 1e-6) << mode.name << " step " << s;
+    }
+    std::string where;
+    const double cos = worst_cosine(z1.weights[0], one.weights[0], &where);
+    std::printf("[dp %s] 2 ranks vs 1: worst loss rel diff %.2e (loss %.5f -> %.5f), worst weight cosine %.7f (%s)\n",
+                mode.name, worst_loss, one.losses.front(), one.losses.back(), cos, where.c_str());
+    EXPECT_LE(worst_loss, mode.loss_rel) << mode.name;
+    EXPECT_GE(cos, mode.min_cosine) << mode.name << " (" << where << ")";
+    // the run learnt something (a test of equal no-ops would pass too)
+    EXPECT_LT(one.losses.back(), one.losses.front() - 0.05f) << mode.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DataParallel, ::testing::Range(0, static_cast<int>(std::size(kModes))),
+                         [](const ::testing::TestParamInfo<int>& i) { return "mode" + std::to_string(i.param); });
+
+TEST(DataParallelGpu, ThreeRanksEqualOneRank) {
+    QTRAIN_REQUIRE_GPU();
+    ModelOptions o = base_options();
+    const Run one = run(o, 0, 1, 4, 3);
+    const Run three = run(o, 3, 2, 4, 1);
+    for (int r = 1; r < 3; ++r) EXPECT_TRUE(same_bits(three.weights[0], three.weights[r])) << "rank " << r;
+    for (int s = 0; s < 4; ++s) EXPECT_NEAR(three.losses[s], one.losses[s], 2e-3 * one.losses[s]) << "step " << s;
+    std::string where;
+    EXPECT_GE(worst_cosine(three.weights[0], one.weights[0], &where), 0.9999) << where;
+}
+
+TEST(DataParallelGpu, OneRankCommunicatorGivesThePlainPathsBits) {
+    QTRAIN_REQUIRE_GPU();
+    for (bool fp8 : {false, true}) {
+        ModelOptions o = base_options();
+        if (fp8) o.matmul_dtype = DType::E4M3;
+        const Run plain = run(o, 0, 1, 4, 2);
+        const Run sharded = run(o, 1, 1, 4, 2);
+        EXPECT_TRUE(same_bits(plain.losses, sharded.losses)) << (fp8 ? "e4m3" : "bf16");
+        EXPECT_TRUE(same_bits(plain.norms, sharded.norms)) << (fp8 ? "e4m3" : "bf16");
+        EXPECT_TRUE(same_bits(plain.weights[0], sharded.weights[0])) << (fp8 ? "e4m3" : "bf16");
+    }
+}
+
+TEST(DataParallelGpu, BlockCheckpointResumesBitIdentically) {
+    QTRAIN_REQUIRE_GPU();
+    TempDir tmp;
+    const std::string dir = (tmp.path / "ckpt").string();
+    std::filesystem::create_directories(dir);
+    const ModelConfig cfg = dp_config();
+    ModelOptions o = base_options();
+    o.gpus = 2;
+    o.opt_m_dtype = DType::BF16;  // the moments are stored as they are
+    Run whole, resumed;
+    whole.weights.resize(2);
+    resumed.weights.resize(2);
+    run_gpu_ranks(2, [&](int r, comm::Communicator& c) {
+        CudaModel m(cfg, o);
+        m.set_communicator(&c, 2);
+        m.init_random(3);
+        train_steps(m, 1, 3, r, 2, 2, nullptr);
+        m.save_checkpoint(dir);
+        train_steps(m, 4, 6, r, 2, 2, &whole);
+        whole.weights[r] = all_weights(m);
+    });
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(std::filesystem::exists(dir + "/block-0000" + std::to_string(r) + "-of-00002.safetensors"));
+    run_gpu_ranks(2, [&](int r, comm::Communicator& c) {
+        CudaModel m(cfg, o);
+        m.set_communicator(&c, 2);
+        m.load_checkpoint(dir);
+        train_steps(m, 4, 6, r, 2, 2, &resumed);
+        resumed.weights[r] = all_weights(m);
+    });
+    EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
+    EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(same_bits(whole.weights[r], resumed.weights[r])) << "rank " << r;
+    // another world size is refused, naming the files it found
+    try {
+        run_gpu_ranks(1, [&](int, comm::Communicator& c) {
+            ModelOptions one = o;
+            one.gpus = 1;
+            CudaModel m(cfg, one);
+            m.set_communicator(&c, 1);
+            m.load_checkpoint(dir);
+        });
+        ADD_FAILURE() << "a 2-rank checkpoint loaded into 1 rank";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+    }
+}
+
+TEST(DataParallelGpu, PlanCountsOneBlockOfTheOptimizerState) {
+    const ModelConfig cfg = dp_config();
+    ModelOptions o = base_options();
+    const MemoryPlan one = CudaModel::plan(cfg, o);
+    o.gpus = 4;
+    const MemoryPlan four = CudaModel::plan(cfg, o);
+    auto bytes = [](const MemoryPlan& p, const std::string& category) {
+        for (const auto& e : p.entries)
+            if (e.category == category) return e.device_bytes;
+        return uint64_t{0};
+    };
+    for (const char* c : {"Adam M", "Adam V", "Master"}) {
+        EXPECT_LT(bytes(four, c), bytes(one, c) / 3) << c;
+        EXPECT_GT(bytes(four, c), bytes(one, c) / 5) << c;
+    }
+    EXPECT_GE(bytes(four, "Weights"), bytes(one, "Weights"));
+}
