@@ -10,10 +10,12 @@
 
 namespace qtrain::comm {
 
-void run_ranks(ThreadWorld& world, const RankFunction& fn) {
+void run_ranks(ThreadWorld& world, const RankFunction& fn) { run_ranks(world, make_thread_communicator, fn); }
+
+void run_ranks(ThreadWorld& world, const MakeRankCommunicator& make, const RankFunction& fn) {
     // All communicators first, on this thread: a failure here happens before any rank runs.
     std::vector<std::unique_ptr<Communicator>> comms;
-    for (int r = 0; r < world.world(); ++r) comms.push_back(make_thread_communicator(world, r));
+    for (int r = 0; r < world.world(); ++r) comms.push_back(make(world, r));
 
     std::vector<std::thread> threads;
     threads.reserve(comms.size());

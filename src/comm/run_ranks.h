@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <memory>
 
 #include "comm/communicator.h"
 #include "comm/thread_world.h"
@@ -16,6 +18,12 @@ namespace qtrain::comm {
 // A rank that blocks forever outside the communicator cannot be interrupted (threads cannot be
 // killed): its peers stop with the timeout error, but the join waits for it.
 void run_ranks(ThreadWorld& world, const RankFunction& fn);
+
+// The same with another backend's communicators over `world` (the copy-engine backend, say):
+// make(world, r) creates rank r's, for every rank on this thread before any rank runs, so a failure
+// there happens before any rank waits for another.
+using MakeRankCommunicator = std::function<std::unique_ptr<Communicator>(ThreadWorld& world, int rank)>;
+void run_ranks(ThreadWorld& world, const MakeRankCommunicator& make, const RankFunction& fn);
 
 // The same on a fresh ThreadWorld of `world` ranks.
 void run_ranks(int world, const RankFunction& fn, std::chrono::milliseconds timeout = ThreadWorld::kDefaultTimeout);

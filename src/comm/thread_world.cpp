@@ -138,6 +138,11 @@ const std::vector<ThreadWorld::Call>& ThreadWorld::arrive(int rank, const Call& 
     return calls_;
 }
 
+void ThreadWorld::meet_within(int rank, const Call& call, const char* phase) {
+    std::unique_lock lock(mutex_);
+    meet(rank, cat(describe(call), ", ", phase), lock);
+}
+
 void ThreadWorld::depart(int rank, const Call& call) {
     std::unique_lock lock(mutex_);
     meet(rank, describe(call) + ", finishing", lock);

@@ -45,7 +45,7 @@ public:
     // The rank the failure is attributed to (-1: a timeout or a mismatch, which name their ranks).
     std::optional<int> failed_rank() const;
 
-    // ---- for ThreadCommunicator (src/comm/thread_communicator.cpp) ----
+    // ---- for the communicators over a ThreadWorld (thread_communicator.cpp, cuda/copy_engine_communicator.cpp) ----
     // Records that rank `rank`'s communicator exists; a second one for the same rank is an error.
     void claim(int rank);
     enum class Op : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
@@ -57,10 +57,17 @@ public:
         DType dtype = DType::U8;
         int root = 0;
         uint64_t seq = 0;  // the rank's number for this collective (0, 1, ...), so a skipped one shows
+        // What a backend shares besides the buffers, opaque here and not compared between ranks (the
+        // copy-engine backend: its rank's device and CUDA events, which the peers' streams wait on).
+        const void* handle = nullptr;
     };
     // Publishes `call` as rank `rank`'s and waits for every rank's; returns all calls, indexed by rank,
     // valid until this rank's depart() returns. Throws if the world fails or the calls do not match.
     const std::vector<Call>& arrive(int rank, const Call& call);
+    // For backends whose collective has several phases (the copy-engine all-reduce: sum a share, then
+    // gather the shares): one more meeting of every rank between arrive() and depart(); `phase` names
+    // it in errors. The calls arrive() returned stay valid.
+    void meet_within(int rank, const Call& call, const char* phase);
     // Waits until every rank has finished its share of the collective `call`.
     void depart(int rank, const Call& call);
 

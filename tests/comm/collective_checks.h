@@ -55,7 +55,7 @@ inline ReductionCase reduction_case(const Communicator& c, DType dtype, uint64_t
         rc.send = bytes(data[static_cast<std::size_t>(c.rank())]);
         rc.want = bytes(reference_sum_f32(data, offset, count));
     } else {
-        rc.send = bytes(to_bf16(data[static_cast<std::size_t>(c.rank())]));
+        rc.send = bytes(as_bf16(data[static_cast<std::size_t>(c.rank())]));
         rc.want = bytes(reference_sum_bf16(data, offset, count));
     }
     return rc;

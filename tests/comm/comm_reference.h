@@ -30,7 +30,8 @@ inline std::vector<float> rank_data(uint64_t seed, int rank, std::size_t count) 
     return v;
 }
 
-inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+// (Not named to_bf16: tests/gpu/gpu_test_util.h has that one, and the GPU comm tests include both.)
+inline std::vector<uint16_t> as_bf16(const std::vector<float>& v) {
     std::vector<uint16_t> out(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16(v[i]);
     return out;

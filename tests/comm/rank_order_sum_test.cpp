@@ -17,7 +17,7 @@ TEST(CommRankOrderSum, F32AndBf16EqualTheReferenceAcrossTiles) {
         const auto data = world_data(7, n, count);
         std::vector<const void*> f32(n), b16(n);
         std::vector<std::vector<uint16_t>> halves;
-        for (int q = 0; q < n; ++q) halves.push_back(to_bf16(data[q]));
+        for (int q = 0; q < n; ++q) halves.push_back(as_bf16(data[q]));
         for (int q = 0; q < n; ++q) f32[q] = data[q].data(), b16[q] = halves[q].data();
 
         std::vector<float> out(count);
