@@ -62,7 +62,7 @@ Tokens tokens(int vocab, int step, int k) {
     return d;
 }
 
-struct Run {
+struct DpRun {
     std::vector<float> losses, norms;
     std::vector<std::vector<float>> weights;  // per rank: every tensor's model-dtype weights, concatenated
 };
@@ -79,7 +79,7 @@ std::vector<float> all_weights(const CudaModel& m) {
 OptimizerParams params(int step) { return {2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}; }
 
 // Steps [first, last] on rank `rank` of `world` with `micro` micro-batches per rank.
-void train_steps(CudaModel& m, int first, int last, int rank, int world, int micro, Run* run) {
+void train_steps(CudaModel& m, int first, int last, int rank, int world, int micro, DpRun* run) {
     for (int step = first; step <= last; ++step) {
         for (int j = 0; j < micro; ++j) {
             Tokens d = tokens(m.config().vocab_size, step, j * world + rank);
@@ -118,9 +118,9 @@ void run_gpu_ranks(int world, const std::function<void(int, comm::Communicator&)
 
 // `world` ranks (ZeRO `zero`; world 0: the plain one-GPU path) training `steps` steps of `micro`
 // micro-batches per rank from the same initial weights.
-Run run(const ModelOptions& base, int world, int zero, int steps, int micro) {
+DpRun run(const ModelOptions& base, int world, int zero, int steps, int micro) {
     const ModelConfig cfg = dp_config();
-    Run out;
+    DpRun out;
     if (world == 0) {
         ModelOptions o = base;
         CudaModel m(cfg, o);
@@ -211,9 +211,9 @@ TEST_P(DataParallel, TwoRanksOnOneGpuEqualOneRankWithTwiceTheMicroBatches) {
     ModelOptions o = base_options();
     mode.apply(o);
     constexpr int kSteps = 10, kMicro = 2;
-    const Run one = run(o, 0, 1, kSteps, 2 * kMicro);
-    const Run z1 = run(o, 2, 1, kSteps, kMicro);
-    const Run z2 = run(o, 2, 2, kSteps, kMicro);
+    const DpRun one = run(o, 0, 1, kSteps, 2 * kMicro);
+    const DpRun z1 = run(o, 2, 1, kSteps, kMicro);
+    const DpRun z2 = run(o, 2, 2, kSteps, kMicro);
     // ZeRO-1 and ZeRO-2: the same sums of the same elements, so the same bits everywhere
     EXPECT_TRUE(same_bits(z1.losses, z2.losses)) << mode.name;
     EXPECT_TRUE(same_bits(z1.norms, z2.norms)) << mode.name;
@@ -242,8 +242,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, DataParallel, ::testing::Range(0, static_cast<in
 TEST(DataParallelGpu, ThreeRanksEqualOneRank) {
     QTRAIN_REQUIRE_GPU();
     ModelOptions o = base_options();
-    const Run one = run(o, 0, 1, 4, 3);
-    const Run three = run(o, 3, 2, 4, 1);
+    const DpRun one = run(o, 0, 1, 4, 3);
+    const DpRun three = run(o, 3, 2, 4, 1);
     for (int r = 1; r < 3; ++r) EXPECT_TRUE(same_bits(three.weights[0], three.weights[r])) << "rank " << r;
     for (int s = 0; s < 4; ++s) EXPECT_NEAR(three.losses[s], one.losses[s], 2e-3 * one.losses[s]) << "step " << s;
     std::string where;
@@ -255,8 +255,8 @@ TEST(DataParallelGpu, OneRankCommunicatorGivesThePlainPathsBits) {
     for (bool fp8 : {false, true}) {
         ModelOptions o = base_options();
         if (fp8) o.matmul_dtype = DType::E4M3;
-        const Run plain = run(o, 0, 1, 4, 2);
-        const Run sharded = run(o, 1, 1, 4, 2);
+        const DpRun plain = run(o, 0, 1, 4, 2);
+        const DpRun sharded = run(o, 1, 1, 4, 2);
         EXPECT_TRUE(same_bits(plain.losses, sharded.losses)) << (fp8 ? "e4m3" : "bf16");
         EXPECT_TRUE(same_bits(plain.norms, sharded.norms)) << (fp8 ? "e4m3" : "bf16");
         EXPECT_TRUE(same_bits(plain.weights[0], sharded.weights[0])) << (fp8 ? "e4m3" : "bf16");
@@ -272,7 +272,7 @@ TEST(DataParallelGpu, BlockCheckpointResumesBitIdentically) {
     ModelOptions o = base_options();
     o.gpus = 2;
     o.opt_m_dtype = DType::BF16;  // the moments are stored as they are
-    Run whole, resumed;
+    DpRun whole, resumed;
     whole.weights.resize(2);
     resumed.weights.resize(2);
     run_gpu_ranks(2, [&](int r, comm::Communicator& c) {
