@@ -21,6 +21,11 @@ int visible_cuda_devices() {
 
 void require_stream_on(cudaStream_t stream, int device, const char* op, const std::string& what) {
 #if CUDART_VERSION >= 12080
+    // cudaStreamGetDevice is not permitted on a capturing stream (cudaErrorStreamCaptureUnsupported,
+    // seen on the H200 with CUDA 13.0): a captured call was checked when the stream ran eagerly
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    QT_COMM_CUDA(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return;
     int stream_device = -1;
     QT_COMM_CUDA(cudaStreamGetDevice(stream, &stream_device));
     QT_CHECK(stream_device == device, op, " (", what, "): the stream belongs to CUDA device ", stream_device,
