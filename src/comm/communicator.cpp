@@ -112,4 +112,13 @@ void sum_scalars_over_ranks(Communicator& comm, const double* values, double* su
     }
 }
 
+std::string broadcast_string(Communicator& comm, const std::string& value, int root) {
+    // the length first, so every rank can size its buffer; then the bytes (none for an empty string)
+    uint64_t size = comm.rank() == root ? value.size() : 0;
+    comm.broadcast(&size, sizeof size, DType::U8, root);
+    std::string out = comm.rank() == root ? value : std::string(size, '\0');
+    if (size) comm.broadcast(out.data(), size, DType::U8, root);
+    return out;
+}
+
 }  // namespace qtrain::comm

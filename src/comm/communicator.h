@@ -76,6 +76,10 @@ protected:
 // fp32/bf16 sums would round. Gathered as bytes, so every backend gives the same bits.
 void sum_scalars_over_ranks(Communicator& comm, const double* values, double* sums, int n);
 
+// Root's `value` on every rank (a path or a message one rank decided, e.g. where a checkpoint goes);
+// the other ranks' `value` is ignored. Collective.
+std::string broadcast_string(Communicator& comm, const std::string& value, int root = 0);
+
 // What a launcher (run_ranks, run_mpi_rank) runs as each rank.
 using RankFunction = std::function<void(Communicator&)>;
 

@@ -51,7 +51,8 @@ public:
     // Weights: random init (deterministic in `seed`), or from a HF directory / safetensors files.
     virtual void init_random(uint64_t seed) = 0;
     virtual void load_hf(const std::string& model_dir) = 0;
-    // Writes model.safetensors (HF Qwen2 names, `dtype` of the torch_dtype field) into `dir`.
+    // Writes model.safetensors (HF Qwen2 names, `dtype` of the torch_dtype field) into `dir`. Under
+    // data parallel the engine calls it on rank 0 only, so rank 0 must hold every weight.
     virtual void save_hf(const std::string& dir) const = 0;
 
     // Forward + backward of one micro-batch; gradients are accumulated, scaled by `grad_scale`
@@ -65,17 +66,27 @@ public:
     static bool update_allowed(const StepStats& s) {
         return std::isfinite(s.loss) && std::isfinite(s.grad_norm) && s.grad_norm > 0.0f;
     }
-    // Mean cross-entropy over the batch's valid targets; no gradients.
+    // Mean cross-entropy over the batch's valid targets; no gradients. Not collective: under data
+    // parallel each rank evaluates its own share of the eval batches (ranks may get different counts).
     virtual float evaluate(const Batch& batch) = 0;
 
     // Everything needed to resume bit-for-bit: master weights and optimizer state.
+    // Collective under data parallel: every rank calls it with the same `dir` (between two barriers;
+    // checkpointer.h) and each rank writes its own part, under file names that do not collide with
+    // the other ranks' (e.g. optimizer.rank00001.safetensors); a rank that holds nothing of its own
+    // writes nothing (the CPU model's state is the same on every rank, so only its rank 0 writes).
     virtual void save_checkpoint(const std::string& dir) const = 0;
+    // Called on every rank with the same `dir` (a checkpoint written by the same number of ranks);
+    // each rank reads what it needs of it.
     virtual void load_checkpoint(const std::string& dir) = 0;
 
     virtual MemoryPlan memory_plan() const = 0;
 
     // Data parallel: this model is one rank of comm's world (ZeRO `zero_level`); optimizer_step then
-    // works with the other ranks. Backends that cannot refuse with an error naming the flag.
+    // works with the other ranks. `comm` is the model's communicator, which may differ from the one the
+    // engine agrees on (a GPU backend's, over device memory; model_factory.h,
+    // ModelCommunicatorFactory); it outlives the model's use of it. Called only when there are several
+    // ranks. Backends that cannot refuse with an error naming the flag.
     virtual void set_communicator(comm::Communicator* comm, int zero_level) {
         (void)comm;
         (void)zero_level;

@@ -46,8 +46,11 @@ struct ModelOptions {
     // sharding (ZeRO)
     bool shard_weights = false, shard_gradients = false;
     int zero_level = 1;
-    int gpus = 1;          // data-parallel ranks (the plan's block sizes; each rank plans its own GPU)
-    int device_index = 0;  // this rank's CUDA device (--gpu-ids; the GPU model calls cudaSetDevice with it)
+    int gpus = 1;         // ranks of the data-parallel run (the trainer resolves mpirun's -np into it; the GPU plan's block sizes)
+    // The CUDA device of this rank (the GPU model makes it current with cudaSetDevice): set by the
+    // trainer per rank from --gpu-ids, by default rank r -> device r in threads mode and the process's
+    // local rank under mpirun. The CPU model has no device and ignores it.
+    int device_index = 0;
 
     bool use_cuda_graphs = false;
     int lmhead_chunks = 1;

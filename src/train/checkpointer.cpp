@@ -5,6 +5,7 @@
 #include <climits>
 #include <csignal>
 #include <filesystem>
+#include <memory>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,6 +13,9 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
+#include "comm/thread_communicator.h"
+#include "comm/thread_world.h"
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -126,37 +130,56 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root) {
     return all.front();
 }
 
-std::string write_checkpoint(const std::string& root, const IModel& model, const CheckpointState& state) {
+std::string write_checkpoint(comm::Communicator& ranks, const std::string& root, const IModel& model,
+                             const CheckpointState& state) {
+    const bool lead = ranks.rank() == 0;
     const fs::path final_dir = checkpoint_step_dir(root, state.step);
-    const fs::path tmp_dir = fs::path(root) / partial_name(state.step, ::getpid());
     std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    fs::create_directories(tmp_dir, ec);
-    QT_CHECK(!ec, "--checkpoint-dir: cannot create '", tmp_dir.string(), "': ", ec.message());
+    std::string tmp;
+    if (lead) {
+        const fs::path dir = fs::path(root) / partial_name(state.step, ::getpid());
+        fs::remove_all(dir, ec);
+        fs::create_directories(dir, ec);
+        QT_CHECK(!ec, "--checkpoint-dir: cannot create '", dir.string(), "': ", ec.message());
+        tmp = dir.string();
+    }
+    // one directory for all ranks, named by rank 0's pid (the ranks may be processes with their own)
+    const fs::path tmp_dir = comm::broadcast_string(ranks, tmp);
     try {
         model.save_checkpoint(tmp_dir.string());
-        json j;
-        j["format"] = kFormat;
-        j["step"] = state.step;
-        j["train_data"] = {{"epoch", state.train_data.epoch}, {"position", state.train_data.position}};
-        j["options"] = json::parse(state.options_json);
-        j["config"] = json::parse(state.config_json);
-        j["device"] = state.device;
-        j["train_files"] = json::array();
-        for (const auto& [file, tokens] : state.train_files) j["train_files"].push_back({{"file", file}, {"tokens", tokens}});
-        j["world_size"] = 1;
-        // hashed after the model has written (and synced) its files, so the sums are of what is on disk
-        j["files"] = checksum_files(tmp_dir);
-        write_text_file_atomic((tmp_dir / kStateFile).string(), j.dump(2) + "\n");
-        fsync_dir(tmp_dir);
-        if (fs::exists(final_dir)) fs::remove_all(final_dir);
-        fs::rename(tmp_dir, final_dir);
-        fsync_dir(fs::path(root));
+        ranks.barrier();  // every rank's part is written (and synced) before rank 0 hashes it
+        if (lead) {
+            json j;
+            j["format"] = kFormat;
+            j["step"] = state.step;
+            j["train_data"] = {{"epoch", state.train_data.epoch}, {"position", state.train_data.position}};
+            j["options"] = json::parse(state.options_json);
+            j["config"] = json::parse(state.config_json);
+            j["device"] = state.device;
+            j["train_files"] = json::array();
+            for (const auto& [file, tokens] : state.train_files)
+                j["train_files"].push_back({{"file", file}, {"tokens", tokens}});
+            j["world_size"] = ranks.world();
+            // hashed after every rank has written its files, so the sums are of what is on disk
+            j["files"] = checksum_files(tmp_dir);
+            write_text_file_atomic((tmp_dir / kStateFile).string(), j.dump(2) + "\n");
+            fsync_dir(tmp_dir);
+            if (fs::exists(final_dir)) fs::remove_all(final_dir);
+            fs::rename(tmp_dir, final_dir);
+            fsync_dir(fs::path(root));
+        }
+        ranks.barrier();
     } catch (...) {
-        fs::remove_all(tmp_dir, ec);
+        if (lead) fs::remove_all(tmp_dir, ec);
         throw;
     }
     return final_dir.string();
+}
+
+std::string write_checkpoint(const std::string& root, const IModel& model, const CheckpointState& state) {
+    comm::ThreadWorld one(1);
+    const std::unique_ptr<comm::Communicator> alone = comm::make_thread_communicator(one, 0);
+    return write_checkpoint(*alone, root, model, state);
 }
 
 CheckpointState read_checkpoint_state(const std::string& dir) {
@@ -169,6 +192,7 @@ CheckpointState read_checkpoint_state(const std::string& dir) {
         s.options_json = j.at("options").dump();
         s.config_json = j.at("config").dump();
         s.device = j.value("device", "");
+        s.world_size = j.value("world_size", 1);
         if (j.contains("train_files"))
             for (const auto& f : j.at("train_files"))
                 s.train_files.emplace_back(f.at("file").get<std::string>(), f.at("tokens").get<int64_t>());

@@ -1,9 +1,15 @@
 // Checkpoints: <checkpoint-dir>/step_XXXXXXXX/ holding the model's files (master weights, optimizer
-// state) and state.json (step, data position, options, and the size and XXH3-64 checksum of every
-// file the model wrote). Written into a temporary directory `.tmp_step_XXXXXXXX_<pid>` that is
-// renamed into place only when complete, so a crash never leaves a half checkpoint; state.json is
-// the last file written, and a directory without it is never taken for a checkpoint. The checksums
-// catch what the rename cannot: a file damaged or truncated after it was written.
+// state) and state.json (step, data position, world size, options, and the size and XXH3-64
+// checksum of every file the model wrote). Written into a temporary directory
+// `.tmp_step_XXXXXXXX_<pid>` that is renamed into place only when complete, so a crash never leaves a
+// half checkpoint; state.json is the last file written, and a directory without it is never taken
+// for a checkpoint. The checksums catch what the rename cannot: a file damaged or truncated after it
+// was written.
+//
+// Under data parallel the write is collective: every rank writes its own part of the model's state
+// into rank 0's temporary directory, and only when every rank's part is there does rank 0 hash all
+// the files (the other ranks' too), write state.json and rename. A checkpoint is complete only when
+// every rank's part is.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +22,9 @@
 
 namespace qtrain {
 
+namespace comm {
+class Communicator;
+}
 class IModel;
 
 struct CheckpointState {
@@ -24,6 +33,9 @@ struct CheckpointState {
     std::string options_json;     // TrainOptions::to_json() of the run that wrote it
     std::string config_json;      // the model's config.json
     std::string device;
+    // Ranks that wrote it (data parallel; 1 in checkpoints written before it was recorded): the
+    // optimizer state may be sharded by rank, so it resumes at this world size only.
+    int world_size = 1;
     // The training files as the data loader saw them (path, tokens): --continue checks the data is
     // the same, not only the --train-file glob. Empty in checkpoints written before it was recorded.
     std::vector<std::pair<std::string, int64_t>> train_files;
@@ -39,7 +51,15 @@ std::optional<std::string> find_latest_checkpoint(const std::string& root);
 std::vector<std::string> list_complete_checkpoints(const std::string& root);
 
 // Writes model state + state.json (with the checksums of the model's files) atomically; returns
-// the final directory.
+// the final directory. Collective over `ranks` (every rank calls it with its own model, the same
+// root and step): rank 0 makes the temporary directory and tells the others; barrier; every rank's
+// model.save_checkpoint(tmp); barrier; rank 0 writes state.json (world_size = ranks.world(),
+// `state` as rank 0 passed it) and renames; barrier, so it returns on every rank once the checkpoint
+// is complete. A failure on any rank throws (the other ranks then fail in their next collective) and
+// rank 0 removes the temporary directory.
+std::string write_checkpoint(comm::Communicator& ranks, const std::string& root, const IModel& model,
+                             const CheckpointState& state);
+// The same for a single rank (world size 1).
 std::string write_checkpoint(const std::string& root, const IModel& model, const CheckpointState& state);
 // Reads state.json of a checkpoint directory (the model loads its own files).
 CheckpointState read_checkpoint_state(const std::string& dir);

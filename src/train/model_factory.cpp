@@ -89,6 +89,11 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 #endif
 }
 
+ModelCommunicatorFactory model_communicator_factory(const std::string& device) {
+    (void)device;
+    return {};
+}
+
 std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,
                             double* peak_flops) {
     if (device == "cpu") {

@@ -2,10 +2,12 @@
 // backend behind IModel. The only place in the engine that knows which backends exist.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "comm/communicator.h"
 #include "model/imodel.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
@@ -32,6 +34,20 @@ ModelSource resolve_model_source(const TrainOptions& options);
 // The plan of what the backend would allocate; allocates nothing (works without a GPU).
 MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
 std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
+
+// The communicator a rank's model does its collectives on (IModel::set_communicator), when it is not
+// the trainer's own host communicator: the GPU model's will be NCCL or the copy engines over device
+// memory, while the trainer agrees over the host (threads or MPI). Called by the rank loop
+// (rank_loop.cpp) on every rank of a run with more than one rank, on that rank's own thread or
+// process, right after the rank's model is created (so its device, `device_index`, is current) and
+// before set_communicator. All ranks call it at the same point, so it may use `host`'s collectives
+// (e.g. to share an NCCL unique id from rank 0). `host` outlives the returned communicator, which
+// lives as long as the rank's model. Null (or an empty function): the model uses `host` itself.
+using ModelCommunicatorFactory =
+    std::function<std::unique_ptr<comm::Communicator>(comm::Communicator& host, int device_index)>;
+// The factory for `device`'s model: empty for now on every backend (the CPU model shares the host
+// communicator; the GPU model's communicator plugs in here).
+ModelCommunicatorFactory model_communicator_factory(const std::string& device);
 // Human description of the device (and, on the GPU, the attention kernels chosen for cfg and opts) and
 // its peak matmul rate for `opts.matmul_dtype`.
 std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,

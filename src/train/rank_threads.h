@@ -1,47 +1,28 @@
-// Threads mode (--gpus=N on the CPU model): the other ranks of a data-parallel run as threads of this
-// process. Rank 0 is the trainer itself (it logs, evaluates, checkpoints and exports); ranks 1..N-1
-// train the same steps on their share of each micro-batch group (DataLoader::set_rank) and meet rank 0
-// in the model's collectives and once per step in agree_after_step.
+// Threads mode (--gpus=N without mpirun): the N ranks of a data-parallel run as threads of this
+// process, each with its communicator of one ThreadWorld. Rank 0 runs on the calling thread (the
+// one that owns stdout, the signal handlers and, on the GPU, the primary context's first device);
+// ranks 1..N-1 on threads of their own. Every rank runs the same function (rank_loop.h).
 #pragma once
 
-#include <cstdint>
+#include <chrono>
 #include <functional>
-#include <memory>
-#include <thread>
-#include <vector>
 
 #include "comm/communicator.h"
-#include "comm/thread_world.h"
 
 namespace qtrain {
 
-// What every rank must decide alike after a step: whether to stop (rank 0 saw a signal) and how many
-// targets the step had over all ranks (a step without any is skipped, not an error).
-struct StepAgreement {
-    bool stop = false;
-    int64_t valid_targets = 0;
-};
-StepAgreement agree_after_step(comm::Communicator& comm, bool stop_requested, int64_t valid_targets);
+// How long a rank waits in one collective for the others before the world fails naming the ranks
+// that did not arrive. Long, because some phases are rank 0's alone while the others wait for it:
+// verifying the checkpoint to resume from and hashing a new one (minutes for a 100 GB checkpoint),
+// the HF export. Failures do not wait for it: a rank that throws fails the world at once.
+constexpr std::chrono::milliseconds kRankTimeout{std::chrono::hours(1)};
 
-class RankThreads {
-public:
-    // Starts ranks 1..world-1 of `world`, each running fn with its communicator. A rank that throws
-    // aborts the world, so rank 0's next collective fails with an error naming it.
-    RankThreads(comm::ThreadWorld& world, const std::function<void(comm::Communicator&)>& fn);
-    // Rank 0 gave up (an exception): the others stop at their next collective instead of waiting.
-    ~RankThreads();
-    RankThreads(const RankThreads&) = delete;
-    RankThreads& operator=(const RankThreads&) = delete;
-
-    comm::Communicator& rank0() { return *rank0_; }
-    // Rank 0 is done: wait for the others (they finish the same steps) and rethrow a failure of theirs.
-    void join();
-
-private:
-    comm::ThreadWorld& world_;
-    std::unique_ptr<comm::Communicator> rank0_;
-    std::vector<std::thread> threads_;
-    bool joined_ = false;
-};
+// Runs rank_fn as ranks 0..world-1 and returns rank 0's result once every rank has returned. A rank
+// that throws fails the world, so the others stop at their next collective (with an error naming it)
+// instead of waiting. Then the first failure is thrown, "rank R of N failed: <its error>" (a
+// qtrain::Error, or for rank 0's own non-qtrain exception a std::runtime_error, so an internal error
+// still reads as one); with one rank, its exception as it is.
+int run_rank_threads(int world, const std::function<int(comm::Communicator&)>& rank_fn,
+                     std::chrono::milliseconds timeout = kRankTimeout);
 
 }  // namespace qtrain

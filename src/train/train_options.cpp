@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "train/rank_devices.h"
 
 namespace qtrain {
 
@@ -62,10 +63,14 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
 
     g = app.add_option_group("Multi-GPU");
-    g->add_option("--gpus", o.gpus, "Number of ranks. With --device=cpu: that many data-parallel CPU ranks as threads "
-                  "(ZeRO-1, or ZeRO-2 with --zero-level=2; equal to one rank with that many times the "
-                  "accumulation). On the GPU only 1 works today: multi-GPU is not implemented yet and other "
-                  "values are refused");
+    g->add_option("--gpus", o.gpus, "Number of data-parallel ranks (ZeRO-1, or ZeRO-2 with --zero-level=2; equal to "
+                  "one rank with that many times the accumulation). Started as threads of this process, or under "
+                  "`mpirun -np N train ...` one rank per process (then --gpus must be 1 or N). With --device=cpu "
+                  "the ranks are CPU reference models. On the GPU only 1 works today (multi-GPU is not "
+                  "implemented yet, other values are refused)");
+    g->add_option("--gpu-ids", o.gpu_ids, "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; "
+                  "repeats allowed: 0,0 puts two ranks on device 0). Default: rank r on device r in threads mode, "
+                  "each process's local rank (OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only");
     g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
     g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2)");
     g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")
@@ -170,6 +175,7 @@ void TrainOptions::validate() const {
     QT_CHECK(lmhead_chunks > 0, "--lmhead-chunks must be positive, got ", lmhead_chunks);
     QT_CHECK(attn_bwd_chunks > 0, "--attn-bwd-chunks must be positive, got ", attn_bwd_chunks);
     QT_CHECK(gpus >= 0, "--gpus must be >= 0, got ", gpus);
+    if (!gpu_ids.empty()) (void)parse_gpu_ids(gpu_ids);
     QT_CHECK(!out_dir.empty(), "--out-dir must not be empty");
     QT_CHECK(!checkpoint_dir.empty(), "--checkpoint-dir must not be empty (it is where checkpoints go, default ckpt)");
     QT_CHECK(!force_resume || continue_from_checkpoint, "--force-resume only applies with --continue");
@@ -251,7 +257,7 @@ std::string TrainOptions::to_json() const {
     j["offload-opt-m"] = offload_opt_m; j["offload-opt-v"] = offload_opt_v; j["offload-quants"] = offload_quants;
     j["offload-gradients"] = offload_gradients; j["offload-double-buffer"] = offload_double_buffer; j["persistent-quants"] = persistent_quants;
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
-    j["gpus"] = gpus; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
+    j["gpus"] = gpus; j["gpu-ids"] = gpu_ids; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
     j["attention"] = attention; j["fp8-fast-accum"] = fp8_fast_accum; j["gemm-autotune"] = gemm_autotune;
     j["memory-limit"] = memory_limit; j["host-memory-limit"] = host_memory_limit; j["plan-only"] = plan_only;

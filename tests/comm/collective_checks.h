@@ -121,6 +121,21 @@ inline void check_broadcast(Communicator& c, CheckLog& log, DType dtype, std::si
                     want.data(), count, es);
 }
 
+// broadcast_string: root's text (empty, short, and longer than any small-buffer size) on every rank,
+// whatever the others passed.
+inline void check_broadcast_string(Communicator& c, CheckLog& log, int root) {
+    for (std::size_t size : {0, 1, 300}) {
+        std::string want(size, 'x');
+        for (std::size_t i = 0; i < size; ++i) want[i] = static_cast<char>('a' + (i * 7 + root) % 26);
+        const std::string mine = c.rank() == root ? want : std::string(c.rank() + 5, '?');
+        const std::string got = comm::broadcast_string(c, mine, root);
+        ++log.checks;
+        if (got != want)
+            log.failures.push_back("broadcast_string of " + std::to_string(size) + " bytes from root " +
+                                   std::to_string(root) + " on rank " + std::to_string(c.rank()) + ": got '" + got + "'");
+    }
+}
+
 // Everything: odd counts (not divisible by the world size, smaller than it, and across the summing
 // tiles of 2048 elements), both reduction dtypes, in place and not, every root; then the same again
 // in a loop, so state left over from one collective would spoil the next.
@@ -139,6 +154,7 @@ inline CheckLog check_everything(Communicator& c, uint64_t seed) {
     for (int root = 0; root < c.world(); ++root)
         for (DType dtype : {DType::F32, DType::U8})
             for (std::size_t count : {1, 999}) check_broadcast(c, log, dtype, count, root, seed + 5 * count + root);
+    for (int root = 0; root < c.world(); ++root) check_broadcast_string(c, log, root);
     c.barrier();
     for (int i = 0; i < 20; ++i) {
         const uint64_t s = seed + 1000 + static_cast<uint64_t>(i);

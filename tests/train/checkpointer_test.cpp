@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/run_ranks.h"
 #include "core/error.h"
 #include "model/imodel.h"
 #include "test_util.h"
@@ -261,4 +262,64 @@ TEST(Checkpointer, PruneKeepsTheNewestAndTheOneJustWritten) {
     const auto again = prune_checkpoints(d.str(), 1, d / "step_00000015");
     EXPECT_TRUE(again.empty());
     EXPECT_EQ(list_complete_checkpoints(d.str()), (std::vector<std::string>{d / "step_00000020", d / "step_00000015"}));
+}
+
+namespace {
+// One rank's model in a collective checkpoint: rank r writes part_r.bin, except rank 1, which holds
+// nothing of its own and writes nothing; `failing_rank` throws after writing its part.
+class RankPartModel : public FakeModel {
+public:
+    int rank = 0, failing_rank = -1;
+    void save_checkpoint(const std::string& dir) const override {
+        if (rank != 1) write_file(dir + "/part_" + std::to_string(rank) + ".bin", "rank " + std::to_string(rank));
+        if (rank == failing_rank) throw Error("disk full on rank " + std::to_string(rank));
+    }
+};
+}  // namespace
+
+TEST(Checkpointer, CollectiveWriteRecordsEveryRanksPart) {
+    TempDir d;
+    std::vector<std::string> dirs(3);
+    comm::run_ranks(3, [&](comm::Communicator& c) {
+        RankPartModel m;
+        m.rank = c.rank();
+        dirs[c.rank()] = write_checkpoint(c, d.str(), m, state(6));
+        // it returns once the checkpoint is complete, on every rank
+        EXPECT_TRUE(fs::exists(dirs[c.rank()] + "/state.json")) << "rank " << c.rank();
+    });
+    for (const std::string& dir : dirs) EXPECT_EQ(dir, d / "step_00000006");
+    const auto j = nlohmann::json::parse(read_file(dirs[0] + "/state.json"));
+    EXPECT_EQ(j["world_size"], 3);
+    std::set<std::string> files;
+    for (const auto& [name, f] : j["files"].items()) files.insert(name);
+    EXPECT_EQ(files, (std::set<std::string>{"part_0.bin", "part_2.bin"})) << "every rank's files, rank 0 hashed all";
+    EXPECT_TRUE(verify_checkpoint(dirs[0]));
+    EXPECT_EQ(read_checkpoint_state(dirs[0]).world_size, 3);
+    for (const auto& e : fs::directory_iterator(d.str()))
+        EXPECT_EQ(e.path().filename(), "step_00000006") << "left behind: " << e.path();
+}
+
+TEST(Checkpointer, CollectiveWriteThatFailsOnOneRankLeavesNoCheckpoint) {
+    TempDir d;
+    EXPECT_ERROR(comm::run_ranks(3,
+                                 [&](comm::Communicator& c) {
+                                     RankPartModel m;
+                                     m.rank = c.rank();
+                                     m.failing_rank = 2;
+                                     write_checkpoint(c, d.str(), m, state(6));
+                                 }),
+                 "rank 2 of 3 failed: disk full on rank 2");
+    EXPECT_FALSE(find_latest_checkpoint(d.str()).has_value());
+    for (const auto& e : fs::directory_iterator(d.str())) ADD_FAILURE() << "left behind: " << e.path();
+}
+
+TEST(Checkpointer, StateWithoutWorldSizeIsOneRanks) {
+    TempDir d;
+    FakeModel m;
+    const std::string dir = write_checkpoint(d.str(), m, state(3));
+    auto j = nlohmann::json::parse(read_file(dir + "/state.json"));
+    EXPECT_EQ(j["world_size"], 1);
+    j.erase("world_size");  // as qtrain wrote them before it recorded the world size
+    write_file(dir + "/state.json", j.dump());
+    EXPECT_EQ(read_checkpoint_state(dir).world_size, 1);
 }

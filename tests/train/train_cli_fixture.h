@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -62,13 +64,27 @@ struct Fixture {
         write_token_file(train_file, make_tokens(40000, 1), kVocab);
         write_token_file(eval_file, make_tokens(4000, 2), kVocab);
     }
-    // `train` (the executable) on `device` for a run named `run` (its out and checkpoint folders).
-    std::string base_cmd(const std::string& run, const std::string& device = "cpu") const {
-        return train_exe() + " --device=" + device + " --model=" + model_dir + " --from-scratch --train-file=" +
+    // `train` (the executable) on `device` for a run named `run` (its out and checkpoint folders),
+    // started by `launcher` when given (e.g. "timeout 120 mpirun -np 2 ").
+    std::string base_cmd(const std::string& run, const std::string& device = "cpu",
+                         const std::string& launcher = "") const {
+        return launcher + train_exe() + " --device=" + device + " --model=" + model_dir + " --from-scratch --train-file=" +
                train_file + " --eval-file=" + eval_file + " --out-dir=" + (dir / run) + " --checkpoint-dir=" +
                (dir / (run + "-ckpt")) + " --batch-size=4 --seq-len=64 --grad-accumulation=2 --learning-rate=1e-3";
     }
 };
+
+// The value `field` of every event `kind` of a JSONL log, in order.
+inline std::vector<double> event_values(const std::string& log_path, const std::string& kind, const std::string& field) {
+    std::vector<double> values;
+    std::istringstream in(read_file(log_path));
+    std::string line;
+    while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        if (j["log"] == kind) values.push_back(j[field].get<double>());
+    }
+    return values;
+}
 
 inline std::vector<double> step_losses(const std::string& log_path, int* first_step = nullptr) {
     std::vector<double> losses;
@@ -89,19 +105,21 @@ inline std::vector<double> step_losses(const std::string& log_path, int* first_s
 // with a checkpoint every 5 steps whose step-10 checkpoint is dropped (as if it had died after
 // step 5) and a half-written step-11 one (no state.json) added, continued with --continue: the
 // resumed losses equal the uninterrupted ones from step 5 on and the final models are bit-identical.
-inline void expect_continue_reproduces_full_run(const Fixture& f, const std::string& device, const std::string& extra) {
+// `launcher` starts each run (see Fixture::base_cmd).
+inline void expect_continue_reproduces_full_run(const Fixture& f, const std::string& device, const std::string& extra,
+                                                const std::string& launcher = "") {
     namespace fs = std::filesystem;
     const std::string common = " --steps=12 --eval-every-n-steps=0" + extra;
-    auto full = run_command(f.base_cmd("full", device) + common);
+    auto full = run_command(f.base_cmd("full", device, launcher) + common);
     ASSERT_EQ(full.exit_code, 0) << full.output;
     auto losses_full = step_losses(f.dir / "full/log.jsonl");
     ASSERT_EQ(losses_full.size(), 12u);
 
-    auto part = run_command(f.base_cmd("part", device) + common + " --ckpt-interval=5");
+    auto part = run_command(f.base_cmd("part", device, launcher) + common + " --ckpt-interval=5");
     ASSERT_EQ(part.exit_code, 0) << part.output;
     fs::remove_all(f.dir / "part-ckpt/step_00000010");
     fs::create_directories(f.dir / "part-ckpt/step_00000011");  // half-written: must be ignored
-    auto resumed = run_command(f.base_cmd("part", device) + common + " --ckpt-interval=5 --continue --log-file=" +
+    auto resumed = run_command(f.base_cmd("part", device, launcher) + common + " --ckpt-interval=5 --continue --log-file=" +
                                (f.dir / "resumed.jsonl"));
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find("step_00000005"), std::string::npos) << resumed.output;
@@ -117,6 +135,30 @@ inline void expect_continue_reproduces_full_run(const Fixture& f, const std::str
         ASSERT_EQ(ta.nbytes(), tb.nbytes());
         EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
     }
+}
+
+// Every tensor of a safetensors file as fp32, in the file's order.
+inline std::vector<float> read_all_weights(const std::string& path) {
+    SafeTensorsReader r({path});
+    std::vector<float> out;
+    for (const auto& name : r.names()) {
+        const Tensor t = r.view(name);
+        std::vector<float> v(t.numel());
+        r.read_f32(name, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim), v.data());
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+
+// max |b - a| over max |a|: the weights' difference relative to their scale.
+inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double max_w = 0, max_d = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        max_w = std::max(max_w, std::abs(static_cast<double>(a[i])));
+        max_d = std::max(max_d, std::abs(static_cast<double>(b[i]) - a[i]));
+    }
+    return max_w > 0 ? max_d / max_w : max_d;
 }
 
 }  // namespace qtrain::test::train_cli

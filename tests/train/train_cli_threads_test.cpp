@@ -1,13 +1,17 @@
 // Threads mode through `train` (issue 18): --gpus=N on the CPU model runs N data-parallel ranks as
-// threads. N ranks with accumulation A equal one rank with N x A (the same chunks in the same global
-// order; only the order of the micro-batch additions differs), ZeRO-1 and ZeRO-2 are bit-identical,
-// and --continue at the same N resumes bit for bit.
+// threads, every rank in the same loop (src/train/rank_loop.h). N ranks with accumulation A equal one
+// rank with N x A (the same chunks in the same global order; only the order of the micro-batch
+// additions differs), ZeRO-1 and ZeRO-2 are bit-identical, evaluation split over the ranks equals one
+// rank's, checkpoints written by every rank resume bit for bit at the same N and are refused at
+// another, and a rank that fails stops every rank. Every run is under `timeout`, so a hang fails the
+// test instead of hanging CI.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "io/safetensors.h"
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 #include "train/train_cli_fixture.h"
 
@@ -17,16 +21,18 @@ using namespace qtrain::test::train_cli;
 
 namespace {
 
-std::vector<float> read_all(const std::string& path) {
-    SafeTensorsReader r({path});
-    std::vector<float> out;
-    for (const auto& name : r.names()) {
-        const Tensor t = r.view(name);
-        std::vector<float> v(t.numel());
-        r.read_f32(name, std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim), v.data());
-        out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
+const std::string kLimit = "timeout 120 ";
+
+// One float ulp at x: the most two ways of rounding the same double sum to fp32 can differ by.
+double ulp(double x) {
+    const float f = static_cast<float>(x);
+    return std::nextafter(std::abs(f), INFINITY) - std::abs(f);
+}
+
+void expect_refused(const RunResult& r, const std::string& what) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, what)) << r.output;
+    EXPECT_FALSE(Contains(r.output, "[T] step")) << "the run started before failing:\n" << r.output;
 }
 
 }  // namespace
@@ -37,38 +43,120 @@ TEST(TrainCliThreads, RanksEqualOneRankWithTheirAccumulation) {
     for (int world : {2, 3}) {
         SCOPED_TRACE("--gpus=" + std::to_string(world));
         const std::string one = "one" + std::to_string(world), many = "many" + std::to_string(world);
-        auto a = run_command(f.base_cmd(one) + common + " --grad-accumulation=" + std::to_string(2 * world));
-        auto b = run_command(f.base_cmd(many) + common + " --grad-accumulation=2 --gpus=" + std::to_string(world));
+        auto a = run_command(kLimit + f.base_cmd(one) + common + " --grad-accumulation=" + std::to_string(2 * world));
+        auto b = run_command(kLimit + f.base_cmd(many) + common + " --grad-accumulation=2 --gpus=" + std::to_string(world));
         ASSERT_EQ(a.exit_code, 0) << a.output;
         ASSERT_EQ(b.exit_code, 0) << b.output;
         EXPECT_TRUE(Contains(b.output, "threads mode: " + std::to_string(world) + " CPU ranks")) << b.output;
-        const auto la = step_losses(f.dir / (one + "/log.jsonl")), lb = step_losses(f.dir / (many + "/log.jsonl"));
-        ASSERT_EQ(la.size(), 8u);
-        ASSERT_EQ(lb.size(), 8u);
-        for (int s = 0; s < 8; ++s) EXPECT_NEAR(lb[s], la[s], 1e-6 * std::abs(la[s])) << "step " << s;
-        const auto wa = read_all(f.dir / (one + "/model.safetensors")), wb = read_all(f.dir / (many + "/model.safetensors"));
-        ASSERT_EQ(wa.size(), wb.size());
-        double max_w = 0, max_d = 0;
-        for (size_t i = 0; i < wa.size(); ++i) {
-            max_w = std::max(max_w, std::abs(static_cast<double>(wa[i])));
-            max_d = std::max(max_d, std::abs(static_cast<double>(wb[i]) - wa[i]));
+        const std::string la = f.dir / (one + "/log.jsonl"), lb = f.dir / (many + "/log.jsonl");
+        const auto loss_a = step_losses(la), loss_b = step_losses(lb);
+        const auto norm_a = event_values(la, "step", "norm"), norm_b = event_values(lb, "step", "norm");
+        ASSERT_EQ(loss_a.size(), 8u);
+        ASSERT_EQ(loss_b.size(), 8u);
+        ASSERT_EQ(norm_b.size(), 8u);
+        for (int s = 0; s < 8; ++s) {
+            EXPECT_NEAR(loss_b[s], loss_a[s], 1e-6 * std::abs(loss_a[s])) << "step " << s;
+            EXPECT_NEAR(norm_b[s], norm_a[s], 1e-6 * std::abs(norm_a[s])) << "step " << s;
         }
-        EXPECT_LE(max_d, 1e-5 * max_w);
+        EXPECT_LE(relative_weight_difference(read_all_weights(f.dir / (one + "/model.safetensors")),
+                                             read_all_weights(f.dir / (many + "/model.safetensors"))),
+                  1e-5);
     }
 }
 
 TEST(TrainCliThreads, ZeroLevelsOneAndTwoAreBitIdentical) {
     Fixture f;
     const std::string common = " --steps=6 --eval-every-n-steps=0 --grad-accumulation=2 --gpus=2";
-    auto z1 = run_command(f.base_cmd("z1") + common + " --zero-level=1");
-    auto z2 = run_command(f.base_cmd("z2") + common + " --zero-level=2");
+    auto z1 = run_command(kLimit + f.base_cmd("z1") + common + " --zero-level=1");
+    auto z2 = run_command(kLimit + f.base_cmd("z2") + common + " --zero-level=2");
     ASSERT_EQ(z1.exit_code, 0) << z1.output;
     ASSERT_EQ(z2.exit_code, 0) << z2.output;
     EXPECT_EQ(step_losses(f.dir / "z1/log.jsonl"), step_losses(f.dir / "z2/log.jsonl"));
     EXPECT_EQ(read_file(f.dir / "z1/model.safetensors"), read_file(f.dir / "z2/model.safetensors"));
 }
 
+// The checkpoints are written collectively (every rank into one directory, rank 0 records them).
 TEST(TrainCliThreads, ContinueReproducesTheUninterruptedRunExactly) {
     Fixture f;
-    expect_continue_reproduces_full_run(f, "cpu", " --gpus=2 --grad-accumulation=1");
+    expect_continue_reproduces_full_run(f, "cpu", " --gpus=2 --grad-accumulation=1", kLimit);
+}
+
+// --steps=0: every run evaluates the same initial weights, so only the split of the eval batches over
+// the ranks differs. 15 eval batches (the set) and 5 (--eval-num-steps): neither divides by 2 and 3.
+TEST(TrainCliThreads, EvaluationSplitOverRanksEqualsOneRank) {
+    Fixture f;
+    for (int batches : {0, 5}) {
+        const std::string common = " --steps=0 --eval-num-steps=" + std::to_string(batches);
+        const std::string one = "eval1-" + std::to_string(batches);
+        auto a = run_command(kLimit + f.base_cmd(one) + common);
+        ASSERT_EQ(a.exit_code, 0) << a.output;
+        const auto loss_a = event_values(f.dir / (one + "/log.jsonl"), "eval", "loss");
+        const auto tokens_a = event_values(f.dir / (one + "/log.jsonl"), "eval", "eval_tokens");
+        ASSERT_EQ(loss_a.size(), 1u);
+        ASSERT_TRUE(std::isfinite(loss_a[0]));
+        for (int world : {2, 3}) {
+            SCOPED_TRACE("--eval-num-steps=" + std::to_string(batches) + " --gpus=" + std::to_string(world));
+            const std::string many = "eval" + std::to_string(world) + "-" + std::to_string(batches);
+            auto b = run_command(kLimit + f.base_cmd(many) + common + " --gpus=" + std::to_string(world));
+            ASSERT_EQ(b.exit_code, 0) << b.output;
+            const auto loss_b = event_values(f.dir / (many + "/log.jsonl"), "eval", "loss");
+            ASSERT_EQ(loss_b.size(), 1u);
+            EXPECT_LE(std::abs(loss_b[0] - loss_a[0]), ulp(loss_a[0])) << loss_b[0] << " vs " << loss_a[0];
+            EXPECT_EQ(event_values(f.dir / (many + "/log.jsonl"), "eval", "eval_tokens"), tokens_a);
+        }
+    }
+}
+
+TEST(TrainCliThreads, CheckpointRecordsItsWorldSizeAndAnotherIsRefused) {
+    Fixture f;
+    const std::string run = kLimit + f.base_cmd("ws") + " --eval-every-n-steps=0 --ckpt-interval=2";
+    auto first = run_command(run + " --steps=4 --gpus=2");
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const auto state = nlohmann::json::parse(read_file(f.dir / "ws-ckpt/step_00000004/state.json"));
+    EXPECT_EQ(state["world_size"], 2);
+    EXPECT_TRUE(state["files"].contains("optimizer.safetensors")) << state.dump(2);
+
+    expect_refused(run_command(run + " --steps=6 --continue --gpus=1"),
+                   "was written by 2 ranks but this run has 1 (--gpus=1); resuming at another number of ranks is not "
+                   "supported yet");
+    // not even on purpose: the optimizer state would need resharding
+    expect_refused(run_command(run + " --steps=6 --continue --gpus=3 --force-resume"),
+                   "was written by 2 ranks but this run has 3 (--gpus=3)");
+    auto same = run_command(run + " --steps=6 --continue --gpus=2");
+    EXPECT_EQ(same.exit_code, 0) << same.output;
+    EXPECT_TRUE(Contains(same.output, "step_00000004")) << same.output;
+}
+
+// QTRAIN_TEST_FAIL_RANK=r:s makes rank r throw at step s: every rank stops, with r's error.
+TEST(TrainCliThreads, AFailingRankStopsEveryRankWithItsError) {
+    Fixture f;
+    for (auto [rank, world] : {std::pair{1, 3}, std::pair{0, 2}}) {
+        const std::string name = "fail" + std::to_string(rank);
+        SCOPED_TRACE(name);
+        const std::string fault = std::to_string(rank) + ":2";
+        auto r = run_command("QTRAIN_TEST_FAIL_RANK=" + fault + " " + kLimit + f.base_cmd(name) +
+                             " --steps=6 --eval-every-n-steps=0 --gpus=" + std::to_string(world));
+        EXPECT_NE(r.exit_code, 0) << r.output;
+        EXPECT_NE(r.exit_code, 124) << "the ranks hung:\n" << r.output;
+        EXPECT_TRUE(Contains(r.output, "rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                                           " failed: deliberate failure at step 2 (QTRAIN_TEST_FAIL_RANK=" + fault))
+            << r.output;
+        EXPECT_EQ(step_losses(f.dir / (name + "/log.jsonl")).size(), 2u) << "steps 0 and 1 ran, not step 2";
+        EXPECT_FALSE(std::filesystem::exists(f.dir / (name + "/model.safetensors")));
+    }
+    auto bad = run_command("QTRAIN_TEST_FAIL_RANK=one " + kLimit + f.base_cmd("bad") + " --steps=1");
+    EXPECT_EQ(bad.exit_code, 1) << bad.output;
+    EXPECT_TRUE(Contains(bad.output, "QTRAIN_TEST_FAIL_RANK='one': expected <rank>:<step>")) << bad.output;
+}
+
+TEST(TrainCliThreads, GpuIdsAreCheckedNamingTheFlag) {
+    Fixture f;
+    const std::string run = kLimit + f.base_cmd("ids") + " --steps=1";
+    expect_refused(run_command(run + " --gpus=2 --gpu-ids=0,x"), "--gpu-ids=0,x: 'x' is not a device index");
+    expect_refused(run_command(run + " --gpus=2 --gpu-ids=0,,1"), "--gpu-ids=0,,1: '' is not a device index");
+    expect_refused(run_command(run + " --gpus=2 --gpu-ids=-1,0"), "'-1' is not a device index");
+    expect_refused(run_command(run + " --gpus=2 --gpu-ids=0,1,2"),
+                   "--gpu-ids lists 3 devices but the run has 2 ranks (--gpus=2)");
+    // the CPU ranks have no device to place
+    expect_refused(run_command(run + " --gpus=2 --gpu-ids=0,0"), "--gpu-ids is not supported on --device=cpu");
 }

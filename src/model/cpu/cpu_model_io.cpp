@@ -3,6 +3,7 @@
 // bad file leaves the model as it was.
 #include <filesystem>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "io/safetensors.h"
@@ -59,6 +60,9 @@ void CpuModel::save_hf(const std::string& dir) const {
 }
 
 void CpuModel::save_checkpoint(const std::string& dir) const {
+    // Under data parallel every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's
+    // files are the whole checkpoint and the other ranks have nothing of their own to write.
+    if (comm_ && comm_->rank() != 0) return;
     fs::create_directories(dir);
     SafeTensorsWriter weights, optimizer;
     for (size_t i = 0; i < specs_.size(); ++i) {

@@ -1,0 +1,26 @@
+// Evaluation split over the ranks of a run: rank r of W evaluates eval batches r, r + W, r + 2W, ...
+// (of the first `max_batches`, 0 = the whole eval set), and the ranks' token-weighted loss sums are
+// combined exactly (comm::sum_scalars_over_ranks, in double, rank order). So W ranks take about 1/W of
+// the time, and the mean equals one rank's up to the rounding of that combination: one rank adds the
+// batches' sums in batch order, W ranks in W partial sums; both are doubles, rounded once to fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "model/imodel.h"
+#include "train/data_loader.h"
+
+namespace qtrain {
+
+struct EvalResult {
+    float loss = 0.0f;   // mean cross-entropy over the valid targets of all ranks' batches (NaN: none)
+    int64_t tokens = 0;  // tokens of the batches that had a valid target, all ranks
+};
+
+// Collective over `host` (the trainer's communicator); `loader` is each rank's own eval loader (not
+// set_rank: every rank walks the same unshuffled batches and keeps its share).
+EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batches, int batch_size, int seq_len,
+                               comm::Communicator& host);
+
+}  // namespace qtrain

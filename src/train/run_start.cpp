@@ -1,0 +1,118 @@
+#include "train/run_start.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "train/data_loader.h"
+#include "train/run_guard.h"
+#include "train/train_options.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The newest checkpoint that verifies: a corrupt one (or one whose state.json does not read) is
+// reported and the one before it tried; none left is an error, never a silent step 0. Hashing a large
+// checkpoint takes minutes (a 7B one is ~100 GB), so it says what is going on.
+ResumePoint find_checkpoint_to_resume(const TrainOptions& o, RunStart& start) {
+    std::printf("[Resume] checking the checkpoints in '%s' (newest first)\n", o.checkpoint_dir.c_str());
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    ResumePoint r = find_resume_point(o.checkpoint_dir, [&](const std::string& dir, const std::string& error) {
+        std::printf("[Resume] cannot resume from %s: %s\n", dir.c_str(), error.c_str());
+        std::fflush(stdout);
+        start.rejected.emplace_back(dir, error);
+    });
+    if (r.verified)
+        std::printf("[Resume] %s: every file matches its checksum (%.1f s)\n", r.dir.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return r;
+}
+
+// A --continue without a checkpoint: a typo in --checkpoint-dir must not start over and replace the
+// run it meant to resume. Returns whether the log is this run's own (then appended to).
+bool check_fresh_continue(const TrainOptions& o, const std::string& device, const ModelConfig& cfg) {
+    std::vector<std::string> existing = existing_run_output(o);
+    bool own_log = false;
+    if (!existing.empty() && existing.front() == o.log_path() && log_is_of_this_run(o.log_path(), o, device, cfg)) {
+        own_log = true;  // this run's own log: it restarts before its first checkpoint
+        existing.erase(existing.begin());
+        if (existing.empty())
+            std::printf("[Resume] no checkpoint in '%s' yet: this run starts from step 0, appending to its log %s\n",
+                        o.checkpoint_dir.c_str(), o.log_path().c_str());
+    }
+    std::string list;
+    for (const auto& path : existing) list += (list.empty() ? "'" : ", '") + path + "'";
+    QT_CHECK(existing.empty() || o.overwrite, "--continue: no complete checkpoint in --checkpoint-dir '",
+             o.checkpoint_dir, "', but ", list, " hold", existing.size() == 1 ? "s" : "",
+             own_log ? " the output of this same run, which finished without writing a checkpoint to resume from"
+                       " (--ckpt-interval); starting from step 0 would replace it"
+                     : " another run's output, which starting from step 0 would replace",
+             ". Check --checkpoint-dir, or add --overwrite to start from step 0 anyway");
+    return own_log;
+}
+
+}  // namespace
+
+RunStart decide_run_start(const TrainOptions& o, const std::string& device, const ModelConfig& cfg, int world,
+                          const std::string& ranks_source) {
+    RunStart start;
+    if (o.continue_from_checkpoint && !list_complete_checkpoints(o.checkpoint_dir).empty()) {
+        start.resume = find_checkpoint_to_resume(o, start);
+        const ResumePoint& r = *start.resume;
+        // each rank's part of the optimizer state is its shard: another world size needs resharding
+        const int written_by = r.state.world_size;
+        QT_CHECK(written_by == world, "--continue: ", r.dir, " was written by ", written_by, " rank",
+                 written_by == 1 ? "" : "s", " but this run has ", world, " (", ranks_source,
+                 "); resuming at another number of ranks is not supported yet (each rank's optimizer state would "
+                 "have to be resharded; --force-resume does not change this). Resume with ", written_by, " rank",
+                 written_by == 1 ? "" : "s", " (--gpus=", written_by, ", or mpirun -np ", written_by,
+                 "), or start a new run in another --checkpoint-dir");
+        start.changes = compare_resume_options(r.state.options_json, r.state.device, r.state.config_json, o, device, cfg);
+        std::string refused;
+        for (const OptionChange& c : start.changes)
+            if (c.changes_run) refused += "\n  " + describe_option_change(c);
+        QT_CHECK(refused.empty() || o.force_resume, "--continue: this run differs from the one that wrote ", r.dir,
+                 " in options that change the math or the data:", refused,
+                 "\nGive the checkpoint's values to resume it, a new --checkpoint-dir to start another run, or "
+                 "--force-resume to resume with these changes anyway");
+        start.append_log = true;
+    } else if (o.continue_from_checkpoint) {
+        start.append_log = check_fresh_continue(o, device, cfg);
+    } else if (const auto old = find_latest_checkpoint(o.checkpoint_dir)) {
+        // a fresh run's checkpoints would mix with another run's, and --continue would pick the newest
+        QT_CHECK(o.overwrite, "--checkpoint-dir '", o.checkpoint_dir, "' holds checkpoints of another run (newest: ",
+                 *old, "): add --continue to resume it, choose another --checkpoint-dir, or add --overwrite to "
+                 "remove them and start from step 0");
+        for (const auto& dir : list_complete_checkpoints(o.checkpoint_dir)) fs::remove_all(dir);
+        std::printf("[Setup] --overwrite: removed the checkpoints in '%s'\n", o.checkpoint_dir.c_str());
+    }
+    return start;
+}
+
+void check_resume_train_files(RunStart& start, const DataLoader& train_data, const TrainOptions& o) {
+    if (!start.resume || start.resume->state.train_files.empty()) return;
+    // other files (a shard added under the same glob, a re-tokenised file) make another run
+    std::vector<std::pair<std::string, int64_t>> now;
+    for (const auto& file : train_data.files()) now.emplace_back(file->path(), file->size());
+    const auto& recorded = start.resume->state.train_files;
+    if (now == recorded) return;
+    auto list = [](const std::vector<std::pair<std::string, int64_t>>& files) {
+        std::string out;
+        for (std::size_t i = 0; i < files.size() && i < 4; ++i)
+            out += cat(i ? ", " : "", files[i].first, " (", files[i].second, " tokens)");
+        return files.size() > 4 ? cat(out, ", ... (", files.size(), " files)") : out;
+    };
+    const std::string what = cat("--train-file: the checkpoint's run trained on ", list(recorded),
+                                 "; this run's files are ", list(now));
+    QT_CHECK(o.force_resume, "--continue: this run differs from the one that wrote ", start.resume->dir,
+             " in its data:\n  ", what, "\nThe data order would differ; resume with the same files, or add "
+             "--force-resume to resume on these anyway");
+    start.changes.push_back({"--train-file (files)", list(recorded), list(now), true, ""});
+}
+
+}  // namespace qtrain

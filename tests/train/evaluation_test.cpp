@@ -1,0 +1,116 @@
+// Evaluation split over ranks (src/train/evaluation.h): each rank evaluates its own batches (r, r + W,
+// ...), and the combined mean equals one rank's up to the fp32 rounding of the double sums.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "comm/run_ranks.h"
+#include "io/token_file.h"
+#include "model/imodel.h"
+#include "test_util.h"
+#include "train/evaluation.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+constexpr int kBatch = 3, kSeq = 16, kVocab = 50;
+
+// Its "loss" is a function of the batch's tokens (so batches differ), and it records which batches
+// (by their first token's position in the file) it was asked to evaluate.
+class RecordingModel : public IModel {
+public:
+    std::vector<int32_t> first_tokens;
+    ModelConfig cfg;
+    const ModelConfig& config() const override { return cfg; }
+    std::string device_name() const override { return "recording"; }
+    void init_random(uint64_t) override {}
+    void load_hf(const std::string&) override {}
+    void save_hf(const std::string&) const override {}
+    void forward_backward(const Batch&, float) override {}
+    StepStats optimizer_step(const OptimizerParams&) override { return {}; }
+    float evaluate(const Batch& b) override {
+        first_tokens.push_back(b.inputs[0]);
+        double s = 0;
+        for (int i = 0; i < b.batch_size * b.seq_len; ++i) s += std::sin(0.37 * b.inputs[i] + i);
+        return static_cast<float>(3.0 + s / (b.batch_size * b.seq_len));
+    }
+    void save_checkpoint(const std::string&) const override {}
+    void load_checkpoint(const std::string&) override {}
+    MemoryPlan memory_plan() const override { return {}; }
+};
+
+struct Split {
+    EvalResult result;
+    std::vector<std::vector<int32_t>> batches_of_rank;
+};
+
+Split evaluate_on(int world, const std::string& file, int max_batches) {
+    Split out;
+    out.batches_of_rank.resize(world);
+    std::vector<EvalResult> results(world);
+    comm::run_ranks(world, [&](comm::Communicator& c) {
+        RecordingModel m;
+        DataLoader loader({file}, kBatch, kSeq, 1, false, kVocab, "--eval-file");
+        results[c.rank()] = evaluate_over_ranks(m, loader, max_batches, kBatch, kSeq, c);
+        out.batches_of_rank[c.rank()] = m.first_tokens;
+    });
+    for (const EvalResult& r : results) {  // every rank gets the combined result
+        EXPECT_EQ(r.tokens, results[0].tokens);
+        EXPECT_EQ(std::memcmp(&r.loss, &results[0].loss, sizeof r.loss), 0);
+    }
+    out.result = results[0];
+    return out;
+}
+
+}  // namespace
+
+TEST(Evaluation, RanksSplitTheBatchesAndCombineToOneRanksLoss) {
+    TempDir d;
+    // Chunks of kSeq + 1 tokens step by kSeq (a chunk's last target is the next one's first input),
+    // and every token is its chunk's index, so a batch's first input names the batch. The targets of
+    // every 5th chunk are masked after the first few, so batches weigh differently, and the last
+    // batch is a partial one (padded rows carry no target).
+    const int chunks = 3 * 12 + 1;
+    std::vector<int32_t> tokens(static_cast<size_t>(chunks) * kSeq + 1);
+    std::vector<uint8_t> mask(tokens.size(), 1);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int32_t>((i / kSeq) % kVocab);
+        if ((i / kSeq) % 5 == 0 && i % kSeq > 4) mask[i] = 0;
+    }
+    const std::string file = d / "eval.bin";
+    write_token_file(file, tokens, kVocab, &mask);
+
+    for (int max_batches : {0, 7}) {
+        const Split one = evaluate_on(1, file, max_batches);
+        const size_t n = one.batches_of_rank[0].size();
+        ASSERT_EQ(n, max_batches ? 7u : 13u);  // 12 full batches and the partial one
+        for (size_t b = 0; b < n; ++b) ASSERT_EQ(one.batches_of_rank[0][b], 3 * static_cast<int>(b));
+        ASSERT_TRUE(std::isfinite(one.result.loss));
+        for (int world : {2, 3, 4}) {
+            SCOPED_TRACE("max_batches " + std::to_string(max_batches) + ", world " + std::to_string(world));
+            const Split many = evaluate_on(world, file, max_batches);
+            for (int r = 0; r < world; ++r) {  // rank r evaluated batches r, r + W, ...
+                std::vector<int32_t> want;
+                for (size_t b = r; b < n; b += world) want.push_back(one.batches_of_rank[0][b]);
+                EXPECT_EQ(many.batches_of_rank[r], want) << "rank " << r;
+            }
+            EXPECT_EQ(many.result.tokens, one.result.tokens);
+            const float a = one.result.loss, b = many.result.loss;
+            EXPECT_LE(std::abs(b - a), std::nextafter(a, INFINITY) - a) << b << " vs " << a;
+        }
+    }
+}
+
+TEST(Evaluation, NoValidTargetIsNaNOnEveryRank) {
+    TempDir d;
+    std::vector<int32_t> tokens(static_cast<size_t>(4) * (kSeq + 1), 1);
+    std::vector<uint8_t> mask(tokens.size(), 0);
+    write_token_file(d / "eval.bin", tokens, kVocab, &mask);
+    const Split s = evaluate_on(2, d / "eval.bin", 0);
+    EXPECT_TRUE(std::isnan(s.result.loss));
+    EXPECT_EQ(s.result.tokens, 0);
+}
