@@ -54,6 +54,10 @@ public:
     void broadcast(void* buffer, std::size_t count, DType dtype, int root, void* stream = nullptr);
     // Returns once every rank has called it.
     void barrier();
+    // This rank has failed (`reason`) and will make no more calls: peers blocked in or entering a
+    // collective of this communicator fail with an error naming it instead of waiting. A backend
+    // whose failures already end every rank (MPI's MPI_Abort) or that cannot be interrupted does nothing.
+    virtual void abort(const std::string& reason) { (void)reason; }
 
 protected:
     Communicator() = default;

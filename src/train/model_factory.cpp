@@ -10,9 +10,14 @@
 #include "train/train_options.h"
 
 #ifdef QTRAIN_HAVE_CUDA
+#include "comm/cuda/copy_engine_communicator.h"
+#include "comm/thread_world.h"
 #include "cuda/device.h"
 #include "model/cuda/attention_choice.h"
 #include "model/cuda/cuda_model.h"
+#ifdef QTRAIN_HAVE_NCCL
+#include "comm/cuda/nccl_communicator.h"
+#endif
 #endif
 
 namespace qtrain {
@@ -89,9 +94,45 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 #endif
 }
 
-ModelCommunicatorFactory model_communicator_factory(const std::string& device) {
-    (void)device;
+ModelCommunicatorFactory model_communicator_factory(const std::string& device, const ModelOptions& options, int world,
+                                                    const std::vector<int>& devices, bool mpi) {
+    if (device != "cuda" || world <= 1) return {};
+#ifdef QTRAIN_HAVE_CUDA
+    if (options.memcpy_all_gather) {
+        QT_CHECK(!mpi, "--memcpy-all-gather: the copy-engine communicator connects the ranks of one process (threads "
+                 "mode, --gpus=N without mpirun); under mpirun leave it out to use NCCL");
+        // its own rendezvous (the host communicator's world is the trainer's); a failed rank aborts it
+        auto rendezvous = std::make_shared<comm::ThreadWorld>(world);
+        return [rendezvous](comm::Communicator& host, int device_index) -> std::unique_ptr<comm::Communicator> {
+            return comm::make_copy_engine_communicator(*rendezvous, host.rank(), device_index);
+        };
+    }
+#ifdef QTRAIN_HAVE_NCCL
+    if (mpi)
+        return [](comm::Communicator& host, int device_index) -> std::unique_ptr<comm::Communicator> {
+            comm::NcclId id;
+            if (host.rank() == 0) id = comm::nccl_unique_id();
+            host.broadcast(id.bytes.data(), id.bytes.size(), DType::U8, 0);
+            return comm::make_nccl_communicator(id, host.rank(), host.world(), device_index);
+        };
+    std::shared_ptr<comm::NcclThreadsWorld> nccl;
+    try {
+        nccl = std::make_shared<comm::NcclThreadsWorld>(devices);
+    } catch (const std::exception& e) {
+        throw_error(cat("--gpus=", world, ": ", e.what(), " (--gpu-ids=0,0 and the like need --memcpy-all-gather)"));
+    }
+    return [nccl](comm::Communicator& host, int) -> std::unique_ptr<comm::Communicator> {
+        return comm::make_nccl_communicator(*nccl, host.rank());
+    };
+#else
+    (void)devices, (void)mpi;
+    throw_error(cat("--gpus=", world, " on the GPU needs NCCL, which this build has not found (scripts/setup.sh), or "
+                    "--memcpy-all-gather (the copy-engine communicator, threads mode)"));
+#endif
+#else
+    (void)options, (void)devices, (void)mpi;
     return {};
+#endif
 }
 
 std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,

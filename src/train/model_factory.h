@@ -45,9 +45,13 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 // lives as long as the rank's model. Null (or an empty function): the model uses `host` itself.
 using ModelCommunicatorFactory =
     std::function<std::unique_ptr<comm::Communicator>(comm::Communicator& host, int device_index)>;
-// The factory for `device`'s model: empty for now on every backend (the CPU model shares the host
-// communicator; the GPU model's communicator plugs in here).
-ModelCommunicatorFactory model_communicator_factory(const std::string& device);
+// The factory for `device`'s model at `world` ranks (`devices`: rank r's CUDA device, threads mode;
+// `mpi`: one process per rank). The CPU model: empty (it shares the host communicator). The GPU model:
+// with --memcpy-all-gather the copy-engine communicator (threads mode only; several ranks may share a
+// GPU); else NCCL (threads mode: one process's communicators, two ranks on one GPU refused here,
+// before any rank starts; MPI mode: rank 0's unique id broadcast over the host communicator).
+ModelCommunicatorFactory model_communicator_factory(const std::string& device, const ModelOptions& options, int world,
+                                                    const std::vector<int>& devices, bool mpi);
 // Human description of the device (and, on the GPU, the attention kernels chosen for cfg and opts) and
 // its peak matmul rate for `opts.matmul_dtype`.
 std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,

@@ -51,8 +51,15 @@ public:
         : ctx_(ctx), o_(ctx.options), host_(host), rank_(host.rank()), world_(host.world()), lead_(rank_ == 0) {}
 
     int run() {
-        start();
-        return train();
+        try {
+            start();
+            return train();
+        } catch (const std::exception& e) {
+            // the model's communicator may be another world than the host's (the GPU backends): its
+            // peers must not wait in a collective for this rank either
+            if (model_comm_) model_comm_->abort(e.what());
+            throw;
+        }
     }
 
 private:

@@ -60,7 +60,9 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_flag("--persistent-quants", o.persistent_quants, "With --shard-weights and FP8 (e4m3 matmuls, e4m3|e5m2 gradients): quantise each streamed layer once per optimizer step and keep its FP8 copy, so later passes move 1 byte per weight instead of 2 (resident FP8 weights are always kept)");
     g->add_flag("--offload-double-buffer", o.offload_double_buffer, "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side streams (copy engines, double-buffered) instead of reading host memory zero-copy");
     g->add_flag("--write-combined", o.write_combined, "Allocate offload buffers write-combined (faster host-to-device)");
-    g->add_flag("--memcpy-all-gather", o.memcpy_all_gather, "All-gather weights with cudaMemcpy instead of NCCL");
+    g->add_flag("--memcpy-all-gather", o.memcpy_all_gather,
+                "GPU data parallel in threads mode: the copy-engine communicator (cudaMemcpy on the copy engines, sums by "
+                "one rank-order kernel) instead of NCCL; also runs several ranks on one GPU (--gpu-ids=0,0)");
 
     g = app.add_option_group("Multi-GPU");
     g->add_option("--gpus", o.gpus, "Number of data-parallel ranks (ZeRO-1, or ZeRO-2 with --zero-level=2; equal to "

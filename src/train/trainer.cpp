@@ -134,7 +134,13 @@ int Trainer::prepare_and_run(comm::Communicator* mpi_host) {
     probe_writable_dir(fs::path(o.log_path()).parent_path().string(), "--log-file");
     probe_writable_dir(o.checkpoint_dir, "--checkpoint-dir");
 
-    ctx.model_communicator = model_communicator_ ? model_communicator_ : model_communicator_factory(device);
+    if (model_communicator_) {
+        ctx.model_communicator = model_communicator_;
+    } else {
+        std::vector<int> devices;  // each rank's GPU (threads mode: all in this process)
+        for (int r = 0; r < world; ++r) devices.push_back(rank_device_index(ctx.gpu_ids, r, ctx.mpi_local_rank));
+        ctx.model_communicator = model_communicator_factory(device, ctx.model_options, world, devices, mpi_host);
+    }
     ctx.test_fault = read_test_fault();
     StopSignals signals;
     ctx.stop_signal = &g_stop_signal;

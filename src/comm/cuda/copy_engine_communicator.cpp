@@ -281,6 +281,8 @@ void CopyEngineCommunicator::do_barrier() {
     state_->world.depart(state_->rank, call);
 }
 
+void CopyEngineCommunicator::abort(const std::string& reason) { state_->world.abort(state_->rank, reason); }
+
 std::unique_ptr<CopyEngineCommunicator> make_copy_engine_communicator(ThreadWorld& world, int rank, int device) {
     return std::make_unique<CopyEngineCommunicator>(world, rank, device);
 }

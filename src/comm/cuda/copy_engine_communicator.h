@@ -64,6 +64,7 @@ public:
     int world() const override;
     std::string backend() const override { return "copy-engine"; }
     int device() const;
+    void abort(const std::string& reason) override;  // fails the ThreadWorld (its peers throw)
 
     // Staging for the sums of up to `bytes` (see staging_bytes_for); waits for the device.
     void reserve(std::size_t bytes);

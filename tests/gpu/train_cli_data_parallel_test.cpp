@@ -1,0 +1,80 @@
+// Data parallel on the GPU through `train` (issue 18), on one GPU: --gpus=2 --gpu-ids=0,0
+// --memcpy-all-gather puts two ranks (threads) on device 0 with the copy-engine communicator. Two ranks
+// with accumulation A equal one rank with 2A to bf16 rounding, ZeRO-1 and ZeRO-2 give the same bits,
+// --continue at the same world size reproduces the uninterrupted run bit for bit (every rank writes
+// its block of the optimizer state), NCCL refuses two ranks on one GPU naming the way out, and a rank
+// that fails stops both.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "gpu_test_util.h"
+#include "io/safetensors.h"
+#include "train/train_cli_fixture.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+using namespace qtrain::test::train_cli;
+
+namespace {
+
+const std::string kLimit = "timeout 300 ";
+const std::string kTwoOnOne = " --gpus=2 --gpu-ids=0,0 --memcpy-all-gather";
+
+bool same_files(const std::string& a, const std::string& b) { return read_file(a) == read_file(b); }
+
+}  // namespace
+
+TEST(TrainCliGpuDataParallel, TwoRanksOnOneGpuEqualOneRankAndZeroLevelsAgree) {
+    QTRAIN_REQUIRE_GPU();
+    Fixture f(kGpuShape);
+    const std::string common = " --steps=10 --eval-every-n-steps=5 --eval-num-steps=4";
+    auto one = run_command(kLimit + f.base_cmd("one", "cuda") + common + " --grad-accumulation=4");
+    auto z1 = run_command(kLimit + f.base_cmd("z1", "cuda") + common + kTwoOnOne);
+    auto z2 = run_command(kLimit + f.base_cmd("z2", "cuda") + common + kTwoOnOne + " --zero-level=2");
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    ASSERT_EQ(z1.exit_code, 0) << z1.output;
+    ASSERT_EQ(z2.exit_code, 0) << z2.output;
+    EXPECT_TRUE(Contains(z1.output, "2 GPU ranks, ZeRO-1")) << z1.output;
+    EXPECT_TRUE(Contains(z2.output, "2 GPU ranks, ZeRO-2")) << z2.output;
+    const auto l1 = step_losses(f.dir / "one/log.jsonl"), lz1 = step_losses(f.dir / "z1/log.jsonl"),
+               lz2 = step_losses(f.dir / "z2/log.jsonl");
+    ASSERT_EQ(l1.size(), 10u);
+    ASSERT_EQ(lz1.size(), 10u);
+    EXPECT_EQ(lz1, lz2);  // equal as logged (and the exported weights byte for byte, below)
+    for (int s = 0; s < 10; ++s) EXPECT_NEAR(lz1[s], l1[s], 2e-3 * l1[s]) << "step " << s;
+    const auto e1 = event_values(f.dir / "one/log.jsonl", "eval", "loss"),
+               ez1 = event_values(f.dir / "z1/log.jsonl", "eval", "loss");
+    ASSERT_EQ(e1.size(), ez1.size());
+    for (std::size_t i = 0; i < e1.size(); ++i) EXPECT_NEAR(ez1[i], e1[i], 2e-3 * e1[i]) << "eval " << i;
+    EXPECT_TRUE(same_files(f.dir / "z1/model.safetensors", f.dir / "z2/model.safetensors"));
+    const double d = relative_weight_difference(read_all_weights(f.dir / "one/model.safetensors"),
+                                                read_all_weights(f.dir / "z1/model.safetensors"));
+    std::printf("[train dp] 2 ranks on one GPU vs 1 rank with 2x accumulation: loss %.5f vs %.5f at step 9, "
+                "weights max rel diff %.2e\n", lz1.back(), l1.back(), d);
+    EXPECT_LT(d, 2e-2);  // bf16 weights: a few ulps of the largest
+    EXPECT_LT(l1.back(), l1.front());
+}
+
+TEST(TrainCliGpuDataParallel, ContinueReproducesTheUninterruptedRunExactly) {
+    QTRAIN_REQUIRE_GPU();
+    for (const char* extra : {"", " --zero-level=2 --matmul-dtype=e4m3 --opt-m-dtype=bf16 --use-cuda-graphs"}) {
+        SCOPED_TRACE(extra);
+        Fixture f(kGpuShape);
+        expect_continue_reproduces_full_run(f, "cuda", kTwoOnOne + std::string(extra), kLimit);
+        EXPECT_TRUE(std::filesystem::exists(f.dir / "part-ckpt/step_00000005/block-00001-of-00002.safetensors"));
+    }
+}
+
+TEST(TrainCliGpuDataParallel, NcclRefusesTwoRanksOnOneGpuAndAFailingRankStopsBoth) {
+    QTRAIN_REQUIRE_GPU();
+    Fixture f(kGpuShape);
+    auto nccl = run_command(kLimit + f.base_cmd("nccl", "cuda") + " --steps=2 --gpus=2 --gpu-ids=0,0");
+    EXPECT_NE(nccl.exit_code, 0);
+    EXPECT_TRUE(Contains(nccl.output, "--memcpy-all-gather")) << nccl.output;
+    auto fail = run_command("QTRAIN_TEST_FAIL_RANK=1:2 " + kLimit + f.base_cmd("fail", "cuda") + " --steps=6" + kTwoOnOne);
+    EXPECT_EQ(fail.exit_code, 1) << fail.output;
+    EXPECT_TRUE(Contains(fail.output, "rank 1")) << fail.output;
+}
