@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
@@ -121,6 +121,31 @@ for phase in $PHASES; do
       for round in 1 2; do
         for b in "$B" "$OLD"; do
           echo -n "$b 0.5B b32: "; BUILD_DIR=$b STEPS=40 SKIP=28 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 32 $F8 2>&1 | tail -1
+        done
+      done ;;
+    dp)  # data parallel on one GPU (issue 18): the sharded path at world 1 against the plain one (dp_step_bench),
+         # and 2 ranks on the GPU (copy engines) against 1 rank with 2x accumulation, with the per-op timing of the
+         # collectives (QTRAIN_TIME_BREAKDOWN: every collective is on the compute stream, so all of it is exposed)
+      for m in "Qwen2.5-0.5B 32 e4m3" "Qwen2.5-0.5B 32 bf16" "Qwen2.5-1.5B 16 e4m3"; do
+        timeout 200 $B/dp_step_bench $m 12 2>&1 | tail -6
+      done
+      for flags in "--grad-accumulation=2" "--gpus=2 --gpu-ids=0,0 --memcpy-all-gather" \
+                   "--gpus=2 --gpu-ids=0,0 --memcpy-all-gather --zero-level=2"; do
+        echo "0.5B b16 e4m3 $flags:"; STEPS=12 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 \
+          --matmul-dtype=e4m3 --gradient-dtype=e5m2 $flags 2>&1 | tail -1
+        QTRAIN_TIME_BREAKDOWN=1 STEPS=6 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 --matmul-dtype=e4m3 \
+          --gradient-dtype=e5m2 $flags > /dev/null 2>&1
+        grep -E "all-reduce|reduce-scatter|all-gather|optimizer|sum of ops" /tmp/qtrain-bench/train.out | head -12
+      done ;;
+    absplit)  # single-GPU speed against the commit before the CudaModel split ($B/old/train, carried)
+      F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2"
+      for round in 1 2; do
+        for cfg in "Qwen2.5-0.5B 32" "Qwen2.5-1.5B 16"; do
+          for f in "" "$F8"; do
+            for b in "$B" "$B/old"; do
+              echo -n "$b $cfg ${f:-bf16}: "; BUILD_DIR=$b STEPS=12 timeout 200 bench/bench_qtrain.sh $cfg $f 2>&1 | tail -1
+            done
+          done
         done
       done ;;
     ref)

@@ -49,6 +49,7 @@ void CudaModel::reduce_gradients() {
     const DType gt = opt_.param_grad_dtype;
     char* g = static_cast<char*>(buf_.grads);
     char* block = g + r * S * dtype_size(gt);
+    auto t_ = timer_.scope(zero_level_ == 1 ? "grad all-reduce" : "grad reduce-scatter", stream_);
     if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * W, gt, stream_);
     else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), gt, stream_);
     // the block's padding beyond the layout is zero, so summing all S elements adds nothing
@@ -79,6 +80,7 @@ float CudaModel::global_loss() {
 void CudaModel::gather_weights() {
     const DType A = opt_.model_dtype;
     char* w = static_cast<char*>(buf_.weights);
+    auto t_ = timer_.scope("weight all-gather", stream_);
     comm_->all_gather(w + shard_.rank * shard_.size * dtype_size(A), w, static_cast<std::size_t>(shard_.size), A,
                       stream_);
 }
