@@ -139,7 +139,7 @@ for phase in $PHASES; do
       done ;;
     absplit)  # single-GPU speed against the commit before the CudaModel split ($B/old/train, carried)
       F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2"
-      for round in 1 2; do
+      for round in $(seq "${ROUNDS:-1}"); do
         for cfg in "Qwen2.5-0.5B 32" "Qwen2.5-1.5B 16"; do
           for f in "" "$F8"; do
             for b in "$B" "$B/old"; do
