@@ -61,6 +61,13 @@ CheckedPlan check_memory_plan(const TrainOptions& o, const ModelConfig& cfg, con
 void print_plan_only(const CheckedPlan& c, const ModelConfig& cfg, const ModelOptions& mopt, const std::string& device) {
     Logger plan_logger("/dev/null", true);
     plan_logger.log_memory(c.plan, c.limit);
+    if (mopt.gpus > 1)
+        plan_logger.message(cat(
+            "note: the plan of each of the ", mopt.gpus, " ranks (", device == "cpu" ? "CPU ranks" : "one GPU each",
+            device == "cpu" ? std::string("; the CPU model keeps its whole state on every rank)")
+                            : cat("; ZeRO-", mopt.shard_gradients ? 2 : 1, ": the master weights and Adam's moments are "
+                                  "one rank's block, 1/", mopt.gpus, " of them; the weights and gradients are whole on "
+                                  "every rank)")));
     // a plan may be made for another machine, so only a note: a training run here would fail
     if (const uint64_t here = usable_host_memory(); !c.explicit_host && here && c.plan.total_pinned() > here)
         plan_logger.message(cat("note: the plan pins ", human_bytes(c.plan.total_pinned()),
