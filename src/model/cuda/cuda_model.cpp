@@ -403,9 +403,10 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     const int64_t off = layout_.offset_of(name), n = s.numel();
     sync();
     QT_CHECK(!(which == Which::Master && master_is_block()) &&
-                 !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()),
+                 !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()) &&
+                 !(which == Which::Grad && grads_->reduced_per_layer()),
              "GPU model: with --gpus=", opt_.gpus, " this rank holds only its block of the master weights and Adam's "
-             "moments, not the whole of ", name);
+             "moments (and with ZeRO-2 of the gradient), not the whole of ", name);
     switch (which) {
         case Which::Master:
             if (buf_.master) return fetch_values(buf_.master, DType::F32, off, n);

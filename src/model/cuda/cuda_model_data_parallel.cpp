@@ -41,6 +41,7 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     comm_ = comm;
     zero_level_ = zero_level;
     shard_ = s;
+    if (grads_->reduced_per_layer()) grads_->set_communicator(comm, s);
 }
 
 void CudaModel::reduce_gradients() {
@@ -48,10 +49,13 @@ void CudaModel::reduce_gradients() {
     const int64_t S = shard_.size;
     const DType gt = opt_.param_grad_dtype;
     char* g = static_cast<char*>(buf_.grads);
-    char* block = g + r * S * dtype_size(gt);
-    auto t_ = timer_.scope(zero_level_ == 1 ? "grad all-reduce" : "grad reduce-scatter", stream_);
-    if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * W, gt, stream_);
-    else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), gt, stream_);
+    // ZeRO-2 with per-layer reductions: the block is summed already (gradients.h)
+    char* block = grads_->reduced_per_layer() ? g : g + r * S * dtype_size(gt);
+    if (!grads_->reduced_per_layer()) {
+        auto t_ = timer_.scope(zero_level_ == 1 ? "grad all-reduce" : "grad reduce-scatter", stream_);
+        if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * W, gt, stream_);
+        else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), gt, stream_);
+    }
     // the block's padding beyond the layout is zero, so summing all S elements adds nothing
     cuda::sum_squares_partials(buf_.norm_partials + r * K, block, gt, S, stream_);
     comm_->all_gather(buf_.norm_partials + r * K, buf_.norm_partials, K, DType::F32, stream_);

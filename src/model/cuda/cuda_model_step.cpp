@@ -392,7 +392,9 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
             // and the moments start there
             const int64_t b = shard_.begin;
             float* master = !buf_.master ? nullptr : master_is_block() ? buf_.master : buf_.master + b;
-            const void* grads = static_cast<const char*>(buf_.grads) + b * dtype_size(opt_.param_grad_dtype);
+            const void* grads = grads_->reduced_per_layer()
+                                    ? buf_.grads  // ZeRO-2: the block itself
+                                    : static_cast<const char*>(buf_.grads) + b * dtype_size(opt_.param_grad_dtype);
             void* weights = buf_.weights == buf_.master
                                 ? nullptr
                                 : static_cast<char*>(buf_.weights) + b * dtype_size(opt_.model_dtype);

@@ -50,6 +50,10 @@ bool streamed_quants_persist(const ModelOptions& o) {
     return is_fp8(o.matmul_dtype) && o.shard_weights && (o.persistent_quants || o.offload_quants);
 }
 
+bool gradients_reduced_per_layer(const ModelOptions& o) {
+    return o.gpus > 1 && o.shard_gradients && !o.use_cuda_graphs;
+}
+
 bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
     return o.offload_gradients && !c.tie_word_embeddings;
 }
@@ -103,7 +107,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const int64_t Pp = shard.padded_total(), owned = world > 1 ? shard.size : P;
     b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned) : nullptr;
     b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(Pp, A);
-    b.grads = grads.take_typed(Pp, opt.param_grad_dtype);
+    const bool per_layer = gradients_reduced_per_layer(opt);
+    b.grads = grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
     if (opt.shard_weights) {
@@ -111,11 +116,12 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             embedding_weights_on_host(c, opt) ? layout.total - layout.layers_end() : non_layer, A);
         for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
     }
-    if (opt.offload_gradients) {
+    if (opt.offload_gradients || per_layer) {
         b.resident_grads = gslots.take_n<float>(embedding_grad_on_host(c, opt) ? layout.total - layout.layers_end()
                                                                                 : non_layer);
         for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);
     }
+    if (per_layer) b.grad_reduce_tmp = gslots.take_n<float>(span);
     b.opt.adam_m = am.take_typed(owned, opt.opt_m_dtype);
     b.opt.adam_v = av.take_typed(owned, opt.opt_v_dtype);
     b.opt.elements = owned;

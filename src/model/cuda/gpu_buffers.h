@@ -143,6 +143,10 @@ struct GpuBuffers {
     // micro-batch's rows into the host copy directly, so resident_grads starts at layers_end().
     float* resident_grads = nullptr;
     float* grad_slots[2] = {nullptr, nullptr};
+    // ZeRO-2 with the gradients reduced per layer (gradients_reduced_per_layer): `grads` is the rank's
+    // block only; resident_grads and grad_slots as for --offload-gradients, on the device; and one
+    // layer span the reductions to each range's owner land in before they are added to the block.
+    float* grad_reduce_tmp = nullptr;
     // Residual offload (--offload-residual): each layer's input residual (res_in, the one activation
     // --recompute-block keeps per layer) is copied to pinned host memory (res_host, layer l at
     // l * N * hidden) as soon as it is written; on the device the layers share two slots (layer l
@@ -165,6 +169,12 @@ bool streamed_quants_persist(const ModelOptions& opt);
 // Whether the embedding's gradient is summed straight into its pinned host copy (untied models
 // with --offload-gradients): resident_grads then holds only the final norm and the LM head.
 bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
+// ZeRO-2 on the GPU (--gpus > 1 with --zero-level=2 / --shard-gradients): each layer's gradient is
+// reduced to the ranks owning its elements as the backward produces it, and a rank keeps only its
+// block of the gradient (plus the non-layer gradients, reduced before the update). Not with
+// --use-cuda-graphs (the reductions would be inside the captured backward, which the copy-engine
+// communicator cannot be): then the whole gradient is kept and reduce-scattered after the backward.
+bool gradients_reduced_per_layer(const ModelOptions& opt);
 // Whether the embedding lookup reads its rows from the pinned host weights (untied models with
 // --shard-weights): resident_weights then holds only the final norm and the LM head.
 bool embedding_weights_on_host(const ModelConfig& cfg, const ModelOptions& opt);

@@ -1,5 +1,7 @@
 #include "model/cuda/gradients.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
@@ -13,7 +15,10 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       resident_(b.resident_grads),
       slots_{b.grad_slots[0], b.grad_slots[1]},
       type_(o.param_grad_dtype),
-      streamed_(o.offload_gradients),
+      streamed_(o.offload_gradients || gradients_reduced_per_layer(o)),
+      per_layer_(gradients_reduced_per_layer(o)),
+      tmp_(b.grad_reduce_tmp),
+      flat_elements_(gradients_reduced_per_layer(o) ? param_shard(layout.total, o.gpus, 0).size : layout.total),
       embedding_on_host_(embedding_grad_on_host(config, o)),
       seed_(rounding_seed),
       compute_(compute) {
@@ -29,6 +34,25 @@ Gradients::~Gradients() {
     for (cudaEvent_t e : {ready_[0], ready_[1], free_[0], free_[1], done_})
         if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
+}
+
+void Gradients::set_communicator(comm::Communicator* comm, const ParamShard& shard) {
+    comm_ = comm;
+    shard_ = shard;
+}
+
+void Gradients::reduce_to_owners(const float* src, int64_t begin, int64_t n, cudaStream_t stream) {
+    QT_CHECK(comm_, "GPU model: ZeRO-2 gradients need the communicator (set_communicator) before the backward");
+    const int64_t S = shard_.size, end = begin + n;
+    // every rank runs the same calls (they depend on the layout only); a part lies in one owner's
+    // block, and no part is longer than the tmp buffer's layer span
+    for (int64_t lo = begin; lo < end;) {
+        const int q = static_cast<int>(lo / S);
+        const int64_t hi = std::min({end, (q + 1) * S, lo + layout_.layer_span});
+        comm_->reduce(src + (lo - begin), tmp_, static_cast<std::size_t>(hi - lo), DType::F32, q, stream);
+        if (q == shard_.rank) cuda::add_f32(static_cast<float*>(flat_) + (lo - q * S), tmp_, hi - lo, stream);
+        lo = hi;
+    }
 }
 
 float* Gradients::at(int64_t off) const {
@@ -55,6 +79,11 @@ void Gradients::flush_layer(int l) {
     CUDA_CHECK(cudaEventRecord(ready_[s], compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_[s], 0));
     const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
+    if (per_layer_) {
+        reduce_to_owners(slots_[s], begin, n, stream_);
+        CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+        return;
+    }
     if (type_ == DType::BF16) {
         cuda::accumulate_bf16(static_cast<uint16_t*>(flat_) + begin, slots_[s], n, host_fresh_,
                               static_cast<uint64_t>(begin), seed_, stream_);
@@ -77,6 +106,12 @@ void Gradients::prepare_update() {
     if (!streamed_) return;
     CUDA_CHECK(cudaEventRecord(done_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    if (per_layer_) {  // the embedding (first) and the final norm and LM head, summed over the step
+        const int64_t head = layout_.layer_begin(0), end = layout_.layers_end();
+        reduce_to_owners(resident_, 0, head, compute_);
+        reduce_to_owners(resident_ + head, end, layout_.total - end, compute_);
+        return;
+    }
     if (host_fresh_) zero_flat();  // no backward ran since the last update
     // head: the embedding's elements in resident (none when its backward writes the host copy)
     const int64_t head = embedding_on_host_ ? 0 : layout_.layer_begin(0), end = layout_.layers_end(),
@@ -93,7 +128,8 @@ void Gradients::prepare_update() {
 }
 
 void Gradients::finish_update() {
-    if (!streamed_) return zero_flat();
+    if (!streamed_ || per_layer_) zero_flat();  // (ZeRO-2: every flush adds into the block)
+    if (!streamed_) return;
     host_fresh_ = true;  // the next backward copies instead of adding
     zero_resident();
 }
@@ -109,8 +145,8 @@ void Gradients::sync() const {
 }
 
 void Gradients::zero_flat() {
-    const std::size_t bytes = layout_.total * dtype_size(type_);
-    if (streamed_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
+    const std::size_t bytes = flat_elements_ * dtype_size(type_);
+    if (streamed_ && !per_layer_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
     else CUDA_CHECK(cudaMemsetAsync(flat_, 0, bytes, compute_));
 }
 

@@ -8,16 +8,26 @@
 // keep the embedding's out of them: its backward adds into the host copy directly
 // (embedding_on_host). The same additions in the same order as the flat buffer: bit-identical (bf16
 // host gradients round, by construction). Its memory is bound by bind_gpu_buffers; its stream, events
-// and slot state are its own. Sharding gradients (ZeRO-2) becomes a policy of this role.
+// and slot state are its own.
+//
+// ZeRO-2 (gradients_reduced_per_layer, gpu_buffers.h): the same two device slots and resident buffer,
+// all on the device, but a layer's flush reduces the slot over the ranks (Communicator::reduce, rank
+// order) to the rank owning each part of its range, which adds it into its block of the gradient (the
+// only flat gradient it keeps); the non-layer gradients are reduced the same way in prepare_update. At
+// one micro-batch per step the block holds the bits of ZeRO-1's all-reduce (0 + sum is exact); with
+// more, each micro-batch's sum is added in turn, so the order of the additions differs from ZeRO-1's
+// (local sums first) and the two agree to rounding.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "comm/communicator.h"
 #include "core/dtype.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/param_shard.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
 
@@ -34,6 +44,10 @@ public:
     Gradients& operator=(const Gradients&) = delete;
 
     bool streamed() const { return streamed_; }
+    // ZeRO-2: this rank keeps its block of the gradient only (flat() is that block), reduced per
+    // layer over `comm` (set before the first backward).
+    bool reduced_per_layer() const { return per_layer_; }
+    void set_communicator(comm::Communicator* comm, const ParamShard& shard);
     bool embedding_on_host() const { return embedding_on_host_; }
     void* flat() const { return flat_; }  // the whole flat gradient (pinned host memory when streamed)
     DType type() const { return type_; }
@@ -63,6 +77,9 @@ public:
 private:
     void zero_resident();
     void zero_flat();
+    // Sums src[0, n) — the gradient of flat elements [begin, begin + n) — over the ranks into the
+    // blocks of the ranks owning them, on `stream` (ZeRO-2).
+    void reduce_to_owners(const float* src, int64_t begin, int64_t n, cudaStream_t stream);
 
     const GpuParamLayout& layout_;
     void* flat_ = nullptr;
@@ -70,6 +87,11 @@ private:
     float* slots_[2] = {nullptr, nullptr};
     DType type_ = DType::F32;
     bool streamed_ = false, embedding_on_host_ = false;
+    bool per_layer_ = false;  // ZeRO-2 (streamed_ too: the slots and the resident buffer)
+    comm::Communicator* comm_ = nullptr;
+    ParamShard shard_;
+    float* tmp_ = nullptr;  // a layer span: a reduction's sum, before it is added to the block
+    int64_t flat_elements_ = 0;  // of flat_: the layout's total, or (ZeRO-2) one rank's block
     uint32_t seed_ = 0;
     cudaStream_t compute_ = nullptr, stream_ = nullptr;
     cudaEvent_t ready_[2] = {}, free_[2] = {}, done_ = nullptr;
