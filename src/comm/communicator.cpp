@@ -36,6 +36,10 @@ std::size_t bytes_of(const Communicator& c, const char* op, std::size_t count, s
     return count * factor * dtype_size(dtype);
 }
 
+void check_root(const Communicator& c, const char* op, int root) {
+    QT_CHECK(root >= 0 && root < c.world(), where(c, op), "root ", root, " is not a rank (world size ", c.world(), ")");
+}
+
 bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
     const auto x = reinterpret_cast<std::uintptr_t>(a);
     const auto y = reinterpret_cast<std::uintptr_t>(b);
@@ -77,6 +81,20 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
     do_reduce_scatter(send, recv, recv_count, dtype, stream);
 }
 
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) {
+    const char* op = "reduce";
+    check_reduction_dtype(*this, op, dtype);
+    check_stream(*this, op, stream, uses_stream());
+    check_root(*this, op, root);
+    check_pointer(*this, op, send, count, "send");
+    const std::size_t bytes = bytes_of(*this, op, count, 1, dtype);
+    if (rank() == root) {  // only the root's recv is used
+        check_pointer(*this, op, recv, count, "recv");
+        check_in_place(*this, op, send, bytes, recv, bytes, 0, "recv == send (on the root)");
+    }
+    do_reduce(send, recv, count, dtype, root, stream);
+}
+
 void Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream) {
     const char* op = "all_gather";
     check_stream(*this, op, stream, uses_stream());
@@ -93,7 +111,7 @@ void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int r
     const char* op = "broadcast";
     check_stream(*this, op, stream, uses_stream());
     check_pointer(*this, op, buffer, count, "buffer");
-    QT_CHECK(root >= 0 && root < world(), where(*this, op), "root ", root, " is not a rank (world size ", world(), ")");
+    check_root(*this, op, root);
     bytes_of(*this, op, count, 1, dtype);
     do_broadcast(buffer, count, dtype, root, stream);
 }

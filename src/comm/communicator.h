@@ -1,5 +1,5 @@
-// The collectives data-parallel training needs (all-reduce, reduce-scatter, all-gather, broadcast,
-// barrier) behind one interface, so the trainer and the sharded model never know whether the ranks
+// The collectives data-parallel training needs (all-reduce, reduce-scatter, reduce, all-gather,
+// broadcast, barrier) behind one interface, so the trainer and the sharded model never know whether the ranks
 // are threads of one process, MPI processes or NCCL ranks on GPUs.
 //
 // Every call is collective: all ranks of the world call the same collectives in the same order with
@@ -11,7 +11,7 @@
 // Sums are deterministic: element i of a reduction is ((x_0[i] + x_1[i]) + x_2[i]) + ... in rank
 // order 0..N-1, accumulated in fp32 and rounded once to the buffer's dtype. So a result is bit-identical
 // run to run, whatever the backend's algorithm, and the same elements summed by an all-reduce or by a
-// reduce-scatter agree bit for bit (what makes ZeRO-1 and ZeRO-2 equal). Each backend says how it
+// reduce-scatter or a reduce agree bit for bit (what makes ZeRO-1 and ZeRO-2 equal). Each backend says how it
 // guarantees this (for MPI and NCCL the library's own reduction does not; see their headers).
 //
 // Dtypes: reductions take fp32 and bf16 (bf16: each element summed in fp32 in rank order, rounded once
@@ -21,6 +21,7 @@
 // In place (NCCL's and MPI's conventions; any other overlap of send and recv is an error):
 //   all_reduce:     recv == send.
 //   reduce_scatter: recv == send + rank * recv_count elements (the rank's own block of send).
+//   reduce:         recv == send on the root (the other ranks' recv is neither read nor written).
 //   all_gather:     send == recv + rank * send_count elements (the rank's own block of recv).
 //   broadcast:      always in place (one buffer: root's is sent, the others' are overwritten).
 #pragma once
@@ -48,6 +49,11 @@ public:
     void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, void* stream = nullptr);
     // send holds world() blocks of recv_count elements; rank r's recv = sum over ranks of their block r.
     void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, void* stream = nullptr);
+    // On rank `root` only: recv[i] = sum over ranks of send[i], i < count (all_reduce's bits). The
+    // other ranks' recv is not written and may be null. The data volume of a reduce to one rank (each
+    // non-root's send crosses once, the root sums), for ZeRO-2's gradients going to the rank that owns
+    // them; on a GPU backend the call completes on a non-root's stream once the root has its data.
+    void reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream = nullptr);
     // recv holds world() blocks of send_count elements; block r = rank r's send.
     void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream = nullptr);
     // Every rank's buffer becomes root's.
@@ -66,6 +72,7 @@ protected:
     virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, void* stream) = 0;
     virtual void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype,
                                    void* stream) = 0;
+    virtual void do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) = 0;
     virtual void do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype,
                                void* stream) = 0;
     virtual void do_broadcast(void* buffer, std::size_t count, DType dtype, int root, void* stream) = 0;

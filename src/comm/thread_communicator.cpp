@@ -62,6 +62,22 @@ protected:
         world_.depart(rank_, call);
     }
 
+    // Like all_reduce, but each rank writes its summed share into the root's recv only: the root's
+    // work is spread over the ranks (the bits do not depend on who sums which element), and in place
+    // on the root is safe for the same reason (a share is read in full by the one rank writing it).
+    void do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void*) override {
+        Call call = next(Op::Reduce, send, recv, count, dtype);
+        call.root = root;
+        const auto& calls = world_.arrive(rank_, call);
+        const Share share = even_split(count, world(), rank_);
+        if (share.count) {
+            std::vector<const void*> sources(calls.size());
+            for (std::size_t q = 0; q < calls.size(); ++q) sources[q] = at(calls[q].send, share.offset, dtype);
+            sum_in_rank_order(sources.data(), world(), share.count, dtype, at(calls[root].recv, share.offset, dtype));
+        }
+        world_.depart(rank_, call);
+    }
+
     // Rank r copies every rank's send into block q of its own recv. In place, block r already holds
     // the data (and is what the peers read), so it is not copied onto itself.
     void do_all_gather(const void* send, void* recv, std::size_t count, DType dtype, void*) override {

@@ -4,7 +4,7 @@
 // Determinism: sums are computed by sum_in_rank_order (rank order 0..N-1, fp32, one rounding) over
 // the peers' buffers read directly, so the bits do not depend on thread timing or on which rank
 // computes which share (each rank sums a contiguous share of the elements and writes it to every
-// rank's recv).
+// rank's recv; for a reduce, to the root's only).
 //
 // Each rank's buffers are its own, as they would be in separate processes: a buffer shared by two
 // ranks (one output array for all) would be written by several ranks at once.

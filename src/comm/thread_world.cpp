@@ -9,6 +9,7 @@ const char* op_name(ThreadWorld::Op op) {
     switch (op) {
         case ThreadWorld::Op::AllReduce: return "all_reduce";
         case ThreadWorld::Op::ReduceScatter: return "reduce_scatter";
+        case ThreadWorld::Op::Reduce: return "reduce";
         case ThreadWorld::Op::AllGather: return "all_gather";
         case ThreadWorld::Op::Broadcast: return "broadcast";
         case ThreadWorld::Op::Barrier: return "barrier";
@@ -81,7 +82,7 @@ std::string ThreadWorld::describe(const Call& call) const {
     std::string s = cat(op_name(call.op), " #", call.seq);
     if (call.op == Op::Barrier) return s;
     s += cat(" (count ", call.count, ", ", dtype_name(call.dtype));
-    if (call.op == Op::Broadcast) s += cat(", root ", call.root);
+    if (call.op == Op::Broadcast || call.op == Op::Reduce) s += cat(", root ", call.root);
     return s + ")";
 }
 

@@ -48,7 +48,7 @@ public:
     // ---- for the communicators over a ThreadWorld (thread_communicator.cpp, cuda/copy_engine_communicator.cpp) ----
     // Records that rank `rank`'s communicator exists; a second one for the same rank is an error.
     void claim(int rank);
-    enum class Op : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
+    enum class Op : uint8_t { AllReduce, ReduceScatter, Reduce, AllGather, Broadcast, Barrier };
     struct Call {
         Op op = Op::Barrier;
         const void* send = nullptr;

@@ -92,6 +92,31 @@ inline void check_reduce_scatter(Communicator& c, CheckLog& log, DType dtype, st
                     es);
 }
 
+// How the ranks call a reduce: out of place (the non-roots pass a recv of 0xFF bytes, which must stay
+// so), in place (every rank passes recv == send; a non-root's send must stay as it was), or with the
+// non-roots' recv null.
+enum class ReduceMode { OutOfPlace, InPlace, NullOnPeers };
+
+inline void check_reduce(Communicator& c, CheckLog& log, DType dtype, std::size_t count, int root, ReduceMode mode,
+                         uint64_t seed) {
+    const std::size_t es = dtype_size(dtype);
+    const bool is_root = c.rank() == root, in_place = mode == ReduceMode::InPlace;
+    ReductionCase rc = reduction_case(c, dtype, seed, count, 0, count);
+    const std::vector<unsigned char> sent = rc.send, untouched(count * es, 0xFF);
+    std::vector<unsigned char> recv(count * es, 0xFF);
+    void* out = in_place ? rc.send.data() : mode == ReduceMode::NullOnPeers && !is_root ? nullptr : recv.data();
+    c.reduce(rc.send.data(), out, count, dtype, root);
+    if (in_place) recv = rc.send;
+    const std::string what = label("reduce", dtype, count, in_place) + " to root " + std::to_string(root) +
+                             (mode == ReduceMode::NullOnPeers ? " (null recv on the others)" : "");
+    if (is_root)
+        log.expect_same(c, what, recv.data(), rc.want.data(), count, es);
+    else if (in_place)
+        log.expect_same(c, what + ": a non-root's send changed", recv.data(), sent.data(), count, es);
+    else if (mode == ReduceMode::OutOfPlace)
+        log.expect_same(c, what + ": a non-root's recv was written", recv.data(), untouched.data(), count, es);
+}
+
 inline void check_all_gather(Communicator& c, CheckLog& log, DType dtype, std::size_t count, bool in_place,
                              uint64_t seed) {
     const std::size_t es = dtype_size(dtype), world = static_cast<std::size_t>(c.world());
@@ -137,7 +162,7 @@ inline void check_broadcast_string(Communicator& c, CheckLog& log, int root) {
 }
 
 // Everything: odd counts (not divisible by the world size, smaller than it, and across the summing
-// tiles of 2048 elements), both reduction dtypes, in place and not, every root; then the same again
+// tiles of 2048 elements), both reduction dtypes, in place and not, every root (reduce, broadcast); then the same again
 // in a loop, so state left over from one collective would spoil the next.
 inline CheckLog check_everything(Communicator& c, uint64_t seed) {
     CheckLog log;
@@ -148,6 +173,13 @@ inline CheckLog check_everything(Communicator& c, uint64_t seed) {
     for (DType dtype : sums)
         for (std::size_t count : {0, 1, 3, 1001, 2049})
             for (bool in_place : {false, true}) check_reduce_scatter(c, log, dtype, count, in_place, seed + 2 * count);
+    for (DType dtype : sums) {
+        for (std::size_t count : {0, 1, 2, 3, 7, 1237, 4099})
+            for (int root = 0; root < c.world(); ++root)
+                for (ReduceMode mode : {ReduceMode::OutOfPlace, ReduceMode::InPlace, ReduceMode::NullOnPeers})
+                    check_reduce(c, log, dtype, count, root, mode, seed + 4 * count + root);
+        check_reduce(c, log, dtype, 1000003, c.world() - 1, ReduceMode::OutOfPlace, seed + 4);  // many tiles
+    }
     for (DType dtype : {DType::F32, DType::BF16, DType::U8})
         for (std::size_t count : {0, 1, 7, 1001})
             for (bool in_place : {false, true}) check_all_gather(c, log, dtype, count, in_place, seed + 3 * count);
@@ -162,6 +194,8 @@ inline CheckLog check_everything(Communicator& c, uint64_t seed) {
         check_reduce_scatter(c, log, DType::BF16, 17 + i, i % 3 == 0, s);
         check_all_gather(c, log, DType::F32, 5 + i, i % 2 == 1, s);
         check_broadcast(c, log, DType::BF16, 9 + i, i % c.world(), s);
+        check_reduce(c, log, i % 2 ? DType::F32 : DType::BF16, 41 + i, (i + 1) % c.world(),
+                     i % 3 == 0 ? ReduceMode::InPlace : ReduceMode::OutOfPlace, s);
         c.barrier();
     }
     return log;

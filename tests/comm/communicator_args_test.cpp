@@ -28,9 +28,17 @@ TEST(CommArgs, RejectsWhatNoBackendCanDo) {
     EXPECT_ERROR(c->reduce_scatter(a.data(), a.data() + 1, 4, DType::F32), "recv == send + rank * recv_count");
     EXPECT_ERROR(c->all_gather(a.data() + 2, a.data(), 4, DType::F32), "send == recv + rank * send_count");
     EXPECT_ERROR(c->all_reduce(a.data(), b.data(), SIZE_MAX / 2, DType::F32), "overflows a byte size");
+    EXPECT_ERROR(c->reduce(a.data(), b.data(), 4, DType::F16, 0), "reduce (threads communicator, rank 0 of 1)",
+                 "got fp16");
+    EXPECT_ERROR(c->reduce(a.data(), b.data(), 4, DType::F32, 1), "reduce", "root 1 is not a rank (world size 1)");
+    EXPECT_ERROR(c->reduce(a.data(), b.data(), 4, DType::F32, 0, &stream_stand_in), "takes no stream");
+    EXPECT_ERROR(c->reduce(nullptr, b.data(), 4, DType::F32, 0), "send is null for a count of 4");
+    EXPECT_ERROR(c->reduce(a.data(), nullptr, 4, DType::F32, 0), "recv is null");  // on the root it is written
+    EXPECT_ERROR(c->reduce(a.data(), a.data() + 1, 4, DType::F32, 0), "recv == send (on the root)");
     // Zero elements need no buffers.
     c->all_reduce(nullptr, nullptr, 0, DType::F32);
     c->all_gather(nullptr, nullptr, 0, DType::E4M3);
+    c->reduce(nullptr, nullptr, 0, DType::BF16, 0);
 }
 
 TEST(CommArgs, WorldOfOneCopiesAndKeepsInPlaceData) {

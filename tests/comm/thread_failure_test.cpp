@@ -141,6 +141,17 @@ TEST(CommThreadFailure, MismatchedCollectivesFailListingEachRanksCall) {
         else c.broadcast(x.data(), 10, DType::F32, 0);
     });
     EXPECT_TRUE(Contains(other.error, "rank 0: barrier #0; rank 1: broadcast #0 (count 10, fp32, root 0)"));
+    // A reduce whose ranks disagree on the root (each would wait for the data at its own root).
+    const Outcome roots = run_and_record(3, 60s, [](Communicator& c) {
+        std::vector<float> x(10, 1.0f), y(10);
+        c.reduce(x.data(), y.data(), 10, DType::F32, c.rank() == 2 ? 1 : 0);
+    });
+    EXPECT_TRUE(Contains(roots.error, "the ranks called different collectives; rank 0: reduce #0 (count 10, fp32, "
+                                      "root 0); rank 1: reduce #0 (count 10, fp32, root 0); rank 2: reduce #0 "
+                                      "(count 10, fp32, root 1)"))
+        << roots.error;
+    for (int r = 0; r < 3; ++r) EXPECT_TRUE(Contains(roots.per_rank[r], "different collectives")) << r;
+    EXPECT_LT(roots.seconds, 5.0);
 }
 
 TEST(CommThreadFailure, ABadArgumentOnOneRankStopsAll) {

@@ -74,6 +74,7 @@ TEST_P(CommCopyEngine, StagingIsReservedOrGrowsOnFirstUse) {
         CheckLog& log = logs[c.rank()];
         gpu_check_all_reduce(c, s, log, DType::F32, 5000, false, 11, 0);
         gpu_check_reduce_scatter(c, s, log, DType::F32, 3000, true, 12, 1 % world);
+        gpu_check_reduce(c, s, log, DType::F32, 3000, world - 1, false, 15, 0);  // a reduce-scatter's staging
         EXPECT_EQ(ce.staging_bytes(), reserved[c.rank()]);
         gpu_check_reduce_scatter(c, s, log, DType::BF16, 1'500'001, false, 13, 0);
         grown[c.rank()] = ce.staging_bytes();

@@ -121,6 +121,29 @@ inline void gpu_check_reduce_scatter(Communicator& c, cudaStream_t s, CheckLog& 
                     es);
 }
 
+// The root checks its result; a non-root passes a null recv (or its send, in place) and overwrites
+// its send with 0x55 at once in stream order, which must not reach the root's sum: with the root as
+// the slow rank, a non-root whose stream did not wait for the root to have read its send would
+// overwrite it before the root reads it.
+inline void gpu_check_reduce(Communicator& c, cudaStream_t s, CheckLog& log, DType dtype, std::size_t count, int root,
+                             bool in_place, uint64_t seed, int slow) {
+    const std::size_t es = dtype_size(dtype), bytes = count * es;
+    const ReductionCase rc = reduction_case(c, dtype, seed, count, 0, count);
+    StagedInput send(rc.send, bytes, 0, c.rank() == slow, s);
+    const bool is_root = c.rank() == root;
+    DeviceBuffer recv(is_root ? bytes : 0);
+    fill_async(recv.get(), 0xFF, recv.bytes(), s);
+    void* out = in_place ? send.buf.get() : is_root ? recv.get() : nullptr;
+    c.reduce(send.buf.get(), out, count, dtype, root, s);
+    if (!is_root) {
+        result_and_overwrite(send.buf.get(), 0, send.buf.get(), bytes, true, s);
+        return;
+    }
+    const auto got = result_and_overwrite(out, bytes, send.buf.get(), bytes, !in_place, s);
+    log.expect_same(c, label("reduce", dtype, count, in_place) + " to root " + std::to_string(root), got.data(),
+                    rc.want.data(), count, es);
+}
+
 inline void gpu_check_all_gather(Communicator& c, cudaStream_t s, CheckLog& log, DType dtype, std::size_t count,
                                  bool in_place, uint64_t seed, int slow) {
     const std::size_t es = dtype_size(dtype), world = static_cast<std::size_t>(c.world());
@@ -167,7 +190,7 @@ inline void gpu_check_broadcast(Communicator& c, cudaStream_t s, CheckLog& log, 
 
 // Every collective, both reduction dtypes (and U8 for the byte movers), in place and not, counts of
 // 0, 1, 7 and 1000003 (not a multiple of anything: of the world, of a vector, of a block), every
-// root; the slow rank changes from check to check.
+// root (reduce, broadcast); the slow rank changes from check to check.
 inline CheckLog gpu_check_everything(Communicator& c, cudaStream_t s, uint64_t seed) {
     CheckLog log;
     int turn = 0;
@@ -181,6 +204,13 @@ inline CheckLog gpu_check_everything(Communicator& c, cudaStream_t s, uint64_t s
         for (std::size_t count : {0, 1, 7, 1000003})
             for (bool in_place : {false, true})
                 gpu_check_reduce_scatter(c, s, log, dtype, count, in_place, seed + 2 * count, slow());
+    // The slow rank alternates between the root (its peers' overwrites race its reads) and another.
+    for (DType dtype : sums)
+        for (std::size_t count : {0, 1, 7, 1000003})
+            for (int root = 0; root < c.world(); ++root)
+                for (bool in_place : {false, true})
+                    gpu_check_reduce(c, s, log, dtype, count, root, in_place, seed + 4 * count + root,
+                                     (root + turn++ % 2) % c.world());
     for (DType dtype : {DType::F32, DType::BF16, DType::U8})
         for (std::size_t count : {0, 1, 7, 1000003})
             for (bool in_place : {false, true})
@@ -194,15 +224,15 @@ inline CheckLog gpu_check_everything(Communicator& c, cudaStream_t s, uint64_t s
     return log;
 }
 
-// Twelve collectives queued back to back on one stream with no host wait between them: one send
+// Fifteen collectives queued back to back on one stream with no host wait between them: one send
 // buffer serves them all, refilled (in stream order) right after each collective, and each writes
 // its own result buffer, read back at the end.
 inline CheckLog gpu_check_back_to_back(Communicator& c, cudaStream_t s, uint64_t seed) {
     CheckLog log;
     const int world = c.world(), rank = c.rank();
     const std::size_t w = static_cast<std::size_t>(world);
-    constexpr int kRounds = 12;
-    constexpr std::size_t kMaxCount = 40009;
+    constexpr int kRounds = 15;
+    constexpr std::size_t kMaxCount = 1 + (kRounds - 1) * 3331;  // the last round's count
     DeviceBuffer send(w * kMaxCount * 4);
     fill_async(send.get(), 0xFF, send.bytes(), s);
     struct Round {
@@ -219,7 +249,7 @@ inline CheckLog gpu_check_back_to_back(Communicator& c, cudaStream_t s, uint64_t
         rd.es = dtype_size(dtype);
         rd.count = 1 + static_cast<std::size_t>(i) * 3331;  // 1, 3332, ... (odd sizes)
         std::vector<unsigned char> data;
-        const int op = i % 4;
+        const int op = i % 5;  // all_reduce, reduce_scatter, all_gather, broadcast, reduce (to root i % world)
         if (op == 0) {
             ReductionCase rc = reduction_case(c, dtype, sd, rd.count, 0, rd.count);
             data = std::move(rc.send);
@@ -238,6 +268,11 @@ inline CheckLog gpu_check_back_to_back(Communicator& c, cudaStream_t s, uint64_t
                 rd.want.insert(rd.want.end(), b.begin(), b.end());
             }
             rd.what = label("all_gather", dtype, rd.count, false);
+        } else if (op == 4) {
+            ReductionCase rc = reduction_case(c, dtype, sd, rd.count, 0, rd.count);
+            data = std::move(rc.send);
+            if (rank == i % world) rd.want = std::move(rc.want);  // only the root has a result
+            rd.what = label("reduce", dtype, rd.count, false) + " to root " + std::to_string(i % world);
         } else {
             data = rank_bytes(sd, rank, rd.count * rd.es);
             rd.want = rank_bytes(sd, i % world, rd.count * rd.es);
@@ -257,10 +292,12 @@ inline CheckLog gpu_check_back_to_back(Communicator& c, cudaStream_t s, uint64_t
         if (op == 0) c.all_reduce(send.get(), rd.result.get(), rd.count, dtype, s);
         if (op == 1) c.reduce_scatter(send.get(), rd.result.get(), rd.count, dtype, s);
         if (op == 2) c.all_gather(send.get(), rd.result.get(), rd.count, dtype, s);
+        if (op == 4) c.reduce(send.get(), rd.want.empty() ? nullptr : rd.result.get(), rd.count, dtype, i % world, s);
         fill_async(send.get(), 0x55, send.bytes(), s);  // the next round's data replaces it anyway
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
     for (Round& rd : rounds) {
+        if (rd.want.empty()) continue;  // a reduce's non-root
         std::vector<unsigned char> got(rd.want.size());
         if (!got.empty()) CUDA_CHECK(cudaMemcpy(got.data(), rd.result.get(), got.size(), cudaMemcpyDeviceToHost));
         log.expect_same(c, rd.what + " (back to back)", got.data(), rd.want.data(), rd.want.size() / rd.es, rd.es);

@@ -23,7 +23,7 @@ namespace {
 
 using comm::NcclCommunicator;
 
-// An all-reduce and a reduce-scatter captured into a CUDA graph, then replayed twice (the second time
+// An all-reduce, a reduce-scatter and a reduce captured into a CUDA graph, then replayed twice (the second time
 // over garbage in the outputs): NCCL's calls are capturable, and the backend adds no host work.
 void check_captured(NcclCommunicator& c, cudaStream_t s, CheckLog& log, uint64_t seed) {
     const std::size_t count = 10007, w = static_cast<std::size_t>(c.world());
@@ -39,6 +39,9 @@ void check_captured(NcclCommunicator& c, cudaStream_t s, CheckLog& log, uint64_t
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     c.all_reduce(ar_send.get(), ar_recv.get(), count, DType::BF16, s);
     c.reduce_scatter(rs_send.get(), rs_recv.get(), count, DType::BF16, s);
+    const int root = c.world() - 1;  // the all-reduce's data, reduced to one rank
+    DeviceBuffer red_recv(c.rank() == root ? ar.want.size() : 0);
+    c.reduce(ar_send.get(), red_recv.get(), count, DType::BF16, root, s);
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec = nullptr;
@@ -46,16 +49,21 @@ void check_captured(NcclCommunicator& c, cudaStream_t s, CheckLog& log, uint64_t
     for (int replay = 0; replay < 2; ++replay) {
         fill_async(ar_recv.get(), 0xFF, ar_recv.bytes(), s);
         fill_async(rs_recv.get(), 0xFF, rs_recv.bytes(), s);
+        fill_async(red_recv.get(), 0xFF, red_recv.bytes(), s);
         CUDA_CHECK(cudaGraphLaunch(exec, s));
-        std::vector<unsigned char> got_ar(ar.want.size()), got_rs(rs.want.size());
+        std::vector<unsigned char> got_ar(ar.want.size()), got_rs(rs.want.size()), got_red(red_recv.bytes());
         download_async(got_ar, ar_recv.get(), s);
         download_async(got_rs, rs_recv.get(), s);
+        download_async(got_red, red_recv.get(), s);
         CUDA_CHECK(cudaStreamSynchronize(s));
         const std::string when = " (graph replay " + std::to_string(replay) + ")";
         log.expect_same(c, label("all_reduce", DType::BF16, count, false) + when, got_ar.data(), ar.want.data(), count,
                         2);
         log.expect_same(c, label("reduce_scatter", DType::BF16, count, false) + when, got_rs.data(), rs.want.data(),
                         count, 2);
+        if (c.rank() == root)
+            log.expect_same(c, label("reduce", DType::BF16, count, false) + when, got_red.data(), ar.want.data(),
+                            count, 2);
     }
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));

@@ -24,7 +24,7 @@ using namespace qtrain::test::train_cli;
 namespace {
 
 struct Counts {
-    std::atomic<int> all_reduce{0}, reduce_scatter{0}, all_gather{0}, broadcast{0}, barrier{0};
+    std::atomic<int> all_reduce{0}, reduce_scatter{0}, reduce{0}, all_gather{0}, broadcast{0}, barrier{0};
 };
 
 // Passes every collective on to `inner`, counting them.
@@ -44,6 +44,10 @@ protected:
     void do_reduce_scatter(const void* s, void* r, std::size_t n, DType t, void* st) override {
         ++counts_.reduce_scatter;
         inner_->reduce_scatter(s, r, n, t, st);
+    }
+    void do_reduce(const void* s, void* r, std::size_t n, DType t, int root, void* st) override {
+        ++counts_.reduce;
+        inner_->reduce(s, r, n, t, root, st);
     }
     void do_all_gather(const void* s, void* r, std::size_t n, DType t, void* st) override {
         ++counts_.all_gather;

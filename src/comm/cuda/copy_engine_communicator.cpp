@@ -29,6 +29,7 @@ const char* op_name(Op op) {
     switch (op) {
         case Op::AllReduce: return "all_reduce";
         case Op::ReduceScatter: return "reduce_scatter";
+        case Op::Reduce: return "reduce";
         case Op::AllGather: return "all_gather";
         case Op::Broadcast: return "broadcast";
         case Op::Barrier: return "barrier";
@@ -108,7 +109,7 @@ public:
         peers_.resize(calls_->size());
         for (std::size_t q = 0; q < calls_->size(); ++q) peers_[q] = static_cast<const Published*>((*calls_)[q].handle);
         for (int q = 0; q < world(); ++q) {
-            if (q == s_.rank) continue;
+            if (q == s_.rank || !reads_from(q)) continue;
             s_.enable_peer_access(peers_[q]->device);
             QT_COMM_CUDA(cudaStreamWaitEvent(stream_, peers_[q]->ready, 0));
         }
@@ -141,10 +142,18 @@ public:
         QT_COMM_CUDA(cudaEventRecord(s_.mine.done, stream_));
         s_.world.depart(s_.rank, call_);
         for (int q = 0; q < world(); ++q)
-            if (q != s_.rank) QT_COMM_CUDA(cudaStreamWaitEvent(stream_, peers_[q]->done, 0));
+            if (q != s_.rank && read_by(q)) QT_COMM_CUDA(cudaStreamWaitEvent(stream_, peers_[q]->done, 0));
     }
 
 private:
+    // Which peers this rank's stream waits for: at the start, those whose buffers it reads (their
+    // `ready`); at the end, those that read its buffers (their `done`). Every peer, except in a reduce,
+    // where only the root reads (every peer's send) and nobody reads the root's buffers: a non-root
+    // waits for the root alone, the root for no one at the end, so a reduce per layer does not tie
+    // every rank's stream to every other's.
+    bool reads_from(int q) const { return call_.op != Op::Reduce || s_.rank == call_.root; }
+    bool read_by(int q) const { return call_.op != Op::Reduce || q == call_.root; }
+
     void check_stream(Op op) const {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         QT_COMM_CUDA(cudaStreamIsCapturing(stream_, &capture));
@@ -251,6 +260,26 @@ void CopyEngineCommunicator::do_reduce_scatter(const void* send, void* recv, std
                 c.copy(stage + staging_slot(q, r) * layout.stride * es, at(c.call(q).send, mine, dtype), q,
                        count * es);
         sum_in_rank_order_gpu({n, r, at(send, mine, dtype), stage, layout.stride}, count, dtype, recv, c.stream());
+    }
+    c.finish();
+}
+
+// The root copies every peer's send into staging and sums them with its own send into recv; the
+// others only publish their send (their stream then waits for the root's `done`, so they may
+// overwrite it right after). In place on the root (recv == send) is safe: nobody else reads it.
+void CopyEngineCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root,
+                                       void* stream) {
+    Collective c(*state_, Op::Reduce, send, recv, count, dtype, root, stream);
+    const int n = c.world(), r = state_->rank;
+    if (r == root && n == 1) c.copy(recv, send, r, count * dtype_size(dtype));
+    if (r == root && n > 1 && count > 0) {
+        const StagingLayout layout = staging_layout(count, n, dtype);
+        std::byte* stage = static_cast<std::byte*>(c.staging(layout.bytes));
+        for (int q = 0; q < n; ++q)
+            if (q != r)
+                c.copy(stage + staging_slot(q, r) * layout.stride * dtype_size(dtype), c.call(q).send, q,
+                       count * dtype_size(dtype));
+        sum_in_rank_order_gpu({n, r, send, stage, layout.stride}, count, dtype, recv, c.stream());
     }
     c.finish();
 }

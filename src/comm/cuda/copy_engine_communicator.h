@@ -13,6 +13,8 @@
 //   all_reduce:     rank r sums share r of the elements (even_split) the same way into its recv, then
 //                   copies the peers' summed shares from their recvs (reduce-scatter + all-gather,
 //                   each rank moving about 2 (N-1)/N of the buffer).
+//   reduce:         the root copies every peer's send into staging, then sums into its recv; the
+//                   other ranks copy nothing (each non-root's data crosses once).
 //   all_gather, broadcast: copies from the peers' (the root's) buffers.
 //
 // Ordering. The host threads meet in a ThreadWorld at every collective (its failure semantics: a rank
@@ -27,7 +29,8 @@
 //   3. Each rank records `done` after its last read of a peer's buffer, meets again (depart), and its
 //      stream waits for every peer's `done`: the collective completes on a rank's stream only once
 //      no peer reads its buffers any more, so the caller may overwrite its send (or recv) right
-//      after the call in stream order.
+//      after the call in stream order. (A reduce waits only where data is read: the root for every
+//      peer's `ready`, a non-root for the root's `done`.)
 // Every wait is for an event recorded before the meeting that published it, so no stream ever
 // waits for host work that has not happened yet (no deadlock, whatever the thread timing).
 //
@@ -70,13 +73,16 @@ public:
     void reserve(std::size_t bytes);
     std::size_t staging_bytes() const;
     // The staging an all-reduce of `all_reduce_count` elements and a reduce-scatter of
-    // `reduce_scatter_count` elements per rank (of `dtype`) need on rank `rank` of `world`.
+    // `reduce_scatter_count` elements per rank (of `dtype`) need on rank `rank` of `world`. A reduce of
+    // `count` elements needs, at its root, what a reduce-scatter of `count` per rank does (the other
+    // ranks need none): pass max(reduce_scatter_count, count).
     static std::size_t staging_bytes_for(std::size_t all_reduce_count, std::size_t reduce_scatter_count, DType dtype,
                                          int world, int rank);
 
 protected:
     void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, void* stream) override;
     void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, void* stream) override;
+    void do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) override;
     void do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream) override;
     void do_broadcast(void* buffer, std::size_t count, DType dtype, int root, void* stream) override;
     // A host meeting only (the ranks' streams are not synchronised).

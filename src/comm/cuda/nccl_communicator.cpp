@@ -218,6 +218,24 @@ void NcclCommunicator::do_reduce_scatter(const void* send, void* recv, std::size
     sum_in_rank_order_gpu({s.world, s.rank, at(send, mine, dtype), stage, layout.stride}, count, dtype, recv, st);
 }
 
+void NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) {
+    NcclState& s = *state_;
+    DeviceScope scope(s.device);
+    const auto st = static_cast<cudaStream_t>(stream);
+    require_stream_on(st, s.device, "reduce", s.name);
+    if (count == 0) return;
+    if (s.world == 1) return s.copy(recv, send, count * dtype_size(dtype), st);
+    // Every rank's whole send goes to the root only (length 0 towards the others), so the root
+    // receives each peer's into staging and the non-roots just send; they use no staging.
+    const StagingLayout layout = staging_layout(count, s.world, dtype);
+    const bool is_root = s.rank == root;
+    auto* stage = is_root ? static_cast<std::byte*>(s.staging.get(layout.bytes, st)) : nullptr;
+    s.exchange_blocks([&](int) { return send; }, [&](int q) { return q == root ? count : std::size_t{0}; }, layout,
+                      stage, dtype, st, "ncclSend/ncclRecv (reduce)");
+    // In place on the root (recv == send): the kernel reads and writes it element by element.
+    if (is_root) sum_in_rank_order_gpu({s.world, s.rank, send, stage, layout.stride}, count, dtype, recv, st);
+}
+
 void NcclCommunicator::do_all_gather(const void* send, void* recv, std::size_t count, DType dtype, void* stream) {
     NcclState& s = *state_;
     DeviceScope scope(s.device);

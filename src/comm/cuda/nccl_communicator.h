@@ -12,6 +12,8 @@
 //   all_reduce:     the same over padded blocks of ceil(count / N) elements (comm/block_layout.h),
 //                   then ncclAllGather of the summed blocks: in place in recv when N divides count,
 //                   else in staging, whose first `count` elements are copied to recv.
+//   reduce:         grouped ncclSend (each non-root's send to the root) / ncclRecv (the root, into
+//                   staging), then the kernel at the root.
 //   all_gather = ncclAllGather, broadcast = ncclBroadcast (bytes, exact by nature).
 //   barrier:        a one-element ncclAllReduce on an internal stream, then that stream's sync.
 // At world 1 every collective is a copy, or nothing in place.
@@ -89,13 +91,16 @@ public:
     void reserve(std::size_t bytes);
     std::size_t staging_bytes() const;
     // The staging an all-reduce of `all_reduce_count` elements and a reduce-scatter of
-    // `reduce_scatter_count` elements per rank (of `dtype`) need on a world of `world`.
+    // `reduce_scatter_count` elements per rank (of `dtype`) need on a world of `world`. A reduce of
+    // `count` elements needs, at its root, what a reduce-scatter of `count` per rank does (the other
+    // ranks need none): pass max(reduce_scatter_count, count).
     static std::size_t staging_bytes_for(std::size_t all_reduce_count, std::size_t reduce_scatter_count, DType dtype,
                                          int world);
 
 protected:
     void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, void* stream) override;
     void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, void* stream) override;
+    void do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) override;
     void do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream) override;
     void do_broadcast(void* buffer, std::size_t count, DType dtype, int root, void* stream) override;
     // Returns once every rank has called it (synchronises an internal stream, not the caller's).

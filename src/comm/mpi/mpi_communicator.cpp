@@ -159,6 +159,33 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_
     sum_in_rank_order(sources.data(), s.world, recv_count, dtype, recv);
 }
 
+void MpiCommunicator::do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void*) {
+    const State& s = *state_;
+    const MPI_Datatype type = s.type_of(dtype);
+    const int n = s.as_count(count, "reduce");
+    if (count == 0) return;  // every rank has the same count, so all return here
+    const bool is_root = s.rank == root;
+    // At the root: peer q's send lands in slot q (ranks below the root) or q - 1 (above), and the root
+    // sends nothing to itself (its own send is read where it is, so in place needs no copy).
+    std::vector<int> counts, offsets;
+    std::vector<std::byte> scratch;
+    if (is_root) {
+        s.as_count(count * static_cast<std::size_t>(s.world - 1), "reduce");  // displacements are int too
+        counts.assign(static_cast<std::size_t>(s.world), n);
+        offsets.assign(counts.size(), 0);
+        counts[static_cast<std::size_t>(root)] = 0;
+        for (int q = 0; q < s.world; ++q) offsets[q] = (q > root ? q - 1 : q) * n;
+        scratch.resize(count * static_cast<std::size_t>(s.world - 1) * dtype_size(dtype));
+    }
+    s.check(MPI_Gatherv(send, is_root ? 0 : n, type, scratch.data(), counts.data(), offsets.data(), type, root, s.comm),
+            "MPI_Gatherv");
+    if (!is_root) return;
+    std::vector<const void*> sources(s.world);
+    for (int q = 0; q < s.world; ++q)
+        sources[q] = q == root ? send : at(scratch.data(), static_cast<std::size_t>(q < root ? q : q - 1) * count, dtype);
+    sum_in_rank_order(sources.data(), s.world, count, dtype, recv);
+}
+
 void MpiCommunicator::do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void*) {
     const State& s = *state_;
     const int n = s.as_count(send_count, "all_gather");

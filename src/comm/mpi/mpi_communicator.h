@@ -12,6 +12,8 @@
 //   all_reduce:     the same over even shares of the elements (MPI_Alltoallv), then MPI_Allgatherv of
 //                   the summed shares: the bandwidth of a reduce-scatter + all-gather ring, with a
 //                   scratch of about `count` elements.
+//   reduce:         MPI_Gatherv of the non-roots' raw sends into the root's scratch ((N-1) * count
+//                   elements), then the root's ordered sum (not MPI_Reduce, whose order is its tree's).
 // all_gather and broadcast move bytes (MPI_Allgather, MPI_Bcast), exact by nature.
 //
 // Failure: MPI calls return errors here (MPI_ERRORS_RETURN on the communicator's own duplicate of
@@ -46,6 +48,7 @@ public:
 protected:
     void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, void* stream) override;
     void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype, void* stream) override;
+    void do_reduce(const void* send, void* recv, std::size_t count, DType dtype, int root, void* stream) override;
     void do_all_gather(const void* send, void* recv, std::size_t send_count, DType dtype, void* stream) override;
     void do_broadcast(void* buffer, std::size_t count, DType dtype, int root, void* stream) override;
     void do_barrier() override;
