@@ -35,12 +35,12 @@ void check_captured(NcclCommunicator& c, cudaStream_t s, CheckLog& log, uint64_t
     upload_async(ar_send.get(), ar.send, s);
     upload_async(rs_send.get(), rs.send, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
+    const int root = c.world() - 1;  // the all-reduce's data, reduced to one rank
+    DeviceBuffer red_recv(c.rank() == root ? ar.want.size() : 0);  // (no cudaMalloc while capturing)
     const std::size_t staging_before = c.staging_bytes();
     CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     c.all_reduce(ar_send.get(), ar_recv.get(), count, DType::BF16, s);
     c.reduce_scatter(rs_send.get(), rs_recv.get(), count, DType::BF16, s);
-    const int root = c.world() - 1;  // the all-reduce's data, reduced to one rank
-    DeviceBuffer red_recv(c.rank() == root ? ar.want.size() : 0);
     c.reduce(ar_send.get(), red_recv.get(), count, DType::BF16, root, s);
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(s, &graph));

@@ -33,6 +33,9 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
              " is not supported by the GPU model's data parallel step yet (1 or 2)");
     QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for --gpus=", opt_.gpus,
              " but the communicator has ", comm->world(), " ranks");
+    QT_CHECK(comm->world() == 1 || (zero_level == 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
+             " but the model was planned ", opt_.shard_gradients ? "with" : "without",
+             " --shard-gradients (--zero-level=2 and --shard-gradients go together)");
     QT_CHECK(!opt_.shard_weights && !opt_.offload_gradients,
              "GPU model: --shard-weights and --offload-gradients are not combined with a communicator yet");
     const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
