@@ -405,3 +405,27 @@ TEST(DataParallelGpu, PlanCountsOneBlockOfTheOptimizerState) {
     const MemoryPlan big2 = CudaModel::plan(half, big);
     EXPECT_LT(big2.total_device() + (700ull << 20), big1.total_device());
 }
+
+// ZeRO-2 with --offload-gradients: each rank's block of the gradient in pinned host memory (the
+// reductions still run on the device slots), zero-copy or staged by the double-buffered optimizer:
+// the same bits as ZeRO-1 on the device at one micro-batch per rank.
+TEST(DataParallelGpu, OffloadedGradientBlocksGiveZeroOnesBits) {
+    QTRAIN_REQUIRE_GPU();
+    ModelOptions o = base_options();
+    const DpRun device = run(o, 2, 1, 6, 1);
+    for (bool staged : {false, true}) {
+        SCOPED_TRACE(staged ? "double-buffered" : "zero-copy");
+        ModelOptions off = o;
+        off.offload_gradients = true;
+        off.offload_double_buffer = staged;
+        off.optimizer_chunk = 4096;
+        const DpRun host = run(off, 2, 2, 6, 1);
+        EXPECT_TRUE(same_bits(device.losses, host.losses));
+        EXPECT_TRUE(same_bits(device.norms, host.norms));
+        EXPECT_TRUE(same_bits(device.weights[0], host.weights[0]));
+    }
+    ModelOptions zero1 = o;
+    zero1.gpus = 2;
+    zero1.offload_gradients = true;
+    EXPECT_ERROR(CudaModel::plan(dp_config(), zero1), "needs ZeRO-2");
+}

@@ -95,8 +95,14 @@ void CudaModel::check_options(const ModelOptions& o) {
     // streaming of either (which the ZeRO-3 / sharded-gradient paths will replace) is not combined yet.
     QT_CHECK(o.gpus == 1 || !o.shard_weights, "--shard-weights with --gpus=", o.gpus,
              " is not supported yet (weights are whole on every rank under ZeRO-1/2; ZeRO-3 comes later)");
-    QT_CHECK(o.gpus == 1 || !o.offload_gradients, "--offload-gradients with --gpus=", o.gpus,
-             " is not supported yet (the collectives reduce the device gradients)");
+    // ZeRO-2 reduces each layer's device slot to its owner, which adds it into its block: in pinned
+    // host memory with --offload-gradients. ZeRO-1 would all-reduce the host gradient, which NCCL
+    // cannot read.
+    QT_CHECK(o.gpus == 1 || !o.offload_gradients || o.shard_gradients, "--offload-gradients with --gpus=", o.gpus,
+             " needs ZeRO-2 (--zero-level=2): the ranks reduce the device slots of each layer to their owner's "
+             "block in host memory; ZeRO-1 would all-reduce the whole host gradient");
+    QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32, "--param-grad-dtype=", dtype_name(o.param_grad_dtype),
+             " with --gpus=", o.gpus, " is not supported yet (the gradient blocks are fp32)");
     QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather,
              "--memcpy-all-gather chooses the copy-engine communicator between ranks: it needs --gpus > 1");
 }

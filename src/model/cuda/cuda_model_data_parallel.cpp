@@ -36,8 +36,9 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(comm->world() == 1 || (zero_level == 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
              " but the model was planned ", opt_.shard_gradients ? "with" : "without",
              " --shard-gradients (--zero-level=2 and --shard-gradients go together)");
-    QT_CHECK(!opt_.shard_weights && !opt_.offload_gradients,
-             "GPU model: --shard-weights and --offload-gradients are not combined with a communicator yet");
+    QT_CHECK(!opt_.shard_weights, "GPU model: --shard-weights is not combined with a communicator yet");
+    QT_CHECK(!opt_.offload_gradients || grads_->reduced_per_layer(),
+             "GPU model: --offload-gradients with a communicator needs ZeRO-2's per-layer reductions");
     const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
     QT_CHECK(s.count() > 0, "GPU model: ", comm->world(), " ranks leave rank ", comm->rank(),
              " no parameters of this ", layout_.total, "-element model (fewer ranks, or a larger model)");

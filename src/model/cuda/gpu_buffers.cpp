@@ -55,7 +55,8 @@ bool gradients_reduced_per_layer(const ModelOptions& o) {
 }
 
 bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
-    return o.offload_gradients && !c.tie_word_embeddings;
+    // (not under ZeRO-2's per-layer reductions: the host copy is then the rank's block only)
+    return o.offload_gradients && !c.tie_word_embeddings && !gradients_reduced_per_layer(o);
 }
 
 bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {

@@ -16,10 +16,11 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       slots_{b.grad_slots[0], b.grad_slots[1]},
       type_(o.param_grad_dtype),
       streamed_(o.offload_gradients || gradients_reduced_per_layer(o)),
+      embedding_on_host_(embedding_grad_on_host(config, o)),
       per_layer_(gradients_reduced_per_layer(o)),
+      offloaded_(o.offload_gradients),
       tmp_(b.grad_reduce_tmp),
       flat_elements_(gradients_reduced_per_layer(o) ? param_shard(layout.total, o.gpus, 0).size : layout.total),
-      embedding_on_host_(embedding_grad_on_host(config, o)),
       seed_(rounding_seed),
       compute_(compute) {
     if (!streamed_) return;
@@ -146,7 +147,7 @@ void Gradients::sync() const {
 
 void Gradients::zero_flat() {
     const std::size_t bytes = flat_elements_ * dtype_size(type_);
-    if (streamed_ && !per_layer_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
+    if (offloaded_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
     else CUDA_CHECK(cudaMemsetAsync(flat_, 0, bytes, compute_));
 }
 

@@ -88,6 +88,7 @@ private:
     DType type_ = DType::F32;
     bool streamed_ = false, embedding_on_host_ = false;
     bool per_layer_ = false;  // ZeRO-2 (streamed_ too: the slots and the resident buffer)
+    bool offloaded_ = false;  // flat_ is in pinned host memory (--offload-gradients)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
     float* tmp_ = nullptr;  // a layer span: a reduction's sum, before it is added to the block
