@@ -5,6 +5,7 @@
 
 #include "comm/even_split.h"
 #include "comm/rank_order_sum.h"
+#include "comm/byte_offset.h"
 #include "core/error.h"
 
 namespace qtrain::comm {
@@ -13,12 +14,6 @@ namespace {
 using Op = ThreadWorld::Op;
 using Call = ThreadWorld::Call;
 
-const std::byte* at(const void* p, std::size_t elements, DType dtype) {
-    return static_cast<const std::byte*>(p) + elements * dtype_size(dtype);
-}
-std::byte* at(void* p, std::size_t elements, DType dtype) {
-    return static_cast<std::byte*>(p) + elements * dtype_size(dtype);
-}
 
 class ThreadCommunicator final : public Communicator {
 public:

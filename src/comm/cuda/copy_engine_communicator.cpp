@@ -10,6 +10,7 @@
 #include "comm/cuda/rank_order_sum_gpu.h"
 #include "comm/cuda/staging_buffer.h"
 #include "comm/even_split.h"
+#include "comm/byte_offset.h"
 #include "core/error.h"
 
 namespace qtrain::comm {
@@ -18,12 +19,6 @@ namespace {
 using Op = ThreadWorld::Op;
 using Call = ThreadWorld::Call;
 
-const std::byte* at(const void* p, std::size_t elements, DType dtype) {
-    return static_cast<const std::byte*>(p) + elements * dtype_size(dtype);
-}
-std::byte* at(void* p, std::size_t elements, DType dtype) {
-    return static_cast<std::byte*>(p) + elements * dtype_size(dtype);
-}
 
 const char* op_name(Op op) {
     switch (op) {

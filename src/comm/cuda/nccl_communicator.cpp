@@ -11,6 +11,7 @@
 #include "comm/cuda/cuda_call.h"
 #include "comm/cuda/rank_order_sum_gpu.h"
 #include "comm/cuda/staging_buffer.h"
+#include "comm/byte_offset.h"
 #include "core/error.h"
 
 namespace qtrain::comm {
@@ -19,9 +20,6 @@ static_assert(sizeof(ncclUniqueId) == sizeof(NcclId::bytes), "NcclId must hold a
 
 namespace {
 
-const std::byte* at(const void* p, std::size_t elements, DType dtype) {
-    return static_cast<const std::byte*>(p) + elements * dtype_size(dtype);
-}
 
 void check_nccl(ncclResult_t result, const std::string& who, const char* what, ncclComm_t comm) {
     if (result == ncclSuccess) return;
