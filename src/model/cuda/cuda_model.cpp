@@ -45,9 +45,11 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(!(o.offload_master && o.master_dtype == DType::BF16),
              "--offload-master with --master-dtype=bf16: there is no separate master copy to offload (the bf16 "
              "weights are the master); drop --offload-master, or add --shard-weights to keep the weights in host memory");
-    QT_CHECK(o.param_grad_dtype == DType::F32 || (o.param_grad_dtype == DType::BF16 && o.offload_gradients),
-             "--param-grad-dtype=", dtype_name(o.param_grad_dtype), " needs --offload-gradients on --device=cuda ",
-             "(bf16 applies to the gradients kept in host memory; the device accumulates in fp32)");
+    QT_CHECK(o.param_grad_dtype == DType::F32 ||
+                 (o.param_grad_dtype == DType::BF16 && (o.offload_gradients || gradients_reduced_per_layer(o))),
+             "--param-grad-dtype=", dtype_name(o.param_grad_dtype), " needs --offload-gradients or ZeRO-2 with --gpus > 1 "
+             "on --device=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's "
+             "block; the device accumulates each layer in fp32)");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
              "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
     QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||
@@ -101,8 +103,9 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.gpus == 1 || !o.offload_gradients || o.shard_gradients, "--offload-gradients with --gpus=", o.gpus,
              " needs ZeRO-2 (--zero-level=2): the ranks reduce the device slots of each layer to their owner's "
              "block in host memory; ZeRO-1 would all-reduce the whole host gradient");
-    QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32, "--param-grad-dtype=", dtype_name(o.param_grad_dtype),
-             " with --gpus=", o.gpus, " is not supported yet (the gradient blocks are fp32)");
+    QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32 || gradients_reduced_per_layer(o), "--param-grad-dtype=",
+             dtype_name(o.param_grad_dtype), " with --gpus=", o.gpus, " needs ZeRO-2 (--zero-level=2) without "
+             "--use-cuda-graphs: the rank's block of the gradient is what is kept in bf16");
     QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather,
              "--memcpy-all-gather chooses the copy-engine communicator between ranks: it needs --gpus > 1");
 }

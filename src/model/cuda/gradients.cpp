@@ -51,7 +51,15 @@ void Gradients::reduce_to_owners(const float* src, int64_t begin, int64_t n, cud
         const int q = static_cast<int>(lo / S);
         const int64_t hi = std::min({end, (q + 1) * S, lo + layout_.layer_span});
         comm_->reduce(src + (lo - begin), tmp_, static_cast<std::size_t>(hi - lo), DType::F32, q, stream);
-        if (q == shard_.rank) cuda::add_f32(static_cast<float*>(flat_) + (lo - q * S), tmp_, hi - lo, stream);
+        if (q != shard_.rank) {
+            lo = hi;
+            continue;
+        }
+        if (type_ == DType::BF16)  // --param-grad-dtype=bf16: rounded stochastically, keyed by the absolute element
+            cuda::accumulate_bf16(static_cast<uint16_t*>(flat_) + (lo - q * S), tmp_, hi - lo, false,
+                                  static_cast<uint64_t>(lo), seed_, stream);
+        else
+            cuda::add_f32(static_cast<float*>(flat_) + (lo - q * S), tmp_, hi - lo, stream);
         lo = hi;
     }
 }
