@@ -68,13 +68,15 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--gpus", o.gpus, "Number of data-parallel ranks (ZeRO-1, or ZeRO-2 with --zero-level=2; equal to "
                   "one rank with that many times the accumulation). Started as threads of this process, or under "
                   "`mpirun -np N train ...` one rank per process (then --gpus must be 1 or N). With --device=cpu "
-                  "the ranks are CPU reference models. On the GPU only 1 works today (multi-GPU is not "
-                  "implemented yet, other values are refused)");
+                  "the ranks are CPU reference models. On the GPU: one rank per GPU (--gpu-ids) over NCCL, or over "
+                  "the copy engines with --memcpy-all-gather; ZeRO-1 keeps 1/N of the master weights and Adam moments "
+                  "per rank, ZeRO-2 also 1/N of the gradient");
     g->add_option("--gpu-ids", o.gpu_ids, "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; "
                   "repeats allowed: 0,0 puts two ranks on device 0). Default: rank r on device r in threads mode, "
                   "each process's local rank (OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only");
     g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
-    g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2)");
+    g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2, as --zero-level=2: each "
+                "layer's gradient reduced to its owning rank during the backward); on one GPU: needs --offload-gradients");
     g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")
         ->check(CLI::Range(1, 3));
 

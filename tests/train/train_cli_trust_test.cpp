@@ -85,7 +85,7 @@ TEST(TrainCliTrust, HelpShowsDefaultsAndWhatGpusDoesToday) {
                           "--learning-rate,--lr FLOAT=1e-05", "--checkpoint-dir TEXT=ckpt", "--out-dir TEXT=output",
                           "--grad-accumulation INT=4", "--opt-m-dtype TEXT=fp32"})
         EXPECT_TRUE(Contains(r.output, d)) << d;
-    EXPECT_TRUE(Contains(r.output, "On the GPU only 1 works today")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "On the GPU: one rank per GPU (--gpu-ids) over NCCL")) << r.output;
     EXPECT_TRUE(Contains(r.output, "May change: --steps")) << "--continue's help says what may change";
 }
 
