@@ -1,5 +1,6 @@
 #include "train/resume_check.h"
 
+#include <algorithm>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -102,9 +103,34 @@ std::vector<OptionChange> compare_resume_options(const std::string& recorded_opt
         changes.push_back({"--device", recorded_device, device, false,
                            "the run continues on the other backend, equal in math but not bit for bit"});
 
+    // Data parallel: a step is the next batch x accumulation x ranks sequences of one global order
+    // (DataLoader::set_rank), so the ranks and the accumulation may trade against each other: the same
+    // sequences per step, summed in another order (equal to rounding). Whether the state can be
+    // loaded at another number of ranks is the start's question (run_start.cpp).
+    const int old_ranks = std::max(1, old_j.value("gpus", 1)), now_ranks = std::max(1, now.gpus);
+    const int old_accum = old_j.value("grad-accumulation", now.grad_accumulation), now_accum = now.grad_accumulation;
+    if (old_ranks != now_ranks || old_accum != now_accum) {
+        const bool same = old_ranks * old_accum == now_ranks * now_accum;
+        const std::string note =
+            same ? cat("the same ", old_ranks * old_accum, " micro-batches per step (accumulation x ranks), from the "
+                       "same global order: the run continues as the uninterrupted one would, to rounding")
+                 : cat("a step would take ", now_ranks * now_accum, " micro-batches (accumulation x ranks) instead of ",
+                       old_ranks * old_accum, ": another batch, and another data order from here on; keep "
+                       "--grad-accumulation x ranks at ", old_ranks * old_accum,
+                       old_ranks * old_accum % now_ranks == 0
+                           ? cat(" (--grad-accumulation=", old_ranks * old_accum / now_ranks, " with ", now_ranks,
+                                 " rank", now_ranks == 1 ? "" : "s", ")")
+                           : std::string());
+        if (old_ranks != now_ranks)
+            changes.push_back({"--gpus (ranks)", std::to_string(old_ranks), std::to_string(now_ranks), !same, note});
+        if (old_accum != now_accum)
+            changes.push_back({"--grad-accumulation", std::to_string(old_accum), std::to_string(now_accum), !same, note});
+    }
+
     for (auto it = now_j.begin(); it != now_j.end(); ++it) {
         const std::string& key = it.key();
         if (kInvocation.count(key) || kResolved.count(key) || !old_j.contains(key)) continue;
+        if (key == "gpus" || key == "grad-accumulation") continue;  // compared above, together
         const json& before = old_j[key];
         if (before == it.value()) continue;
         OptionChange c{"--" + key, show(before), show(it.value()), !kMayChange.count(key), ""};

@@ -64,12 +64,16 @@ RunStart decide_run_start(const TrainOptions& o, const std::string& device, cons
     if (o.continue_from_checkpoint && !list_complete_checkpoints(o.checkpoint_dir).empty()) {
         start.resume = find_checkpoint_to_resume(o, start);
         const ResumePoint& r = *start.resume;
-        // each rank's part of the optimizer state is its shard: another world size needs resharding
+        // The CPU model's checkpoint is its whole state (every rank holds all of it), so any number of
+        // ranks can load it; the GPU model's ranks each wrote their block of the optimizer state, which
+        // another world size would have to reshard (issue 19)
         const int written_by = r.state.world_size;
-        QT_CHECK(written_by == world, "--continue: ", r.dir, " was written by ", written_by, " rank",
+        const bool whole = r.state.device == "cpu" && device == "cpu";
+        QT_CHECK(written_by == world || whole, "--continue: ", r.dir, " was written by ", written_by, " rank",
                  written_by == 1 ? "" : "s", " but this run has ", world, " (", ranks_source,
-                 "); resuming at another number of ranks is not supported yet (each rank's optimizer state would "
-                 "have to be resharded; --force-resume does not change this). Resume with ", written_by, " rank",
+                 "); resuming the GPU model at another number of ranks is not supported yet (each rank's block of "
+                 "the optimizer state would have to be resharded; --force-resume does not change this; CPU-model "
+                 "checkpoints resume at any number of ranks). Resume with ", written_by, " rank",
                  written_by == 1 ? "" : "s", " (--gpus=", written_by, ", or mpirun -np ", written_by,
                  "), or start a new run in another --checkpoint-dir");
         start.changes = compare_resume_options(r.state.options_json, r.state.device, r.state.config_json, o, device, cfg);

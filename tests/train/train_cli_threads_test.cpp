@@ -107,24 +107,42 @@ TEST(TrainCliThreads, EvaluationSplitOverRanksEqualsOneRank) {
     }
 }
 
-TEST(TrainCliThreads, CheckpointRecordsItsWorldSizeAndAnotherIsRefused) {
+// The CPU model's checkpoint is its whole state, so it resumes at another number of ranks when the
+// step keeps its micro-batches (accumulation x ranks): 2 ranks x 3 continue as 3 x 2 and 1 x 6 with the
+// losses of the uninterrupted 2-rank run (the same sequences per step, summed in another order); another
+// global batch is refused, naming the accumulation that keeps it.
+TEST(TrainCliThreads, CheckpointResumesAtAnotherNumberOfRanksWithTheSameMicroBatchesPerStep) {
+    namespace fs = std::filesystem;
     Fixture f;
-    const std::string run = kLimit + f.base_cmd("ws") + " --eval-every-n-steps=0 --ckpt-interval=2";
-    auto first = run_command(run + " --steps=4 --gpus=2");
-    ASSERT_EQ(first.exit_code, 0) << first.output;
+    const std::string common = " --eval-every-n-steps=0 --ckpt-interval=4 --steps=8";
+    auto whole = run_command(kLimit + f.base_cmd("ws") + common + " --gpus=2 --grad-accumulation=3");
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
     const auto state = nlohmann::json::parse(read_file(f.dir / "ws-ckpt/step_00000004/state.json"));
     EXPECT_EQ(state["world_size"], 2);
     EXPECT_TRUE(state["files"].contains("optimizer.safetensors")) << state.dump(2);
-
-    expect_refused(run_command(run + " --steps=6 --continue --gpus=1"),
-                   "was written by 2 ranks but this run has 1 (--gpus=1); resuming at another number of ranks is not "
-                   "supported yet");
-    // not even on purpose: the optimizer state would need resharding
-    expect_refused(run_command(run + " --steps=6 --continue --gpus=3 --force-resume"),
-                   "was written by 2 ranks but this run has 3 (--gpus=3)");
-    auto same = run_command(run + " --steps=6 --continue --gpus=2");
-    EXPECT_EQ(same.exit_code, 0) << same.output;
-    EXPECT_TRUE(Contains(same.output, "step_00000004")) << same.output;
+    const auto reference = step_losses(f.dir / "ws/log.jsonl");
+    ASSERT_EQ(reference.size(), 8u);
+    for (auto [ranks, accum] : {std::pair{3, 2}, std::pair{1, 6}}) {
+        const std::string name = "r" + std::to_string(ranks);
+        SCOPED_TRACE(name);
+        fs::copy(f.dir / "ws-ckpt", f.dir / (name + "-ckpt"), fs::copy_options::recursive);
+        fs::remove_all(f.dir / (name + "-ckpt/step_00000008"));
+        auto resumed = run_command(kLimit + f.base_cmd(name) + common + " --continue --gpus=" + std::to_string(ranks) +
+                                   " --grad-accumulation=" + std::to_string(accum));
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        EXPECT_TRUE(Contains(resumed.output, "the same 6 micro-batches per step")) << resumed.output;
+        int first = -1;
+        const auto losses = step_losses(f.dir / (name + "/log.jsonl"), &first);
+        EXPECT_EQ(first, 4);
+        ASSERT_EQ(losses.size(), 4u);
+        for (int i = 0; i < 4; ++i) EXPECT_NEAR(losses[i], reference[4 + i], 1e-6 * reference[4 + i]) << "step " << 4 + i;
+    }
+    fs::copy(f.dir / "ws-ckpt", f.dir / "bad-ckpt", fs::copy_options::recursive);
+    expect_refused(run_command(kLimit + f.base_cmd("bad") + common + " --continue --gpus=3 --grad-accumulation=3"),
+                   "a step would take 9 micro-batches (accumulation x ranks) instead of 6");
+    EXPECT_TRUE(Contains(run_command(kLimit + f.base_cmd("bad") + common + " --continue --gpus=4 --grad-accumulation=3")
+                             .output,
+                         "keep --grad-accumulation x ranks at 6"));
 }
 
 // QTRAIN_TEST_FAIL_RANK=r:s makes rank r throw at step s: every rank stops, with r's error.
