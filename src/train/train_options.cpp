@@ -142,6 +142,10 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                 "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) "
                 "or, with --continue and no checkpoint, --out-dir holds another run's log or model (replaced)");
     g->add_option("--out-dir", o.out_dir, "Where the final model.safetensors and config.json go (and the tokenizer files)");
+    g->add_option("--export-checkpoint", o.export_checkpoint,
+                  "Write the HF model (model.safetensors, config.json) of this checkpoint directory (a step_XXXXXXXX "
+                  "of --checkpoint-dir) into --out-dir and exit, without training; its checksums are verified first. "
+                  "Needs no --model or --train-file (the checkpoint has the config)");
     g->add_option("--log-file", o.log_file, "JSON Lines log (default: <out-dir>/log.jsonl)");
 }
 
@@ -152,6 +156,7 @@ DType dtype_flag(const std::string& value, const char* flag, const char* allowed
 }  // namespace
 
 void TrainOptions::validate() const {
+    if (!export_checkpoint.empty()) return;  // needs only --out-dir (checkpoint_export.h)
     QT_CHECK(!model.empty(), "--model is required (a HF directory, org/name in the local HF cache, or a preset like Qwen2.5-0.5B with --from-scratch)");
     QT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
     QT_CHECK(seq_len > 1, "--seq-len must be at least 2, got ", seq_len);

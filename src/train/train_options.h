@@ -72,6 +72,7 @@ struct TrainOptions {
     int ckpt_interval = 0;          // 0 = no periodic checkpoints
     int ckpt_keep = 0;              // keep only the newest N complete checkpoints; 0 = all
     std::string out_dir = "output";
+    std::string export_checkpoint;  // --export-checkpoint: write this checkpoint's HF model and exit
     std::string checkpoint_dir = "ckpt";
     std::string log_file;           // "" = <out-dir>/log.jsonl
     bool continue_from_checkpoint = false;

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "train/output_tokenizer.h"
 #include "train/plan_check.h"
+#include "train/checkpoint_export.h"
 #include "train/rank_devices.h"
 #include "train/rank_loop.h"
 #include "train/rank_threads.h"
@@ -52,6 +53,10 @@ Trainer::Trainer(TrainOptions options, std::string command_line)
     : opt_(std::move(options)), command_line_(std::move(command_line)) {}
 
 int Trainer::run() {
+    if (!opt_.export_checkpoint.empty()) {
+        opt_.validate();
+        return export_checkpoint(opt_);
+    }
     const std::optional<comm::MpiLaunch> mpi = comm::detect_mpi_launch();
     if (!mpi) return prepare_and_run(nullptr);
 #if QTRAIN_HAVE_MPI

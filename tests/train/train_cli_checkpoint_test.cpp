@@ -198,3 +198,41 @@ TEST(TrainCliCheckpoint, CkptKeepLeavesTheNewestTwo) {
     EXPECT_EQ(bad.exit_code, 1) << bad.output;
     EXPECT_TRUE(Contains(bad.output, "--ckpt-keep must be >= 0"));
 }
+
+// --export-checkpoint writes the HF model of a checkpoint without training: the same tensors and
+// config.json as the run's own export at that step; a damaged checkpoint is refused naming its file.
+TEST(TrainCliCheckpoint, ExportCheckpointWritesTheModelTheRunWouldHaveExported) {
+    Fixture f;
+    auto run = run_command(f.base_cmd("run") + " --steps=4 --ckpt-interval=4 --eval-every-n-steps=0");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::string ckpt = f.dir / "run-ckpt/step_00000004";
+    auto e = run_command(train_exe() + " --export-checkpoint=" + ckpt + " --out-dir=" + (f.dir / "exported"));
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    EXPECT_TRUE(Contains(e.output, "checksums verified")) << e.output;
+    EXPECT_FALSE(Contains(e.output, "[T] step")) << e.output;
+    SafeTensorsReader a({f.dir / "run/model.safetensors"}), b({f.dir / "exported/model.safetensors"});
+    auto names = [](const SafeTensorsReader& r) {
+        auto n = r.names();
+        return std::set<std::string>(n.begin(), n.end());
+    };
+    ASSERT_EQ(names(a), names(b));
+    for (const auto& name : a.names()) {
+        const Tensor ta = a.view(name), tb = b.view(name);
+        ASSERT_EQ(ta.nbytes(), tb.nbytes()) << name;
+        EXPECT_EQ(0, std::memcmp(ta.data, tb.data, ta.nbytes())) << name;
+    }
+    EXPECT_EQ(read_file(f.dir / "run/config.json"), read_file(f.dir / "exported/config.json"));
+
+    auto none = run_command(train_exe() + " --export-checkpoint=" + (f.dir / "run-ckpt") + " --out-dir=" + (f.dir / "x"));
+    EXPECT_EQ(none.exit_code, 1);
+    EXPECT_TRUE(Contains(none.output, "is not a complete checkpoint")) << none.output;
+    {  // one flipped byte in the weights
+        std::string bytes = read_file(ckpt + "/model.safetensors");
+        bytes[bytes.size() - 3] ^= 0x20;
+        write_file(ckpt + "/model.safetensors", bytes);
+    }
+    auto bad = run_command(train_exe() + " --export-checkpoint=" + ckpt + " --out-dir=" + (f.dir / "bad"));
+    EXPECT_EQ(bad.exit_code, 1) << bad.output;
+    EXPECT_TRUE(Contains(bad.output, "model.safetensors")) << bad.output;
+    EXPECT_FALSE(fs::exists(f.dir / "bad/model.safetensors"));
+}

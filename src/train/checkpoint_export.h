@@ -1,0 +1,13 @@
+// `train --export-checkpoint=DIR --out-dir=OUT`: the HF model (model.safetensors, config.json) of a
+// checkpoint, written without training (issue 19): after a run that died before its export, or to
+// look at an earlier step. The checkpoint's files are verified against their checksums first.
+#pragma once
+
+#include "train/train_options.h"
+
+namespace qtrain {
+
+// Returns 0 after writing --out-dir; throws naming the checkpoint, the file or the flag otherwise.
+int export_checkpoint(const TrainOptions& options);
+
+}  // namespace qtrain
