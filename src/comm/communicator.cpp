@@ -139,4 +139,12 @@ std::string broadcast_string(Communicator& comm, const std::string& value, int r
     return out;
 }
 
+std::vector<std::byte> broadcast_bytes(Communicator& comm, const std::vector<std::byte>& value, int root) {
+    uint64_t size = comm.rank() == root ? value.size() : 0;
+    comm.broadcast(&size, sizeof size, DType::U8, root);
+    std::vector<std::byte> out = comm.rank() == root ? value : std::vector<std::byte>(size);
+    if (size) comm.broadcast(out.data(), size, DType::U8, root);
+    return out;
+}
+
 }  // namespace qtrain::comm

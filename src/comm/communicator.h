@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -90,6 +91,10 @@ void sum_scalars_over_ranks(Communicator& comm, const double* values, double* su
 // Root's `value` on every rank (a path or a message one rank decided, e.g. where a checkpoint goes);
 // the other ranks' `value` is ignored. Collective.
 std::string broadcast_string(Communicator& comm, const std::string& value, int root = 0);
+
+// Root's bytes on every rank (an NCCL unique id sent over the host communicator, ...); the other
+// ranks' `value` is ignored. Collective.
+std::vector<std::byte> broadcast_bytes(Communicator& comm, const std::vector<std::byte>& value, int root = 0);
 
 // What a launcher (run_ranks, run_mpi_rank) runs as each rank.
 using RankFunction = std::function<void(Communicator&)>;
