@@ -100,7 +100,7 @@ ModelCommunicatorFactory model_communicator_factory(const std::string& device, c
 #ifdef QTRAIN_HAVE_CUDA
     if (options.memcpy_all_gather) {
         QT_CHECK(!mpi, "--memcpy-all-gather: the copy-engine communicator connects the ranks of one process (threads "
-                 "mode, --gpus=N without mpirun); under mpirun leave it out to use NCCL");
+                 "mode, --gpus=N); with one process per rank (mpirun, torchrun, Slurm) leave it out to use NCCL");
         // its own rendezvous (the host communicator's world is the trainer's); a failed rank aborts it
         auto rendezvous = std::make_shared<comm::ThreadWorld>(world);
         return [rendezvous](comm::Communicator& host, int device_index) -> std::unique_ptr<comm::Communicator> {

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "train/output_tokenizer.h"
 #include "train/plan_check.h"
+#include "comm/launch_env.h"
+#include "comm/tcp/tcp_communicator.h"
 #include "train/checkpoint_export.h"
 #include "train/rank_devices.h"
 #include "train/rank_loop.h"
@@ -58,7 +60,10 @@ int Trainer::run() {
         return export_checkpoint(opt_);
     }
     const std::optional<comm::MpiLaunch> mpi = comm::detect_mpi_launch();
-    if (!mpi) return prepare_and_run(nullptr);
+    if (!mpi) {
+        if (const std::optional<comm::LaunchEnv> env = comm::detect_launch_env()) return run_tcp_rank(*env);
+        return prepare_and_run(nullptr);
+    }
 #if QTRAIN_HAVE_MPI
     // Under mpirun only rank 0 speaks: the others' stdout is quiet; their errors still reach stderr,
     // named by rank (MpiCommunicator::abort).
@@ -68,7 +73,8 @@ int Trainer::run() {
     int code = 0;
     // Everything runs inside the rank, so that any error, even a bad flag, ends every process of the
     // job with a message naming this rank instead of leaving the others waiting.
-    comm::run_mpi_rank([&](comm::Communicator& host) { code = prepare_and_run(&host); });
+    const ProcessLaunch launch{"MPI mode", cat("mpirun -np ", mpi->world), mpi->local_rank};
+    comm::run_mpi_rank([&](comm::Communicator& host) { code = prepare_and_run(&host, &launch); });
     return code;
 #else
     throw_error(cat("train was started by mpirun (OMPI_COMM_WORLD_SIZE=", mpi->world,
@@ -77,7 +83,22 @@ int Trainer::run() {
 #endif
 }
 
-int Trainer::prepare_and_run(comm::Communicator* mpi_host) {
+int Trainer::run_tcp_rank(const comm::LaunchEnv& env) {
+    // Only rank 0 speaks: the others' stdout is quiet; their errors still reach stderr, named by rank.
+    if (env.rank != 0) QT_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence the stdout of rank ", env.rank);
+    std::unique_ptr<comm::Communicator> host = comm::make_tcp_communicator(env);
+    const ProcessLaunch launch{env.source == "slurm" ? "Slurm mode" : "torchrun mode",
+                               cat(env.source == "slurm" ? "SLURM_NTASKS=" : "WORLD_SIZE=", env.world), env.local_rank};
+    try {
+        return prepare_and_run(host.get(), &launch);
+    } catch (const std::exception& e) {
+        // every other rank's next collective fails naming this one, instead of waiting for it
+        host->abort(e.what());
+        throw_error(cat("rank ", env.rank, " of ", env.world, " failed: ", e.what()));
+    }
+}
+
+int Trainer::prepare_and_run(comm::Communicator* mpi_host, const ProcessLaunch* launch) {
     RunContext ctx;
     ctx.t_start = std::chrono::steady_clock::now();
     ctx.command_line = command_line_;
@@ -88,13 +109,14 @@ int Trainer::prepare_and_run(comm::Communicator* mpi_host) {
     int world = std::max(1, o.gpus);
     if (mpi_host) {
         world = mpi_host->world();
-        QT_CHECK(o.gpus == 1 || o.gpus == world, "--gpus=", o.gpus, " but mpirun started ", world,
-                 " processes (-np ", world, "): under mpirun each process is one rank; give --gpus=", world,
-                 " or leave --gpus out");
+        const bool mpirun = launch->mode == "MPI mode";
+        QT_CHECK(o.gpus == 1 || o.gpus == world, "--gpus=", o.gpus, " but ", mpirun ? "mpirun" : launch->mode, " started ",
+                 world, " processes (", mpirun ? cat("-np ", world) : launch->ranks_source, "): each process is one rank; "
+                 "give --gpus=", world, " or leave --gpus out");
         o.gpus = world;  // recorded resolved, so a checkpoint's options say how many ranks wrote it
-        ctx.launch = "MPI mode";
-        ctx.ranks_source = cat("mpirun -np ", world);
-        ctx.mpi_local_rank = comm::detect_mpi_launch()->local_rank;
+        ctx.launch = launch->mode;
+        ctx.ranks_source = launch->ranks_source;
+        ctx.mpi_local_rank = launch->local_rank;
     } else {
         ctx.launch = "threads mode";
         ctx.ranks_source = cat("--gpus=", o.gpus);
