@@ -6,10 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/files.h"
 #include "io/safetensors.h"
+#include "model/hf_writer.h"
 #include "model/model_config.h"
-#include "model/parameters.h"
 #include "train/checkpointer.h"
 #include "train/run_guard.h"
 
@@ -30,7 +29,7 @@ int export_checkpoint(const TrainOptions& o) {
     probe_writable_dir(o.out_dir, "--out-dir");
     const bool verified = verify_checkpoint(dir);
     const CheckpointState st = read_checkpoint_state(dir);
-    ModelConfig cfg = parse_model_config(st.config_json, dir + "/state.json");
+    const ModelConfig cfg = parse_model_config(st.config_json, dir + "/state.json");
     // the dtype the run would have exported: the CPU model writes fp32, the GPU model its model dtype
     TrainOptions recorded;
     const auto options = nlohmann::json::parse(st.options_json);
@@ -38,20 +37,12 @@ int export_checkpoint(const TrainOptions& o) {
         recorded.model_dtype = options["model-dtype"].get<std::string>();
     const DType store = st.device == "cpu" ? DType::F32 : recorded.model_options(st.device).model_dtype;
 
-    const std::string model_file = (fs::path(dir) / "model.safetensors").string();
-    SafeTensorsReader reader({model_file});
-    SafeTensorsWriter writer;  // one tensor at a time in host memory
-    for (const ParamSpec& s : qwen2_parameters(cfg))
-        writer.add_f32_deferred(s.name, s.shape, [&reader, s] {
-            std::vector<float> v(s.numel());
-            reader.read_finite_f32(s.name, s.shape, v.data());
-            return v;
-        }, store);
-    writer.set_metadata("format", "pt");
-    fs::create_directories(o.out_dir);
-    writer.write((fs::path(o.out_dir) / "model.safetensors").string());
-    cfg.torch_dtype = store == DType::BF16 ? "bfloat16" : "float32";
-    write_text_file_atomic((fs::path(o.out_dir) / "config.json").string(), model_config_to_json(cfg));
+    const SafeTensorsReader reader({(fs::path(dir) / "model.safetensors").string()});
+    write_hf_model(o.out_dir, cfg, store, [&reader](const ParamSpec& s) {
+        std::vector<float> v(s.numel());
+        reader.read_finite_f32(s.name, s.shape, v.data());
+        return v;
+    });
     std::printf("[Export] %s (step %d, %s%s) -> %s: model.safetensors (%s) and config.json\n", dir.c_str(), st.step,
                 st.device.c_str(), verified ? ", checksums verified" : ", written before checksums: not verified",
                 o.out_dir.c_str(), std::string(dtype_name(store)).c_str());

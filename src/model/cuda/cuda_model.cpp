@@ -20,6 +20,7 @@
 #include "cuda/pinned_memory.h"
 #include "io/safetensors.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/hf_writer.h"
 #include "model/parameters.h"
 
 namespace qtrain {
@@ -448,23 +449,15 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
 }
 
 void CudaModel::save_hf(const std::string& dir) const {
-    fs::create_directories(dir);
-    const DType store = opt_.model_dtype;  // HF checkpoints carry the training dtype (bf16 or fp32)
-    SafeTensorsWriter w;  // one tensor at a time in host memory (a 7B model is 30 GB of fp32)
+    // HF checkpoints carry the training dtype (bf16 or fp32)
     const int64_t total = config_.num_parameters();
-    auto done = std::make_shared<int64_t>(0);
-    for (const ParamSpec& s : qwen2_parameters(config_))  // canonical HF order
-        w.add_f32_deferred(s.name, s.shape, [this, name = s.name, n = s.numel(), total, done] {
-            // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
-            auto values = download(name, master_is_block() ? Which::Weights : Which::Master);
-            report_progress("exporting", *done += n, total);
-            return values;
-        }, store);
-    w.set_metadata("format", "pt");
-    w.write((fs::path(dir) / "model.safetensors").string());
-    ModelConfig out = config_;
-    out.torch_dtype = store == DType::BF16 ? "bfloat16" : "float32";
-    write_text_file_atomic((fs::path(dir) / "config.json").string(), model_config_to_json(out));
+    int64_t done = 0;
+    write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
+        // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
+        auto values = download(s.name, master_is_block() ? Which::Weights : Which::Master);
+        report_progress("exporting", done += s.numel(), total);
+        return values;
+    });
 }
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
