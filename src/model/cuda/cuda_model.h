@@ -59,8 +59,9 @@ public:
     // --gpus ranks (the plan's block sizes); comm moves device memory on the model's stream (NCCL or
     // the copy-engine backend). Must be set before the parameters are initialised or loaded: each rank
     // keeps the master weights and Adam's moments of its block of the flat space only (ZeRO-1); the
-    // gradients are all-reduced (ZeRO-1) or reduce-scattered (ZeRO-2) before the update, and the
-    // updated weights all-gathered. Also at world 1 (the sharded path over a one-rank communicator:
+    // gradients are all-reduced after the backward (ZeRO-1) or reduced layer by layer to their owners
+    // during it, each rank keeping its block (ZeRO-2, gradients.h), and the updated weights
+    // all-gathered. Also at world 1 (the sharded path over a one-rank communicator:
     // the plain path's bits).
     void set_communicator(comm::Communicator* comm, int zero_level) override;
 

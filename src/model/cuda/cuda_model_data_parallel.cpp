@@ -2,15 +2,13 @@
 // collectives of the optimizer step and the block checkpoints.
 //
 // Each rank owns the block [begin, end) of the flat parameter space (param_shard.h): its fp32 master
-// and Adam's moments hold that block only. The step: the gradients, whole on every rank, are summed
-// over the ranks in rank order (comm/communicator.h) — all-reduced (ZeRO-1) or reduce-scattered
-// (ZeRO-2) in place, which give the same bits for the rank's block — then each rank's partial sums of
+// and Adam's moments hold that block only. The step: the gradients are summed over the ranks in rank
+// order (comm/communicator.h) — ZeRO-1 all-reduces the whole gradient in place after the backward;
+// ZeRO-2's per-layer reductions (gradients.h) have already summed the rank's block during the backward
+// (with CUDA graphs: one reduce-scatter into the block here instead) — then each rank's partial sums of
 // squares of its block are gathered and summed in one order, so every rank gets the same norm and clip
 // factor; AdamW updates the block; the updated weights are all-gathered in place. At world 1 every
 // collective is the identity and the arithmetic is the plain path's, so it gives the same bits.
-//
-// (ZeRO-2 reduces the whole gradient once per step, after the backward; reducing each layer's bucket
-// as the backward produces it, so that only the block's gradient is kept, is the next step.)
 #include <cstdio>
 #include <filesystem>
 #include <string>
