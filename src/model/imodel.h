@@ -52,7 +52,9 @@ public:
     virtual void init_random(uint64_t seed) = 0;
     virtual void load_hf(const std::string& model_dir) = 0;
     // Writes model.safetensors (HF Qwen2 names, `dtype` of the torch_dtype field) into `dir`. Under
-    // data parallel the engine calls it on rank 0 only, so rank 0 must hold every weight.
+    // data parallel the engine calls it on rank 0 only, so rank 0 must hold every weight — except
+    // when weights_sharded(): then every rank calls it with the same `dir`, rank 0 writes the files
+    // and the others send it their parts.
     virtual void save_hf(const std::string& dir) const = 0;
 
     // Forward + backward of one micro-batch; gradients are accumulated, scaled by `grad_scale`
@@ -67,7 +69,8 @@ public:
         return std::isfinite(s.loss) && std::isfinite(s.grad_norm) && s.grad_norm > 0.0f;
     }
     // Mean cross-entropy over the batch's valid targets; no gradients. Not collective: under data
-    // parallel each rank evaluates its own share of the eval batches (ranks may get different counts).
+    // parallel each rank evaluates its own share of the eval batches (ranks may get different counts)
+    // — except when weights_sharded(): then every rank must make as many calls as the others.
     virtual float evaluate(const Batch& batch) = 0;
 
     // Everything needed to resume bit-for-bit: master weights and optimizer state.
@@ -92,6 +95,13 @@ public:
         (void)zero_level;
         throw_error(cat("--gpus > 1 is not supported yet on --device=", device_name()));
     }
+
+    // ZeRO-3 (set_communicator with zero_level 3): each rank holds only its block of the weights,
+    // and every forward pass gathers each layer from the ranks that own it. So forward passes are
+    // collective — every rank runs as many evaluate() calls as the others (a rank without a batch of
+    // its own evaluates one whose targets are all ignored, and discards the result) — and save_hf is
+    // called on every rank.
+    virtual bool weights_sharded() const { return false; }
 
     // What the backend learnt while running that a user should see once (e.g. the GEMM autotuner's
     // findings once it has decided); asked after every step, empty when there is nothing (new) to say.
