@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
@@ -136,6 +136,16 @@ for phase in $PHASES; do
         QTRAIN_TIME_BREAKDOWN=1 STEPS=6 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 --matmul-dtype=e4m3 \
           --gradient-dtype=e5m2 $flags > /dev/null 2>&1
         grep -E "all-reduce|reduce-scatter|all-gather|optimizer|sum of ops" /tmp/qtrain-bench/train.out | head -12
+      done ;;
+    z3)  # ZeRO-3 on one GPU (issue 19): 2 ranks (copy engines), ZeRO-2 against ZeRO-3, with the time the compute
+         # stream waits for the layers' gathers (QTRAIN_TIME_BREAKDOWN "weight gather wait": the exposed part)
+      for dt in "--matmul-dtype=e4m3 --gradient-dtype=e5m2" "--matmul-dtype=e4m3 --gradient-dtype=e4m3 --persistent-quants" ""; do
+        for z in 2 3; do
+          flags="--gpus=2 --gpu-ids=0,0 --memcpy-all-gather --zero-level=$z $dt"
+          echo "0.5B b16 $flags:"; STEPS=12 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 $flags 2>&1 | tail -1
+          QTRAIN_TIME_BREAKDOWN=1 STEPS=6 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 $flags > /dev/null 2>&1
+          grep -E "gather|reduce|optimizer|sum of ops" /tmp/qtrain-bench/train.out | head -10
+        done
       done ;;
     absplit)  # single-GPU speed against the commit before the CudaModel split ($B/old/train, carried)
       F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "train/model_factory.h"
@@ -33,6 +34,25 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients --shard-weights",
          [](ModelOptions& o) { o.shard_weights = true; }},
     };
+    // Data parallel: sharding over the ranks (ZeRO-2, then ZeRO-3) costs communication but no PCIe
+    // traffic, so it comes before offloading; with --offload-master ZeRO-3 streams the rank's block
+    // of the weights from host memory.
+    static const Step ranks_ladder[] = {
+        {"--recompute-swiglu", [](ModelOptions& o) { o.recompute_swiglu = true; }},
+        {"--recompute-ffn", [](ModelOptions& o) { o.recompute_ffn = o.recompute_swiglu = true; }},
+        {"--recompute-ffn --recompute-norm", [](ModelOptions& o) { o.recompute_norm = true; }},
+        {"--recompute-ffn --recompute-norm --recompute-att",
+         [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
+        {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+        {"--recompute-block --zero-level=2", [](ModelOptions& o) { o.shard_gradients = true, o.zero_level = 2; }},
+        {"--recompute-block --zero-level=3", [](ModelOptions& o) { o.shard_weights = true, o.zero_level = 3; }},
+        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v",
+         [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
+        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v --offload-master",
+         [](ModelOptions& o) { o.offload_master = true; }},
+        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
+         [](ModelOptions& o) { o.offload_gradients = true; }},
+    };
     // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
     auto fits = [&](const ModelOptions& t) {
         try {
@@ -49,7 +69,11 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         if (fits(t)) return chunk_flag;
         t.lmhead_chunks = m.lmhead_chunks;
     }
-    for (const Step& s : ladder) {
+    const bool ranks = m.gpus > 1;
+    const Step* begin = ranks ? std::begin(ranks_ladder) : std::begin(ladder);
+    const Step* end = ranks ? std::end(ranks_ladder) : std::end(ladder);
+    for (const Step* it = begin; it != end; ++it) {
+        const Step& s = *it;
         s.apply(t);
         if (fits(t)) return s.flags;
         if (more_chunks != m.lmhead_chunks) {

@@ -8,7 +8,10 @@
 //  - N ranks equal one plain model with N x the micro-batches (same data in the same global order)
 //    to rounding: fp32 tightly, bf16 and FP8 (with recompute and CUDA graphs) within bf16 noise;
 //  - the sharded path over a one-rank communicator gives the plain path's bits;
-//  - a block checkpoint written by every rank resumes bit-identically.
+//  - a block checkpoint written by every rank resumes bit-identically;
+//  - ZeRO-3 (each rank keeps its block of the weights and gathers each layer from the owners) gives
+//    ZeRO-2's bits at any number of micro-batches, and so ZeRO-1's at one, in bf16, FP8 (with
+//    persistent quants and recompute) and with the block streamed from host memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +30,7 @@
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/param_shard.h"
 #include "model/model_config.h"
 
 using namespace qtrain;
@@ -155,8 +159,10 @@ DpRun run(const ModelOptions& base, int world, int zero, int steps, int micro, B
     run_gpu_ranks(world, [&](int r, comm::Communicator& c) {
         ModelOptions o = base;
         o.gpus = world;
-        // ZeRO-2's plan: one block of the gradient (unless CUDA graphs; on one rank there is nothing to shard)
-        o.shard_gradients = zero == 2 && world > 1;
+        // ZeRO-2's plan: one block of the gradient (unless CUDA graphs; on one rank there is nothing to
+        // shard); ZeRO-3's: and one block of the weights
+        o.shard_gradients = zero >= 2 && world > 1;
+        o.shard_weights = zero == 3 && world > 1;
         CudaModel m(cfg, o);
         m.set_communicator(&c, zero);
         m.init_random(42);
@@ -454,4 +460,84 @@ TEST(DataParallelGpu, Bf16GradientBlocksStayCloseToOneRank) {
         EXPECT_GE(cos, 0.9995) << where;
         EXPECT_TRUE(same_bits(two.weights[0], two.weights[1]));
     }
+}
+
+// ZeRO-3 on one GPU (two and three ranks through the copy-engine communicator): the layers a rank
+// computes with are gathered from the owners' blocks, which hold the bytes ZeRO-2's whole copies
+// hold, and the gradients take ZeRO-2's per-layer path: so the same bits as ZeRO-2 (losses, norms,
+// every weight, on every rank) with two micro-batches per rank, and as ZeRO-1 with one.
+TEST(DataParallelGpu, ZeroThreeGivesZeroTwosBits) {
+    QTRAIN_REQUIRE_GPU();
+    struct Case {
+        const char* name;
+        void (*apply)(ModelOptions&);
+        int world;
+    };
+    const Case cases[] = {
+        {"bf16", [](ModelOptions&) {}, 2},
+        {"bf16, 3 ranks", [](ModelOptions&) {}, 3},
+        {"e4m3 with e4m3 gradients, persistent quants, recompute",
+         [](ModelOptions& o) {
+             o.matmul_dtype = o.gradient_dtype = DType::E4M3;
+             o.persistent_quants = true;
+             o.recompute_block = true;
+         },
+         2},
+        {"e4m3, quants in host memory", [](ModelOptions& o) {
+             o.matmul_dtype = o.gradient_dtype = DType::E4M3;
+             o.offload_quants = true;
+         }, 3},
+        {"block streamed from host memory (--offload-master), offloaded double-buffered optimizer",
+         [](ModelOptions& o) {
+             o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_double_buffer = true;
+             o.optimizer_chunk = 4096;
+         },
+         2},
+        {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }, 2},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        ModelOptions o = base_options();
+        c.apply(o);
+        const DpRun z2 = run(o, c.world, 2, 5, 2), z3 = run(o, c.world, 3, 5, 2);
+        EXPECT_TRUE(same_bits(z2.losses, z3.losses));
+        EXPECT_TRUE(same_bits(z2.norms, z3.norms));
+        for (int r = 0; r < c.world; ++r) EXPECT_TRUE(same_bits(z2.weights[0], z3.weights[r])) << "rank " << r;
+        EXPECT_LT(z3.losses.back(), z3.losses.front() - 0.05f);  // it learnt something
+        const DpRun z1 = run(o, c.world, 1, 3, 1), z3one = run(o, c.world, 3, 3, 1);
+        EXPECT_TRUE(same_bits(z1.losses, z3one.losses));
+        EXPECT_TRUE(same_bits(z1.weights[0], z3one.weights[0]));
+    }
+}
+
+// ZeRO-3's plan: one block of the weights (the non-layer weights whole, two layer slots), and
+// --plan-only names ZeRO-3 among the flags that fit a budget on several GPUs.
+TEST(DataParallelGpu, PlanCountsOneBlockOfTheWeightsUnderZeroThree) {
+    const ModelConfig half = preset_config("Qwen2.5-0.5B");
+    ModelOptions o = base_options();
+    o.gpus = 4;
+    o.shard_gradients = true;
+    const MemoryPlan z2 = CudaModel::plan(half, o);
+    o.shard_weights = true;
+    const MemoryPlan z3 = CudaModel::plan(half, o);
+    auto bytes = [](const MemoryPlan& p, const std::string& category) {
+        for (const auto& e : p.entries)
+            if (e.category == category) return e.device_bytes;
+        return uint64_t{0};
+    };
+    const GpuParamLayout layout = make_gpu_layout(half);
+    const ParamShard block = param_shard(layout.total, 4, 0);
+    EXPECT_GE(bytes(z3, "Weights"), static_cast<uint64_t>(block.size) * 2);
+    EXPECT_LT(bytes(z3, "Weights"), static_cast<uint64_t>(block.size) * 2 + (1u << 20));
+    EXPECT_GT(bytes(z3, "Weight slots"), 0u);
+    // the other ranks' blocks are saved (3/4 of the bf16 weights: ~740 MB), less the whole non-layer
+    // copy (the tied embedding: 272 MB) and two layer slots; nothing else changes
+    const int64_t layers = layout.layers_end() - layout.layer_begin(0), non_layer = layout.total - layers;
+    const double saved = 2.0 * double(block.padded_total() - block.size - non_layer - 2 * layout.layer_span);
+    EXPECT_GT(saved, 350e6);
+    EXPECT_NEAR(double(z2.total_device()) - double(z3.total_device()), saved, double(1 << 20));
+    ModelOptions bad = base_options();
+    bad.gpus = 2;
+    bad.shard_weights = true;  // without the gradients' per-layer path
+    EXPECT_ERROR(CudaModel::plan(half, bad), "--zero-level=3");
 }

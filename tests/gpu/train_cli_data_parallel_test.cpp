@@ -3,7 +3,8 @@
 // with accumulation A equal one rank with 2A to bf16 rounding, ZeRO-1 and ZeRO-2 give the same bits,
 // --continue at the same world size reproduces the uninterrupted run bit for bit (every rank writes
 // its block of the optimizer state), NCCL refuses two ranks on one GPU naming the way out, and a rank
-// that fails stops both.
+// that fails stops both. ZeRO-3 gives ZeRO-2's bits through the whole run (losses, an eval split
+// unevenly over the ranks, the exported model) and resumes from its block checkpoint exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -79,4 +80,31 @@ TEST(TrainCliGpuDataParallel, NcclRefusesTwoRanksOnOneGpuAndAFailingRankStopsBot
     auto fail = run_command("QTRAIN_TEST_FAIL_RANK=1:2 " + kLimit + f.base_cmd("fail", "cuda") + " --steps=6" + kTwoOnOne);
     EXPECT_EQ(fail.exit_code, 1) << fail.output;
     EXPECT_TRUE(Contains(fail.output, "rank 1")) << fail.output;
+}
+
+TEST(TrainCliGpuDataParallel, ZeroThreeGivesZeroTwosRunAndResumesExactly) {
+    QTRAIN_REQUIRE_GPU();
+    Fixture f(kGpuShape);
+    // 3 eval batches over 2 ranks: under ZeRO-3 the rank without a third batch still joins the gathers
+    const std::string common = " --steps=8 --eval-every-n-steps=4 --eval-num-steps=3 --grad-accumulation=2";
+    auto z2 = run_command(kLimit + f.base_cmd("z2", "cuda") + common + kTwoOnOne + " --zero-level=2");
+    auto z3 = run_command(kLimit + f.base_cmd("z3", "cuda") + common + kTwoOnOne + " --zero-level=3");
+    ASSERT_EQ(z2.exit_code, 0) << z2.output;
+    ASSERT_EQ(z3.exit_code, 0) << z3.output;
+    EXPECT_TRUE(Contains(z3.output, "2 GPU ranks, ZeRO-3")) << z3.output;
+    const auto l2 = step_losses(f.dir / "z2/log.jsonl"), l3 = step_losses(f.dir / "z3/log.jsonl");
+    ASSERT_EQ(l3.size(), 8u);
+    EXPECT_EQ(l2, l3);
+    const auto e2 = event_values(f.dir / "z2/log.jsonl", "eval", "loss"),
+               e3 = event_values(f.dir / "z3/log.jsonl", "eval", "loss");
+    ASSERT_EQ(e3.size(), 2u);
+    EXPECT_EQ(e2, e3);
+    EXPECT_TRUE(same_files(f.dir / "z2/model.safetensors", f.dir / "z3/model.safetensors"));
+    EXPECT_LT(l3.back(), l3.front());
+    for (const char* extra : {" --zero-level=3", " --zero-level=3 --matmul-dtype=e4m3 --gradient-dtype=e4m3 "
+                                                 "--persistent-quants --recompute-block"}) {
+        SCOPED_TRACE(extra);
+        Fixture g(kGpuShape);
+        expect_continue_reproduces_full_run(g, "cuda", kTwoOnOne + std::string(extra), kLimit);
+    }
 }

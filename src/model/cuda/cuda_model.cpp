@@ -94,10 +94,11 @@ void CudaModel::check_options(const ModelOptions& o) {
              o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
     QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, ": must be at least 1");
-    // Data parallel keeps every rank's weights and gradients whole on its GPU for now: the one-GPU
-    // streaming of either (which the ZeRO-3 / sharded-gradient paths will replace) is not combined yet.
-    QT_CHECK(o.gpus == 1 || !o.shard_weights, "--shard-weights with --gpus=", o.gpus,
-             " is not supported yet (weights are whole on every rank under ZeRO-1/2; ZeRO-3 comes later)");
+    // ZeRO-3 (--shard-weights with --gpus > 1, weights.h) gathers each layer's weights from their
+    // owners and reduces its gradient to them as the backward produces it: it needs ZeRO-2's
+    // per-layer reductions (a rank holds no whole copy to add a whole gradient to).
+    QT_CHECK(o.gpus == 1 || !o.shard_weights || gradients_reduced_per_layer(o), "--shard-weights with --gpus=", o.gpus,
+             " is ZeRO-3: it shards the gradients too (--zero-level=3, or add --shard-gradients)");
     // ZeRO-2 reduces each layer's device slot to its owner, which adds it into its block: in pinned
     // host memory with --offload-gradients. ZeRO-1 would all-reduce the host gradient, which NCCL
     // cannot read.
@@ -178,7 +179,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
 
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
     // to the ranks' equal blocks and the master (when separate) and moments are one block
-    const int64_t padded = param_shard(layout_.total, std::max(1, opt_.gpus), 0).padded_total();
+    const ParamShard blocks = param_shard(layout_.total, std::max(1, opt_.gpus), 0);
+    const int64_t padded = weights_->sharded() ? blocks.size : blocks.padded_total();  // ZeRO-3: one block
     const int64_t master_n = buf_.master == buf_.weights ? padded : opt_.gpus > 1 ? optimizer_->elements() : layout_.total;
     if (buf_.master) zero(buf_.master, master_n * sizeof(float));
     if (buf_.weights != buf_.master) zero(buf_.weights, padded * dtype_size(opt_.model_dtype));
@@ -307,11 +309,26 @@ void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
 // Data parallel with the master a rank's block: the weights take every value (rounded to nearest, as
 // refresh_weights rounds the master) and the master its block's.
 void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
+    // (the buffers are a rank's blocks: which block is known once the rank is)
+    QT_CHECK(opt_.gpus <= 1 || comm_, "GPU model: set_communicator must come before the parameters are set (--gpus=",
+             opt_.gpus, ")");
     if (master_is_block()) {
-        QT_CHECK(comm_, "GPU model: set_communicator must come before the parameters are set (--gpus=", opt_.gpus, ")");
-        store_values(static_cast<char*>(buf_.weights) + off * dtype_size(opt_.model_dtype), opt_.model_dtype, host, n);
         const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
+        if (weights_->sharded()) {  // ZeRO-3: the weights of the block only (changed() sends the resident ones)
+            if (lo < hi)
+                store_values(static_cast<char*>(buf_.weights) + (lo - shard_.begin) * dtype_size(opt_.model_dtype),
+                             opt_.model_dtype, host + (lo - off), hi - lo);
+        } else {
+            store_values(static_cast<char*>(buf_.weights) + off * dtype_size(opt_.model_dtype), opt_.model_dtype, host,
+                         n);
+        }
         if (lo < hi) store_values(buf_.master + (lo - shard_.begin), DType::F32, host + (lo - off), hi - lo);
+        return;
+    }
+    if (weights_->sharded()) {  // ZeRO-3 with --master-dtype=bf16: the weights block is the master
+        const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
+        if (lo < hi) store_values(static_cast<uint16_t*>(buf_.weights) + (lo - shard_.begin), DType::BF16,
+                                  host + (lo - off), hi - lo);
         return;
     }
     if (buf_.master) store_values(buf_.master + off, DType::F32, host, n);
@@ -408,6 +425,23 @@ std::vector<float> CudaModel::fetch_values(const void* base, DType t, int64_t of
     return out;
 }
 
+std::vector<float> CudaModel::download_weights(int64_t off, int64_t n) const {
+    if (!weights_->sharded()) return fetch_values(buf_.weights, opt_.model_dtype, off, n);
+    // ZeRO-3: gathered from the owners into a device buffer (collective)
+    void* tmp = nullptr;
+    CUDA_CHECK(cudaMalloc(&tmp, std::max<int64_t>(1, n) * dtype_size(opt_.model_dtype)));
+    try {
+        weights_->gather_range(off, off + n, tmp, stream_);
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::vector<float> out = fetch_values(tmp, opt_.model_dtype, 0, n);
+        CUDA_CHECK(cudaFree(tmp));
+        return out;
+    } catch (...) {
+        cudaFree(tmp);
+        throw;
+    }
+}
+
 std::vector<float> CudaModel::download(const std::string& name, Which which) const {
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name), n = s.numel();
@@ -420,8 +454,8 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     switch (which) {
         case Which::Master:
             if (buf_.master) return fetch_values(buf_.master, DType::F32, off, n);
-            return fetch_values(buf_.weights, DType::BF16, off, n);  // --master-dtype=bf16: the weights are the master
-        case Which::Weights: return fetch_values(buf_.weights, opt_.model_dtype, off, n);
+            return download_weights(off, n);  // --master-dtype=bf16: the weights are the master
+        case Which::Weights: return download_weights(off, n);
         case Which::Grad:
             if (grads_->on_device_until_update(off)) {  // the resident non-layer gradients
                 std::vector<float> out(n);
@@ -452,12 +486,40 @@ void CudaModel::save_hf(const std::string& dir) const {
     // HF checkpoints carry the training dtype (bf16 or fp32)
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
-    write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
-        // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
-        auto values = download(s.name, master_is_block() ? Which::Weights : Which::Master);
-        report_progress("exporting", done += s.numel(), total);
-        return values;
-    });
+    // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
+    const Which which = master_is_block() || weights_->sharded() ? Which::Weights : Which::Master;
+    if (!weights_->sharded()) {
+        write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
+            auto values = download(s.name, which);
+            report_progress("exporting", done += s.numel(), total);
+            return values;
+        });
+        return;
+    }
+    // ZeRO-3 (collective, imodel.h): every rank gathers the tensors in the order write_hf_model asks
+    // for them (canonical HF order); rank 0 writes. When rank 0's write fails it still takes part in
+    // the gathers of the tensors left, so the others finish, and then reports the error.
+    const std::vector<ParamSpec> specs = qwen2_parameters(config_);
+    std::size_t gathered = 0;
+    if (shard_.rank != 0) {
+        for (const ParamSpec& s : specs) download(s.name, which);
+        return;
+    }
+    try {
+        write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
+            QT_CHECK(gathered < specs.size() && specs[gathered].name == s.name,
+                     "GPU model: internal error (the HF export asked for ", s.name, " out of order)");
+            ++gathered;
+            auto values = download(s.name, which);
+            report_progress("exporting", done += s.numel(), total);
+            return values;
+        });
+    } catch (...) {
+        for (; gathered < specs.size(); ++gathered) download(specs[gathered].name, which);
+        throw;
+    }
+    QT_CHECK(gathered == specs.size(), "GPU model: internal error (the HF export gathered ", gathered, " of ",
+             specs.size(), " tensors)");
 }
 
 void CudaModel::save_checkpoint(const std::string& dir) const {

@@ -64,6 +64,10 @@ public:
     // all-gathered. Also at world 1 (the sharded path over a one-rank communicator:
     // the plain path's bits).
     void set_communicator(comm::Communicator* comm, int zero_level) override;
+    // ZeRO-3 (zero_level 3 with --shard-weights): each rank keeps only its block of the weights and
+    // gathers each layer from their owners just before use (weights.h), so forward passes, save_hf
+    // and download of weights are collective.
+    bool weights_sharded() const override { return weights_->sharded(); }
 
     MemoryPlan memory_plan() const override { return plan_; }
 
@@ -119,6 +123,8 @@ private:
     void store_values(void* dst, DType t, const float* host, int64_t n);
     // n values of the array at base (dtype t), from element off, as fp32 on the host.
     std::vector<float> fetch_values(const void* base, DType t, int64_t off, int64_t n) const;
+    // n model-dtype weights from flat offset off (collective under ZeRO-3: gathered from the owners).
+    std::vector<float> download_weights(int64_t off, int64_t n) const;
 
     // ---- data parallel (cuda_model_data_parallel.cpp) ----
     // Whether the master is a rank's block rather than the whole flat space (--gpus > 1 with an fp32

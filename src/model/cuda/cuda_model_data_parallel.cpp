@@ -27,14 +27,15 @@ namespace fs = std::filesystem;
 
 void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(comm, "GPU model: set_communicator without a communicator");
-    QT_CHECK(zero_level == 1 || zero_level == 2, "--zero-level=", zero_level,
-             " is not supported by the GPU model's data parallel step yet (1 or 2)");
+    QT_CHECK(zero_level >= 1 && zero_level <= 3, "--zero-level=", zero_level, ": 1, 2 or 3");
     QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for --gpus=", opt_.gpus,
              " but the communicator has ", comm->world(), " ranks");
-    QT_CHECK(comm->world() == 1 || (zero_level == 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
+    QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
              " but the model was planned ", opt_.shard_gradients ? "with" : "without",
              " --shard-gradients (--zero-level=2 and --shard-gradients go together)");
-    QT_CHECK(!opt_.shard_weights, "GPU model: --shard-weights is not combined with a communicator yet");
+    QT_CHECK(comm->world() == 1 || (zero_level == 3) == opt_.shard_weights, "GPU model: ZeRO-", zero_level,
+             " but the model was planned ", opt_.shard_weights ? "with" : "without",
+             " --shard-weights (--zero-level=3 and --shard-weights go together)");
     QT_CHECK(!opt_.offload_gradients || grads_->reduced_per_layer(),
              "GPU model: --offload-gradients with a communicator needs ZeRO-2's per-layer reductions");
     const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
@@ -44,6 +45,7 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     zero_level_ = zero_level;
     shard_ = s;
     if (grads_->reduced_per_layer()) grads_->set_communicator(comm, s);
+    if (weights_->sharded()) weights_->set_communicator(comm, s);
 }
 
 void CudaModel::reduce_gradients() {
@@ -111,12 +113,13 @@ std::string piece_name(const char* array, int64_t piece) { return std::string(ar
 
 // The array that holds the master of this rank's block: the block master itself, or (an fp32 model,
 // or --master-dtype=bf16) the weights from the block's first element.
-static void master_source(const GpuBuffers& b, const ParamShard& s, bool block_master, DType model_dtype,
-                          const void*& base, DType& type, int64_t& off) {
+// (ZeRO-3: the weights are the block itself.)
+static void master_source(const GpuBuffers& b, const ParamShard& s, bool block_master, bool weights_block,
+                          DType model_dtype, const void*& base, DType& type, int64_t& off) {
     if (block_master) {
         base = b.master, type = DType::F32, off = 0;
     } else {
-        base = b.weights, type = model_dtype, off = s.begin;
+        base = b.weights, type = model_dtype, off = weights_block ? 0 : s.begin;
     }
 }
 
@@ -127,7 +130,7 @@ void CudaModel::save_block_checkpoint(const std::string& dir) const {
     const void* mbase = nullptr;
     DType mtype = DType::F32;
     int64_t moff = 0;
-    master_source(buf_, shard_, master_is_block(), opt_.model_dtype, mbase, mtype, moff);
+    master_source(buf_, shard_, master_is_block(), weights_->sharded(), opt_.model_dtype, mbase, mtype, moff);
     struct Array {
         const char* name;
         const void* base;
@@ -196,14 +199,15 @@ void CudaModel::load_block_checkpoint(const std::string& dir) {
     };
     const DType A = opt_.model_dtype;
     const std::size_t es = dtype_size(A);
+    // the block's first weight (ZeRO-3: the block is all the weights there are)
+    char* wblock = static_cast<char*>(buf_.weights) + (weights_->sharded() ? 0 : shard_.begin) * es;
     read("master", [&](int64_t at, const float* v, int64_t len) {
         if (master_is_block()) {
             store_values(buf_.master + at, DType::F32, v, len);
             // the weights are the master rounded to nearest, as refresh_weights makes them
-            cuda::convert_from_f32(static_cast<char*>(buf_.weights) + (shard_.begin + at) * es, A, buf_.master + at,
-                                   len, stream_);
+            cuda::convert_from_f32(wblock + at * es, A, buf_.master + at, len, stream_);
         } else {
-            store_values(static_cast<char*>(buf_.weights) + (shard_.begin + at) * es, A, v, len);
+            store_values(wblock + at * es, A, v, len);
         }
     });
     read("exp_avg", [&](int64_t at, const float* v, int64_t len) {
@@ -212,7 +216,7 @@ void CudaModel::load_block_checkpoint(const std::string& dir) {
     read("exp_avg_sq", [&](int64_t at, const float* v, int64_t len) {
         store_values(static_cast<char*>(optimizer_->v()) + at * dtype_size(opt_.opt_v_dtype), opt_.opt_v_dtype, v, len);
     });
-    gather_weights();  // every rank's block
+    if (!weights_->sharded()) gather_weights();  // every rank's block (ZeRO-3: changed() sends the resident ones)
     grads_->clear();
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
     weights_->changed();

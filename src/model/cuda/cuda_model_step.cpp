@@ -395,12 +395,14 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
             const void* grads = grads_->reduced_per_layer()
                                     ? buf_.grads  // ZeRO-2: the block itself
                                     : static_cast<const char*>(buf_.grads) + b * dtype_size(opt_.param_grad_dtype);
-            void* weights = buf_.weights == buf_.master
-                                ? nullptr
+            void* weights = buf_.weights == buf_.master ? nullptr
+                            : weights_->sharded()       ? buf_.weights  // ZeRO-3: the block itself
                                 : static_cast<char*>(buf_.weights) + b * dtype_size(opt_.model_dtype);
             optimizer_->update(args, {master, grads, weights}, b, shard_.end, buf_.norm_out,
                                fused_amax ? weights_->amax_slots() : nullptr, stream_);
-            if (comm_) gather_weights();
+            // ZeRO-3 keeps the block: the layers are gathered as they are used, the resident
+            // weights by changed() below
+            if (comm_ && !weights_->sharded()) gather_weights();
         }
         grads_->finish_update();
     }

@@ -20,7 +20,7 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     std::vector<Arena> a;
     for (const char* name : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "Activations", "Workspace"})
         a.push_back(Arena{name, false, nullptr, 0});
-    a[0].pinned_host = opt.shard_weights;
+    a[0].pinned_host = weights_on_host(opt);
     a[1].pinned_host = opt.offload_master;
     a[2].pinned_host = opt.offload_gradients;
     a[3].pinned_host = opt.offload_opt_m;
@@ -41,7 +41,7 @@ bool optimizer_array_on_host(const ModelOptions& o, OptArray a) {
         case kOptGrads: return o.offload_gradients;
         case kOptM: return o.offload_opt_m;
         case kOptV: return o.offload_opt_v;
-        case kOptWeights: return o.shard_weights;
+        case kOptWeights: return weights_on_host(o);
     }
     return false;
 }
@@ -60,7 +60,14 @@ bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
 }
 
 bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {
-    return o.shard_weights && !c.tie_word_embeddings;
+    // (not under ZeRO-3: the host copy is then the rank's block only)
+    return o.shard_weights && !c.tie_word_embeddings && !weights_sharded_over_ranks(o);
+}
+
+bool weights_sharded_over_ranks(const ModelOptions& o) { return o.shard_weights && o.gpus > 1; }
+
+bool weights_on_host(const ModelOptions& o) {
+    return o.shard_weights && (o.gpus <= 1 || o.offload_master);
 }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
@@ -107,7 +114,9 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     const ParamShard shard = param_shard(P, world, 0);
     const int64_t Pp = shard.padded_total(), owned = world > 1 ? shard.size : P;
     b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned) : nullptr;
-    b.weights = (A == DType::F32) ? static_cast<void*>(b.master) : weights.take_typed(Pp, A);
+    b.weights = (A == DType::F32)                   ? static_cast<void*>(b.master)
+                : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
+                                                  : weights.take_typed(Pp, A);
     const bool per_layer = gradients_reduced_per_layer(opt);
     b.grads = grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;

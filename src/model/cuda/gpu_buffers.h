@@ -122,7 +122,8 @@ struct GpuBuffers {
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
-    // memory; the device keeps the embedding, final norm and LM head (resident_weights: the elements
+    // memory (under ZeRO-3 the rank's block, weights_sharded_over_ranks, and the embedding is always
+    // resident); the device keeps the embedding, final norm and LM head (resident_weights: the elements
     // before layout.layer_begin(0), then those from layout.layers_end()) and two layer slots the
     // layers pass through (layer l uses slot l % 2), with their FP8 copies in quant_slots. Untied
     // models (embedding_weights_on_host) leave the embedding out: its lookup reads the micro-batch's
@@ -176,8 +177,16 @@ bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
 // communicator cannot be): then the whole gradient is kept and reduce-scattered after the backward.
 bool gradients_reduced_per_layer(const ModelOptions& opt);
 // Whether the embedding lookup reads its rows from the pinned host weights (untied models with
-// --shard-weights): resident_weights then holds only the final norm and the LM head.
+// --shard-weights on one GPU): resident_weights then holds only the final norm and the LM head.
 bool embedding_weights_on_host(const ModelConfig& cfg, const ModelOptions& opt);
+// ZeRO-3 (--shard-weights with --gpus > 1): `weights` is the rank's block of the flat model-dtype
+// weights only; every rank keeps the non-layer weights whole in resident_weights (refreshed from
+// their owners after each update) and gathers each layer from its owners into the weight slots.
+bool weights_sharded_over_ranks(const ModelOptions& opt);
+// Whether `weights` (the whole flat copy, or under ZeRO-3 the rank's block) is in pinned host
+// memory: --shard-weights on one GPU (streaming), or ZeRO-3 with --offload-master (the rank
+// streams its block from host memory).
+bool weights_on_host(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,

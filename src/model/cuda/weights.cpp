@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/fp8.h"
@@ -41,9 +42,11 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       fp8_(o.matmul_dtype == DType::E4M3),
       fp8_grads_(fp8_ && is_fp8(o.gradient_dtype)),
       streamed_(o.shard_weights),
+      sharded_(weights_sharded_over_ranks(o)),
       embed_on_host_(embedding_weights_on_host(config, o)),
       persist_quants_(streamed_quants_persist(o)),
       compute_(compute) {
+    shard_ = param_shard(layout.total, 1, 0);
     quant_stored_.assign(persist_quants_ ? layers_ : 0, 0);
     if (!streamed_) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -67,6 +70,42 @@ void Weights::sync() const {
 
 float* Weights::inv_scale(int l, Matrix m) const {
     return buf_.fp8_scales + 4 * fp8_slot(l, Fp8Slot::WeightInv, static_cast<int>(m));
+}
+
+void Weights::set_communicator(comm::Communicator* comm, const ParamShard& shard) {
+    QT_CHECK(sharded_, "weights: internal error (a communicator for weights that are not sharded)");
+    comm_ = comm;
+    shard_ = shard;
+}
+
+// ---- where the weights come from ----
+
+void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream) {
+    QT_CHECK(comm_, "weights: internal error (ZeRO-3 weights gathered before set_communicator)");
+    const std::size_t es = dtype_size(type_);
+    for (int o = 0; o < shard_.world; ++o) {
+        // rank o's block [o * size, o * size + size) of the flat space, cut to the range
+        const int64_t ob = static_cast<int64_t>(o) * shard_.size;
+        const int64_t a = std::max(lo, ob), b = std::min(hi, ob + shard_.size);
+        if (a >= b) continue;
+        char* d = static_cast<char*>(dst) + (a - lo) * es;
+        if (o == shard_.rank)  // the owner places its part, then sends it (broadcast is in place)
+            CUDA_CHECK(cudaMemcpyAsync(d, static_cast<const char*>(flat_) + (a - ob) * es, (b - a) * es,
+                                       cudaMemcpyDefault, stream));
+        comm_->broadcast(d, static_cast<std::size_t>(b - a), type_, o, stream);
+    }
+}
+
+void Weights::fill_range(int64_t lo, int64_t hi, void* dst, cudaStream_t stream) {
+    if (sharded_) return fill_from_owners(lo, hi, dst, stream);
+    const std::size_t es = dtype_size(type_);
+    CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const char*>(flat_) + lo * es, (hi - lo) * es, cudaMemcpyDefault,
+                               stream));
+}
+
+void Weights::gather_range(int64_t lo, int64_t hi, void* dst, cudaStream_t stream) {
+    QT_CHECK(lo >= 0 && lo <= hi && hi <= layout_.total, "weights: internal error (range ", lo, "..", hi, ")");
+    if (lo < hi) fill_range(lo, hi, dst, stream);
 }
 
 // ---- where a parameter is ----
@@ -119,7 +158,6 @@ void Weights::gather(int l) {
     if (slot_layer_[s] == l) return;
     const std::size_t es = dtype_size(type_);
     const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
-    const char* host = static_cast<const char*>(flat_) + begin * es;
     char* slot = static_cast<char*>(buf_.weight_slots[s]);
     char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
@@ -127,14 +165,13 @@ void Weights::gather(int l) {
         // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
         const GpuLayerOffsets& o = layout_.layers[l];
         for (auto [from, to] : {std::pair{o.ln1, o.qkv_w}, {o.qkv_b, o.o_w}, {o.ln2, o.gate_up_w}})
-            CUDA_CHECK(cudaMemcpyAsync(slot + (from - begin) * es, host + (from - begin) * es, (to - from) * es,
-                                       cudaMemcpyDefault, copy_stream_));
+            fill_range(from, to, slot + (from - begin) * es, copy_stream_);
         CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
         transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
         slot_has_matrices_[s] = false;
     } else {
-        CUDA_CHECK(cudaMemcpyAsync(slot, host, span * es, cudaMemcpyDefault, copy_stream_));
+        fill_range(begin, begin + span, slot, copy_stream_);
         if (fp8_) quantize_layer(l, slot, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
         // saved after the ready event (the compute stream need not wait for it); the next copy into
@@ -151,6 +188,8 @@ void Weights::gather(int l) {
 void Weights::get(int l) {
     if (!streamed_) return;
     QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (get of layer ", l, " before its gather)");
+    // (timed: how long the compute stream waits for the layer, the copy or gather not hidden)
+    auto t_ = timer_.scope(sharded_ ? "weight gather wait" : "weight stream wait", compute_);
     CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[l & 1], 0));
 }
 
@@ -162,13 +201,13 @@ void Weights::release(int l) {
 void Weights::changed() {
     if (!streamed_) return;
     const std::size_t es = dtype_size(type_);
-    const int64_t head = layout_.layer_begin(0), tail = layout_.total - layout_.layers_end();
-    const char* w = static_cast<const char*>(flat_);
+    const int64_t head = layout_.layer_begin(0), end = layout_.layers_end();
     char* r = static_cast<char*>(buf_.resident_weights);
     const int64_t resident_head = embed_on_host_ ? 0 : head;  // the embedding stays on the host
-    if (resident_head) CUDA_CHECK(cudaMemcpyAsync(r, w, head * es, cudaMemcpyDefault, compute_));
-    CUDA_CHECK(cudaMemcpyAsync(r + resident_head * es, w + layout_.layers_end() * es, tail * es, cudaMemcpyDefault,
-                               compute_));
+    if (!sharded_ || comm_) {  // (ZeRO-3 before set_communicator: nothing to send yet)
+        if (resident_head) fill_range(0, head, r, compute_);
+        fill_range(end, layout_.total, r + resident_head * es, compute_);
+    }
     // the next copies into the slots must wait for whatever just wrote the host weights
     slot_layer_[0] = slot_layer_[1] = -1;
     std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use

@@ -6,9 +6,18 @@
 // role's own copy stream, quantised there as they arrive; with --persistent-quants each layer's FP8
 // copy is kept after its first pass of a step and copied in instead of the bf16 matrices.
 //
+// Sharded over data-parallel ranks (ZeRO-3, --shard-weights with --gpus > 1): the flat copy is the
+// rank's block of the weights only (param_shard.h; on the device, or pinned with --offload-master).
+// The layers pass through the same two slots, but gather(l) fills a slot from the ranks that own
+// the layer's elements — each owner places its part and broadcasts it, on the copy stream — so the
+// layer is assembled one layer ahead while the compute stream works, forward and backward alike;
+// the non-layer weights are resident on every rank, broadcast from their owners by changed(). Every
+// rank makes the same gather/changed calls in the same order (the step's schedule is the same on
+// every rank), which is what makes them valid collectives. The slot bytes are the unsharded
+// weights' bytes, so results equal ZeRO-1/2's bit for bit.
+//
 // Layer code reads parameters through at / q / qT (flat offsets) after get(l) of the layer. Its memory
 // is bound by bind_gpu_buffers (so the plan counts it); its stream, events and slot state are its own.
-// Sharding the weights (ZeRO-3) becomes a policy of this role.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +29,15 @@
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/layer_matrices.h"
+#include "model/cuda/param_shard.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
 
 namespace qtrain {
+
+namespace comm {
+class Communicator;
+}
 
 class Weights {
 public:
@@ -36,8 +50,17 @@ public:
     Weights& operator=(const Weights&) = delete;
 
     bool streamed() const { return streamed_; }
-    // The whole flat model-dtype copy (pinned host memory when streamed; the master itself in fp32).
+    // ZeRO-3: `comm` is the data-parallel world and `shard` this rank's block, which the flat copy
+    // holds. Before it is set (the model's construction) changed() leaves the resident copies alone.
+    void set_communicator(comm::Communicator* comm, const ParamShard& shard);
+    bool sharded() const { return sharded_; }
+    // The whole flat model-dtype copy (pinned host memory when streamed; the master itself in fp32;
+    // under ZeRO-3 the rank's block, element 0 = the block's first).
     void* flat() const { return flat_; }
+    // The model-dtype weights [lo, hi) of the flat space into dst (device memory), on `stream`.
+    // Collective under ZeRO-3 (every rank calls it with the same range: what the export and the
+    // tests read); elsewhere a copy from the flat buffer.
+    void gather_range(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
 
     // The model-dtype weight at flat offset off, and its FP8 copies (row-major; transposed, only with
     // FP8 gradients): in the flat buffers, or in the slot of its streamed layer.
@@ -76,6 +99,10 @@ private:
     // qT = the transposes of the four matrices already quantised in q: what quantize_layer writes to
     // qT, bit for bit.
     void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
+    // ZeRO-3: dst (element lo) = the flat weights [lo, hi), from the rank(s) whose blocks hold them.
+    void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
+    // Where a layer's weights come from: the flat copy (streaming) or the owners (ZeRO-3).
+    void fill_range(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
 
     const GpuBuffers& buf_;
     const GpuParamLayout& layout_;
@@ -86,7 +113,10 @@ private:
     void* flat_ = nullptr;
     float* amax_ = nullptr;
     bool fp8_ = false, fp8_grads_ = false;
-    bool streamed_ = false;            // --shard-weights
+    bool streamed_ = false;            // --shard-weights (one GPU: from host memory; ZeRO-3: from the owners)
+    bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
+    comm::Communicator* comm_ = nullptr;
+    ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
     bool persist_quants_ = false;      // streamed_quants_persist (gpu_buffers.h)
     cudaStream_t compute_ = nullptr, copy_stream_ = nullptr;
