@@ -65,4 +65,16 @@ void swiglu_backward_quantize_transpose(void* out_t, void* out, DType out_type, 
 // their transposed copy on the device instead of crossing PCIe twice. Same requirements as above.
 void transpose_fp8(void* out_t, const void* in, int64_t rows, int64_t cols, cudaStream_t stream);
 
+// ZeRO-3's FP8 weights (model/cuda/weights.h): `rank_amax` holds `ranks` rows of `count` floats, row
+// r = rank r's abs-max over its part of each tensor (0 where it owns none). For each tensor i, the
+// max over the rows goes to amax slot i and 1/scale of it (the rule of quantize_fp8, for fp8_type)
+// to inv_scale slot i, where slot i of a base is the 16-byte slot (i / group) * group_stride + i % group
+// (amax and inv_scale each with their own stride: the model's scale slots interleave per layer).
+// Bit for bit the amax abs_max takes over the whole tensor (a max of maxes is exact).
+struct Fp8SlotMap {
+    int group = 1, amax_group_stride = 1, inv_group_stride = 1;
+};
+void max_over_ranks_fp8_scales(float* amax_slots, float* inv_scale_slots, const float* rank_amax, int count, int ranks,
+                               Fp8SlotMap map, DType fp8_type, cudaStream_t stream);
+
 }  // namespace qtrain::cuda

@@ -257,6 +257,38 @@ void abs_max(float* amax, DType in_type, const void* x, int64_t n, cudaStream_t 
     CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+template <bool kE4M3>
+__global__ void max_over_ranks_kernel(float* amax_slots, float* inv_slots, const float* rank_amax, int count,
+                                      int ranks, Fp8SlotMap map) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    unsigned m = 0u;  // on |x|'s bit pattern, as abs_max takes it (fp8_common.cuh)
+    for (int r = 0; r < ranks; ++r) m = abs_max_bits(m, rank_amax[static_cast<int64_t>(r) * count + i]);
+    const float amax = __uint_as_float(m);
+    const int g = i / map.group, k = i % map.group;
+    amax_slots[4 * (g * map.amax_group_stride + k)] = amax;
+    inv_slots[4 * (g * map.inv_group_stride + k)] = fp8_inv_scale(fp8_scale_from_amax(amax, Fp8Format<kE4M3>::kMax));
+}
+
+}  // namespace
+
+void max_over_ranks_fp8_scales(float* amax_slots, float* inv_scale_slots, const float* rank_amax, int count, int ranks,
+                               Fp8SlotMap map, DType fp8_type, cudaStream_t s) {
+    QT_CHECK(fp8_type == DType::E4M3 || fp8_type == DType::E5M2, "max_over_ranks_fp8_scales: fp8_type must be an FP8 "
+             "dtype, got ", dtype_name(fp8_type));
+    check_scale_pointers(amax_slots, inv_scale_slots, "max_over_ranks_fp8_scales");
+    QT_CHECK(map.group >= 1 && count >= 0 && ranks >= 1, "max_over_ranks_fp8_scales: bad arguments");
+    if (count == 0) return;
+    const unsigned blocks = static_cast<unsigned>(ceil_div(count, kThreads));
+    if (fp8_type == DType::E4M3)
+        max_over_ranks_kernel<true><<<blocks, kThreads, 0, s>>>(amax_slots, inv_scale_slots, rank_amax, count, ranks, map);
+    else
+        max_over_ranks_kernel<false><<<blocks, kThreads, 0, s>>>(amax_slots, inv_scale_slots, rank_amax, count, ranks, map);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 void quantize_fp8(void* out, DType out_type, const void* in, DType in_type, int64_t n, const float* amax,
                   float* inv_scale_out, cudaStream_t s) {
     const bool e4m3 = is_e4m3(out_type, "quantize_fp8");

@@ -10,8 +10,10 @@
 //  - the sharded path over a one-rank communicator gives the plain path's bits;
 //  - a block checkpoint written by every rank resumes bit-identically;
 //  - ZeRO-3 (each rank keeps its block of the weights and gathers each layer from the owners) gives
-//    ZeRO-2's bits at any number of micro-batches, and so ZeRO-1's at one, in bf16, FP8 (with
-//    persistent quants and recompute) and with the block streamed from host memory.
+//    ZeRO-2's bits at any number of micro-batches, and so ZeRO-1's at one, in bf16, FP8 (the
+//    matrices gathered as FP8 codes with FP8 gradients, with and without persistent quants and
+//    recompute; bf16 gathered and quantised in the slot without) and with the block streamed from
+//    host memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -483,6 +485,12 @@ TEST(DataParallelGpu, ZeroThreeGivesZeroTwosBits) {
              o.recompute_block = true;
          },
          2},
+        {"e4m3 with e5m2 gradients (FP8 codes gathered every pass)", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+         }, 3},
+        {"e4m3 with bf16 gradients (bf16 gathered, quantised in the slot)",
+         [](ModelOptions& o) { o.matmul_dtype = DType::E4M3; }, 2},
         {"e4m3, quants in host memory", [](ModelOptions& o) {
              o.matmul_dtype = o.gradient_dtype = DType::E4M3;
              o.offload_quants = true;

@@ -194,6 +194,38 @@ TEST(Fp8Kernels, AbsMaxLargeTensorAndAccumulate) {
     }
 }
 
+// ZeRO-3's FP8 weights: every rank's abs-max over its part of each tensor, combined into the amax
+// and inverse-scale slots (the model's interleaved layout: 4 tensors per layer, amax slots 4 per
+// layer, inverse scales 16 per layer) equal abs_max over the whole tensor and quantize_fp8's inverse
+// scale, bit for bit, with parts that are empty (0), tiny or all-zero.
+TEST(Fp8Kernels, MaxOverRanksGivesTheWholeTensorsScales) {
+    QTRAIN_REQUIRE_GPU();
+    constexpr int kLayers = 3, kTensors = 4 * kLayers, kRanks = 3;
+    Rng rng(99);
+    std::vector<float> rank_amax(static_cast<std::size_t>(kRanks) * kTensors);
+    for (int r = 0; r < kRanks; ++r)
+        for (int i = 0; i < kTensors; ++i) {
+            const float u = rng.uniform();
+            rank_amax[r * kTensors + i] = u < 0.2f ? 0.0f : u < 0.3f ? 1e-30f : 3.0f * rng.uniform() + 0.01f * r;
+        }
+    for (int r = 0; r < kRanks; ++r) rank_amax[r * kTensors + 5] = 0.0f;  // an all-zero tensor: scale 1
+    DeviceBuffer partials(rank_amax, DType::F32);
+    for (DType q_t : kFp8Types) {
+        SCOPED_TRACE(std::string(dtype_name(q_t)));
+        ScaleSlots amax(4 * kLayers), inv(16 * kLayers);
+        cuda::max_over_ranks_fp8_scales(amax[0], inv[4], static_cast<const float*>(partials.get()), kTensors, kRanks,
+                                        {4, 4, 16}, q_t, nullptr);
+        for (int i = 0; i < kTensors; ++i) {
+            float want = 0.0f;
+            for (int r = 0; r < kRanks; ++r) want = std::max(want, rank_amax[r * kTensors + i]);
+            const int l = i / 4, m = i % 4;
+            EXPECT_EQ(bits(amax.get(4 * l + m)), bits(want)) << "tensor " << i;
+            EXPECT_EQ(bits(inv.get(16 * l + 4 + m)), bits(fp8_scale_from_amax(want, q_t).inv)) << "tensor " << i;
+        }
+        EXPECT_EQ(inv.get(16 + 4 + 1), 1.0f);  // tensor 5 (layer 1, matrix 1) is all zero: scale 1
+    }
+}
+
 TEST(Fp8Kernels, QuantizeTransposeBitExact) {
     QTRAIN_REQUIRE_GPU();
     struct Shape {

@@ -66,6 +66,10 @@ bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {
 
 bool weights_sharded_over_ranks(const ModelOptions& o) { return o.shard_weights && o.gpus > 1; }
 
+bool fp8_weights_gathered(const ModelOptions& o) {
+    return weights_sharded_over_ranks(o) && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+}
+
 bool weights_on_host(const ModelOptions& o) {
     return o.shard_weights && (o.gpus <= 1 || o.offload_master);
 }
@@ -234,6 +238,10 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                 if (fp8_grads) b.quantT_slots[s] = quants.take(span);
             }
             if (streamed_quants_persist(opt)) b.quant_store = quant_store.take(static_cast<std::size_t>(L) * span);
+            if (fp8_weights_gathered(opt)) {  // ZeRO-3: the block's FP8 codes and every rank's abs-maxes
+                b.quant_block = quants.take(shard.size);
+                b.rank_amax = quants.take_n<float>(static_cast<std::size_t>(world) * 4 * L);
+            }
         } else {
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);

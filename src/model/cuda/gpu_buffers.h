@@ -137,6 +137,12 @@ struct GpuBuffers {
     // an optimizer step and copied into quant_slots for every later pass; on the device, or in pinned
     // host memory with --offload-quants.
     void* quant_store = nullptr;
+    // ZeRO-3 with FP8 weights and FP8 gradients (fp8_weights_gathered): the rank's block quantised
+    // (1 byte per element, the block's offsets; only its matrices' elements are meaningful) with
+    // each matrix's whole-tensor scale, and every rank's abs-max of its part of each matrix
+    // ([world][4 * layers] floats), from which that scale comes.
+    void* quant_block = nullptr;
+    float* rank_amax = nullptr;
     // Gradient streaming (--offload-gradients): `grads` is in pinned host memory; the device keeps
     // the non-layer gradients (resident_grads, same split as resident_weights) and two layer slots
     // each layer's backward writes into before a side stream adds them to the host copy. Untied
@@ -187,6 +193,10 @@ bool weights_sharded_over_ranks(const ModelOptions& opt);
 // memory: --shard-weights on one GPU (streaming), or ZeRO-3 with --offload-master (the rank
 // streams its block from host memory).
 bool weights_on_host(const ModelOptions& opt);
+// ZeRO-3 with --matmul-dtype=e4m3 and FP8 gradients: each rank quantises its block of the layer
+// matrices once per step with the whole matrices' scales, and the layers are gathered as FP8 bytes
+// (half the traffic of bf16; the backward needs no bf16 matrix with FP8 gradients).
+bool fp8_weights_gathered(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,

@@ -43,6 +43,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       fp8_grads_(fp8_ && is_fp8(o.gradient_dtype)),
       streamed_(o.shard_weights),
       sharded_(weights_sharded_over_ranks(o)),
+      fp8_gather_(fp8_weights_gathered(o)),
       embed_on_host_(embedding_weights_on_host(config, o)),
       persist_quants_(streamed_quants_persist(o)),
       compute_(compute) {
@@ -81,8 +82,12 @@ void Weights::set_communicator(comm::Communicator* comm, const ParamShard& shard
 // ---- where the weights come from ----
 
 void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream) {
+    fill_from_owners(lo, hi, dst, stream, flat_, type_);
+}
+
+void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t) {
     QT_CHECK(comm_, "weights: internal error (ZeRO-3 weights gathered before set_communicator)");
-    const std::size_t es = dtype_size(type_);
+    const std::size_t es = dtype_size(t);
     for (int o = 0; o < shard_.world; ++o) {
         // rank o's block [o * size, o * size + size) of the flat space, cut to the range
         const int64_t ob = static_cast<int64_t>(o) * shard_.size;
@@ -90,9 +95,9 @@ void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t s
         if (a >= b) continue;
         char* d = static_cast<char*>(dst) + (a - lo) * es;
         if (o == shard_.rank)  // the owner places its part, then sends it (broadcast is in place)
-            CUDA_CHECK(cudaMemcpyAsync(d, static_cast<const char*>(flat_) + (a - ob) * es, (b - a) * es,
+            CUDA_CHECK(cudaMemcpyAsync(d, static_cast<const char*>(block) + (a - ob) * es, (b - a) * es,
                                        cudaMemcpyDefault, stream));
-        comm_->broadcast(d, static_cast<std::size_t>(b - a), type_, o, stream);
+        comm_->broadcast(d, static_cast<std::size_t>(b - a), t, o, stream);
     }
 }
 
@@ -161,10 +166,25 @@ void Weights::gather(int l) {
     char* slot = static_cast<char*>(buf_.weight_slots[s]);
     char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
-    if (persist_quants_ && quant_stored_[l]) {
+    const GpuLayerOffsets& lo = layout_.layers[l];
+    if (fp8_gather_ && !(persist_quants_ && quant_stored_[l])) {
+        // ZeRO-3 with FP8 weights: the bf16 norm weights and bias, then the matrices' FP8 codes from
+        // their owners' quantised blocks (quantize_block), 1 byte per weight
+        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
+            fill_from_owners(from, to, slot + (from - begin) * es, copy_stream_);
+        char* q = static_cast<char*>(buf_.quant_slots[s]);
+        for (auto [from, to] : {std::pair{lo.qkv_w, lo.qkv_b}, {lo.o_w, lo.ln2}, {lo.gate_up_w, begin + span}})
+            fill_from_owners(from, to, q + (from - begin), copy_stream_, buf_.quant_block, DType::U8);
+        if (fp8_grads_) transpose_layer_quants(l, q, buf_.quantT_slots[s], copy_stream_);
+        CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
+        if (persist_quants_) {
+            CUDA_CHECK(cudaMemcpyAsync(stored, q, span, cudaMemcpyDefault, copy_stream_));
+            quant_stored_[l] = 1;
+        }
+        slot_has_matrices_[s] = false;
+    } else if (persist_quants_ && quant_stored_[l]) {
         // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
-        const GpuLayerOffsets& o = layout_.layers[l];
-        for (auto [from, to] : {std::pair{o.ln1, o.qkv_w}, {o.qkv_b, o.o_w}, {o.ln2, o.gate_up_w}})
+        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
             fill_range(from, to, slot + (from - begin) * es, copy_stream_);
         CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
         transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
@@ -207,6 +227,7 @@ void Weights::changed() {
     if (!sharded_ || comm_) {  // (ZeRO-3 before set_communicator: nothing to send yet)
         if (resident_head) fill_range(0, head, r, compute_);
         fill_range(end, layout_.total, r + resident_head * es, compute_);
+        if (fp8_gather_) quantize_block();
     }
     // the next copies into the slots must wait for whatever just wrote the host weights
     slot_layer_[0] = slot_layer_[1] = -1;
@@ -224,6 +245,34 @@ void Weights::quantize(bool amax_ready) {
         quantize_layer(l, static_cast<const char*>(flat_) + b * dtype_size(type_), static_cast<char*>(buf_.wq) + b,
                        buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, compute_, amax_ready);
     }
+}
+
+void Weights::quantize_block() {
+    auto t_ = timer_.scope("fp8 quantize", compute_);
+    const std::size_t es = dtype_size(type_);
+    const int K = 4 * layers_;
+    float* mine = buf_.rank_amax + static_cast<int64_t>(shard_.rank) * K;
+    const int64_t ob = static_cast<int64_t>(shard_.rank) * shard_.size, oe = ob + shard_.size;
+    const char* w = static_cast<const char*>(flat_);
+    // this rank's part [a, b) of matrix m of layer l (empty: a >= b)
+    auto part = [&](int l, Matrix m) {
+        const MatrixShape g = layer_matrix(layout_, config_, l, m);
+        return std::pair{std::max(g.offset, ob), std::min(g.offset + g.rows * g.cols, oe)};
+    };
+    CUDA_CHECK(cudaMemsetAsync(mine, 0, K * sizeof(float), compute_));
+    for (int l = 0; l < layers_; ++l)
+        for (int mi = 0; mi < 4; ++mi)
+            if (auto [a, b] = part(l, static_cast<Matrix>(mi)); a < b)
+                cuda::abs_max(mine + 4 * l + mi, type_, w + (a - ob) * es, b - a, compute_, /*accumulate=*/true);
+    comm_->all_gather(mine, buf_.rank_amax, static_cast<std::size_t>(K), DType::F32, compute_);
+    // amax(l, m) is slot 4l + m of amax_; inv_scale(l, m) slot 16l + 4 + m of the scale slots
+    cuda::max_over_ranks_fp8_scales(amax_, inv_scale(0, kQkv), buf_.rank_amax, K, shard_.world,
+                                    {4, 4, kFp8SlotsPerLayer}, DType::E4M3, compute_);
+    for (int l = 0; l < layers_; ++l)
+        for (int mi = 0; mi < 4; ++mi)
+            if (auto [a, b] = part(l, static_cast<Matrix>(mi)); a < b)
+                cuda::quantize_fp8(static_cast<char*>(buf_.quant_block) + (a - ob), DType::E4M3, w + (a - ob) * es,
+                                   type_, b - a, amax(l, static_cast<Matrix>(mi)), nullptr, compute_);
 }
 
 void Weights::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT_layer, cudaStream_t stream,

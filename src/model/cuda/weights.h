@@ -14,7 +14,12 @@
 // the non-layer weights are resident on every rank, broadcast from their owners by changed(). Every
 // rank makes the same gather/changed calls in the same order (the step's schedule is the same on
 // every rank), which is what makes them valid collectives. The slot bytes are the unsharded
-// weights' bytes, so results equal ZeRO-1/2's bit for bit.
+// weights' bytes, so results equal ZeRO-1/2's bit for bit. With FP8 weights and FP8 gradients
+// (fp8_weights_gathered) the matrices travel as FP8 codes instead: after each update every rank
+// takes the abs-max of its part of each matrix, the parts' maxima are all-gathered and combined into
+// the whole matrix's scale, each rank quantises its part with it, and gather(l) moves those bytes
+// (half of bf16's) with the small bf16 tensors; quantising is elementwise with one scale per
+// matrix, so the codes are those of quantising the gathered layer, bit for bit.
 //
 // Layer code reads parameters through at / q / qT (flat offsets) after get(l) of the layer. Its memory
 // is bound by bind_gpu_buffers (so the plan counts it); its stream, events and slot state are its own.
@@ -101,6 +106,11 @@ private:
     void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
     // ZeRO-3: dst (element lo) = the flat weights [lo, hi), from the rank(s) whose blocks hold them.
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
+    // The same from each owner's `block` of elements of type t (the weights, or their FP8 codes).
+    void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t);
+    // ZeRO-3 with FP8 weights (fp8_weights_gathered): every matrix's abs-max over the ranks' parts
+    // and its scales, then this rank's part quantised into buf_.quant_block, on the compute stream.
+    void quantize_block();
     // Where a layer's weights come from: the flat copy (streaming) or the owners (ZeRO-3).
     void fill_range(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
 
@@ -115,6 +125,7 @@ private:
     bool fp8_ = false, fp8_grads_ = false;
     bool streamed_ = false;            // --shard-weights (one GPU: from host memory; ZeRO-3: from the owners)
     bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
+    bool fp8_gather_ = false;          // the layers' matrices gathered as FP8 codes (fp8_weights_gathered)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
