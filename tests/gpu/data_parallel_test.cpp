@@ -553,3 +553,46 @@ TEST(DataParallelGpu, PlanCountsOneBlockOfTheWeightsUnderZeroThree) {
     bad.shard_weights = true;  // without the gradients' per-layer path
     EXPECT_ERROR(CudaModel::plan(half, bad), "--zero-level=3");
 }
+
+// A micro-batch without a valid target on one rank (all targets ignored, e.g. a fully masked SFT
+// sample): ZeRO-2's per-layer reductions and ZeRO-3's gathers are collectives inside the backward,
+// so that rank must still run it (adding zeros) or the others would wait for it forever. The same
+// bits as ZeRO-1, where the rank simply contributes nothing.
+TEST(DataParallelGpu, AMicroBatchWithoutTargetsOnOneRankStillJoinsTheCollectives) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = dp_config();
+    auto train = [&](int zero) {
+        DpRun out;
+        out.weights.resize(2);
+        run_gpu_ranks(2, [&](int r, comm::Communicator& c) {
+            ModelOptions o = base_options();
+            o.gpus = 2;
+            o.shard_gradients = zero >= 2;
+            o.shard_weights = zero == 3;
+            CudaModel m(cfg, o);
+            m.set_communicator(&c, zero);
+            m.init_random(42);
+            for (int step = 1; step <= 4; ++step) {
+                Tokens d = tokens(cfg.vocab_size, step, r);
+                if (r == 1 && step == 2) std::fill(d.tgt.begin(), d.tgt.end(), -1);
+                m.forward_backward(Batch{d.in.data(), d.tgt.data(), kB, kT}, 0.5f);
+                const StepStats s = m.optimizer_step(params(step));
+                if (r == 0) out.losses.push_back(s.loss), out.norms.push_back(s.grad_norm);
+                if (step == 2) {  // and an evaluation where rank 1's batch has no target
+                    Tokens e = tokens(cfg.vocab_size, 100, r);
+                    if (r == 1) std::fill(e.tgt.begin(), e.tgt.end(), -1);
+                    const float loss = m.evaluate(Batch{e.in.data(), e.tgt.data(), kB, kT});
+                    if (r == 1) EXPECT_EQ(loss, 0.0f);
+                }
+            }
+            out.weights[r] = all_weights(m);
+        });
+        return out;
+    };
+    const DpRun z1 = train(1), z2 = train(2), z3 = train(3);
+    EXPECT_TRUE(same_bits(z1.losses, z2.losses));
+    EXPECT_TRUE(same_bits(z1.losses, z3.losses));
+    EXPECT_TRUE(same_bits(z1.norms, z3.norms));
+    EXPECT_TRUE(same_bits(z1.weights[0], z2.weights[0]));
+    EXPECT_TRUE(same_bits(z1.weights[0], z3.weights[1]));
+}

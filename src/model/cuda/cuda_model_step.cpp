@@ -329,7 +329,13 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
     const float dscale = valid ? grad_scale / static_cast<float>(valid) : 0.0f;
     upload_batch(batch, true, dscale, dscale);
     if (valid == 0) {  // nothing to learn from: no loss, no gradient
-        forward(B, T);
+        if (!grads_->reduced_per_layer() && !weights_->sharded()) {
+            forward(B, T);
+            return;
+        }
+        // ZeRO-2's per-layer reductions and ZeRO-3's gathers are collectives in the backward that
+        // every rank must join: run it with zero scales (it adds zeros to the gradient)
+        forward_backward_ops(B, T);
         return;
     }
     // The per-op timer records events between ops, which a graph would hide: it runs eagerly.
@@ -444,9 +450,14 @@ std::vector<float> CudaModel::logits(const Batch& batch) {
 float CudaModel::evaluate(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len;
     const int valid = cpu::count_valid_targets(batch.targets, N);
-    if (valid == 0) return 0.0f;
-    upload_batch(batch, false, 1.0f / static_cast<float>(valid), 0.0f);
+    if (valid == 0 && !weights_->sharded()) return 0.0f;
+    // (ZeRO-3: the forward's gathers are collectives, so a batch without targets still runs it)
+    upload_batch(batch, false, valid ? 1.0f / static_cast<float>(valid) : 0.0f, 0.0f);
     forward(batch.batch_size, batch.seq_len);
+    if (valid == 0) {
+        sync();
+        return 0.0f;
+    }
     // a separate accumulator, so a training step in progress keeps its loss
     float* eval_acc = buf_.loss_acc + 1;
     CUDA_CHECK(cudaMemsetAsync(eval_acc, 0, sizeof(float), stream_));
