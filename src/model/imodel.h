@@ -77,7 +77,8 @@ public:
     // Collective under data parallel: every rank calls it with the same `dir` (between two barriers;
     // checkpointer.h) and each rank writes its own part, under file names that do not collide with
     // the other ranks' (e.g. optimizer.rank00001.safetensors); a rank that holds nothing of its own
-    // writes nothing (the CPU model's state is the same on every rank, so only its rank 0 writes).
+    // writes nothing (the CPU model's state is the same on every rank, so only its rank 0 writes;
+    // under ZeRO-3 its ranks gather the state to rank 0 first).
     virtual void save_checkpoint(const std::string& dir) const = 0;
     // Called on every rank with the same `dir` (a checkpoint written by the same number of ranks);
     // each rank reads what it needs of it.

@@ -3,6 +3,10 @@
 // combined exactly (comm::sum_scalars_over_ranks, in double, rank order). So W ranks take about 1/W of
 // the time, and the mean equals one rank's up to the rounding of that combination: one rank adds the
 // batches' sums in batch order, W ranks in W partial sums; both are doubles, rounded once to fp32.
+// When the model's weights are sharded (IModel::weights_sharded, ZeRO-3) its forward passes are
+// collective: the batches go in rounds of W (batch r of a round is rank r's), and in a round where any
+// rank has a batch with a valid target a rank without one evaluates a batch whose targets are all
+// ignored and discards the result, so every rank makes the same calls and the loss is the same.
 #pragma once
 
 #include <cstdint>

@@ -140,7 +140,8 @@ void RankRun::start() {
     if (world_ > 1) {
         // the model's collectives go over its own communicator when its backend has one (model_factory.h)
         if (ctx_.model_communicator) model_comm_ = ctx_.model_communicator(host_, mopt.device_index);
-        const int zero_level = mopt.shard_gradients ? 2 : 1;
+        // --zero-level=3 or --shard-weights (train_options.cpp sets both flags below it too)
+        const int zero_level = mopt.shard_weights ? 3 : mopt.shard_gradients ? 2 : 1;
         model_->set_communicator(model_comm_ ? model_comm_.get() : &host_, zero_level);
         if (lead_)
             log_->message(cat("[Setup] ", ctx_.launch, ": ", world_, ctx_.device == "cpu" ? " CPU" : " GPU",
@@ -303,18 +304,25 @@ void RankRun::save_checkpoint(int completed_steps) {
 
 int RankRun::finish(int step) {
     // Rank 0 exports. The training is worth more than the export: when it fails, every rank keeps
-    // the state in a checkpoint (collective) that the export can be redone from.
+    // the state in a checkpoint (collective) that the export can be redone from. With sharded
+    // weights (ZeRO-3) save_hf is collective (imodel.h): every rank calls it, even when rank 0
+    // could not create the directory, so that no rank waits for another in it; rank 0 writes.
     const auto t_export = Clock::now();
+    const bool collective = model_->weights_sharded();
     std::string export_error;
-    if (lead_) {
-        try {
+    if (lead_ || collective) {
+        std::string dir_error;
+        if (lead_) {
             std::error_code ec;
             fs::create_directories(o_.out_dir, ec);
-            QT_CHECK(!ec, "--out-dir: cannot create '", o_.out_dir, "': ", ec.message());
-            model_->save_hf(o_.out_dir);
+            if (ec) dir_error = cat("--out-dir: cannot create '", o_.out_dir, "': ", ec.message());
+        }
+        try {
+            if (dir_error.empty() || collective) model_->save_hf(o_.out_dir);
         } catch (const std::exception& e) {
             export_error = e.what();
         }
+        if (!dir_error.empty()) export_error = dir_error;  // the cause, not save_hf's failure after it
     }
     const double failed_here = export_error.empty() ? 0.0 : 1.0;
     double failed = 0.0;

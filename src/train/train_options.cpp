@@ -65,19 +65,23 @@ void add_flags(CLI::App& app, TrainOptions& o) {
                 "one rank-order kernel) instead of NCCL; also runs several ranks on one GPU (--gpu-ids=0,0)");
 
     g = app.add_option_group("Multi-GPU");
-    g->add_option("--gpus", o.gpus, "Number of data-parallel ranks (ZeRO-1, or ZeRO-2 with --zero-level=2; equal to "
-                  "one rank with that many times the accumulation). Started as threads of this process, or under "
-                  "`mpirun -np N train ...` one rank per process (then --gpus must be 1 or N). With --device=cpu "
-                  "the ranks are CPU reference models. On the GPU: one rank per GPU (--gpu-ids) over NCCL, or over "
-                  "the copy engines with --memcpy-all-gather; ZeRO-1 keeps 1/N of the master weights and Adam moments "
-                  "per rank, ZeRO-2 also 1/N of the gradient");
+    g->add_option("--gpus", o.gpus, "Number of data-parallel ranks (ZeRO-1, ZeRO-2 with --zero-level=2 or ZeRO-3 "
+                  "with --zero-level=3; equal to one rank with that many times the accumulation). Started as threads "
+                  "of this process, or under `mpirun -np N train ...` one rank per process (then --gpus must be 1 or "
+                  "N). With --device=cpu the ranks are CPU reference models. On the GPU: one rank per GPU (--gpu-ids) "
+                  "over NCCL, or over the copy engines with --memcpy-all-gather; ZeRO-1 keeps 1/N of the master "
+                  "weights and Adam moments per rank, ZeRO-2 also 1/N of the gradient, ZeRO-3 also 1/N of the "
+                  "weights");
     g->add_option("--gpu-ids", o.gpu_ids, "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; "
                   "repeats allowed: 0,0 puts two ranks on device 0). Default: rank r on device r in threads mode, "
                   "each process's local rank (OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only");
-    g->add_flag("--shard-weights", o.shard_weights, "Shard weights across GPUs (ZeRO-3); on one GPU: stream them from host");
+    g->add_flag("--shard-weights", o.shard_weights, "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: "
+                "each rank holds 1/N of them and every layer is gathered from its owners just before it is used, in "
+                "the forward and again in the backward); on one GPU: stream them from host");
     g->add_flag("--shard-gradients", o.shard_gradients, "Shard gradients across GPUs (ZeRO-2, as --zero-level=2: each "
                 "layer's gradient reduced to its owning rank during the backward); on one GPU: needs --offload-gradients");
-    g->add_option("--zero-level", o.zero_level, "ZeRO level: 1 optimizer state, 2 + gradients, 3 + weights")
+    g->add_option("--zero-level", o.zero_level, "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer "
+                  "state, 2 + gradients, 3 + weights")
         ->check(CLI::Range(1, 3));
 
     g = app.add_option_group("Performance and memory");

@@ -1,9 +1,10 @@
 // MPI mode through `train` (issue 18): `mpirun -np N train --device=cpu ...` runs one rank per
 // process in the same rank loop as threads mode. N processes equal one rank with N x the accumulation
-// (1e-6 in loss and norm, 1e-5 in the weights) and threads mode at the same N bit for bit; ZeRO-1 and
-// ZeRO-2 are bit-identical; --continue resumes bit for bit; only rank 0 prints; a rank that fails or
-// is killed ends the job with a non-zero exit instead of a hang. Skipped where the build has no MPI or
-// no OpenMPI mpirun (tests/CMakeLists.txt defines QTRAIN_MPIEXEC). Every run is under a time limit.
+// (1e-6 in loss and norm, 1e-5 in the weights) and threads mode at the same N bit for bit; ZeRO-1,
+// ZeRO-2 and ZeRO-3 are bit-identical; --continue resumes bit for bit; only rank 0 prints; a rank
+// that fails or is killed ends the job with a non-zero exit instead of a hang. Skipped where the build
+// has no MPI or no OpenMPI mpirun (tests/CMakeLists.txt defines QTRAIN_MPIEXEC). Every run is under a
+// time limit.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -105,6 +106,35 @@ TEST(TrainCliMpi, ZeroLevelsOneAndTwoAreBitIdentical) {
     EXPECT_TRUE(Contains(z2.output, "ZeRO-2")) << z2.output;
     EXPECT_EQ(step_losses(f.dir / "z1/log.jsonl"), step_losses(f.dir / "z2/log.jsonl"));
     EXPECT_EQ(read_file(f.dir / "z1/model.safetensors"), read_file(f.dir / "z2/model.safetensors"));
+}
+
+// ZeRO-3 over MPI: the gathers are MPI broadcasts, the export and the checkpoints are gathered to
+// rank 0's process; ZeRO-1's bits, 5 eval batches included (each round leaves a rank out at the end).
+TEST(TrainCliMpi, ZeroThreeEqualsZeroOneBitForBit) {
+    SKIP_WITHOUT_MPIRUN();
+    Fixture f;
+    const std::string common =
+        " --steps=4 --eval-every-n-steps=2 --eval-num-steps=5 --grad-accumulation=2 --ckpt-interval=4";
+    for (int np : {2, 3}) {
+        SCOPED_TRACE("-np " + std::to_string(np));
+        const std::string n = std::to_string(np), z1 = "z1-" + n, z3 = "z3-" + n;
+        auto a = run_command(kLimit + f.base_cmd(z1, "cpu", mpirun(np)) + common + " --zero-level=1");
+        auto b = run_command(kLimit + f.base_cmd(z3, "cpu", mpirun(np)) + common + " --zero-level=3");
+        ASSERT_EQ(a.exit_code, 0) << a.output;
+        ASSERT_EQ(b.exit_code, 0) << b.output;
+        EXPECT_TRUE(Contains(b.output, "MPI mode: " + n + " CPU ranks, ZeRO-3")) << b.output;
+        const std::string la = f.dir / (z1 + "/log.jsonl"), lb = f.dir / (z3 + "/log.jsonl");
+        ASSERT_EQ(step_losses(la).size(), 4u);
+        EXPECT_EQ(step_losses(lb), step_losses(la));
+        EXPECT_EQ(event_values(lb, "step", "norm"), event_values(la, "step", "norm"));
+        ASSERT_EQ(event_values(la, "eval", "loss").size(), 2u);
+        EXPECT_EQ(event_values(lb, "eval", "loss"), event_values(la, "eval", "loss"));
+        EXPECT_EQ(read_file(f.dir / (z3 + "/model.safetensors")), read_file(f.dir / (z1 + "/model.safetensors")));
+        for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+            EXPECT_EQ(read_file(f.dir / (z3 + "-ckpt/step_00000004/" + file)),
+                      read_file(f.dir / (z1 + "-ckpt/step_00000004/" + file)))
+                << file;
+    }
 }
 
 TEST(TrainCliMpi, ContinueReproducesTheUninterruptedRunExactly) {

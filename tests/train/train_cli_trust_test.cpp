@@ -86,6 +86,7 @@ TEST(TrainCliTrust, HelpShowsDefaultsAndWhatGpusDoesToday) {
                           "--grad-accumulation INT=4", "--opt-m-dtype TEXT=fp32"})
         EXPECT_TRUE(Contains(r.output, d)) << d;
     EXPECT_TRUE(Contains(r.output, "On the GPU: one rank per GPU (--gpu-ids) over NCCL")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "ZeRO-3 with --zero-level=3")) << r.output;
     EXPECT_TRUE(Contains(r.output, "May change: --steps")) << "--continue's help says what may change";
 }
 

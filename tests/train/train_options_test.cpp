@@ -71,6 +71,24 @@ TEST(TrainOptions, RecomputeBlockImpliesEverything) {
     EXPECT_TRUE(m.recompute_swiglu && m.recompute_norm && m.recompute_qkv && m.recompute_ffn && m.recompute_att);
 }
 
+// ZeRO-3 is asked for by --zero-level=3 or --shard-weights; the rank loop picks the level from these
+// two model flags (the highest that is set), so level 3 must imply the gradients' sharding too.
+TEST(TrainOptions, ZeroLevelThreeAndShardWeightsShardTheWeights) {
+    for (const char* flag : {"--zero-level=3", "--shard-weights"}) {
+        SCOPED_TRACE(flag);
+        TrainOptions o;
+        ASSERT_FALSE(parse({"--model=m", "--train-file=t", "--gpus=2", flag}, o).has_value());
+        const ModelOptions m = o.model_options("cpu");
+        EXPECT_TRUE(m.shard_weights);
+        if (std::string(flag) == "--zero-level=3") EXPECT_TRUE(m.shard_gradients);
+    }
+    TrainOptions two;
+    ASSERT_FALSE(parse({"--model=m", "--train-file=t", "--zero-level=2"}, two).has_value());
+    EXPECT_FALSE(two.model_options("cpu").shard_weights);
+    TrainOptions four;
+    EXPECT_TRUE(parse({"--model=m", "--train-file=t", "--zero-level=4"}, four).has_value()) << "1..3 only";
+}
+
 TEST(TrainOptions, BadDtypeNamesTheFlag) {
     TrainOptions o;
     o.model_dtype = "fp8";

@@ -1,7 +1,7 @@
 // The CPU reference model's data-parallel optimizer step (cpu_model.h, set_communicator): the sums
 // over ranks, the sharded AdamW and the gathers. Each element is summed over the ranks in rank order
-// (comm/communicator.h), so ZeRO-1 and ZeRO-2 give the same bits, and the result equals one model with
-// world x the accumulation up to the order of the micro-batch additions.
+// (comm/communicator.h), so ZeRO-1, ZeRO-2 and ZeRO-3 give the same bits, and the result equals one
+// model with world x the accumulation up to the order of the micro-batch additions.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,10 +14,19 @@
 namespace qtrain {
 
 void CpuModel::set_communicator(comm::Communicator* comm, int zero_level) {
-    QT_CHECK(zero_level == 1 || zero_level == 2, "--zero-level=", zero_level,
-             " is not supported by the CPU model's data parallel step (1 or 2)");
+    QT_CHECK(zero_level >= 1 && zero_level <= 3, "--zero-level=", zero_level,
+             " is not supported by the CPU model's data parallel step (1, 2 or 3)");
+    if (weights_sharded()) {
+        // leaving ZeRO-3 (or its world): every rank gets the whole state back from the old owners
+        std::vector<float> all;
+        for (std::vector<float>* state : {&params_, &adam_m_, &adam_v_}) {
+            whole(*state, all);
+            std::copy(all.begin(), all.begin() + num_elements(), state->begin());
+        }
+    }
     comm_ = comm;
     zero_level_ = zero_level;
+    shard_state();  // entering ZeRO-3: keep only this rank's block
 }
 
 void CpuModel::adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* g, int64_t g_begin,
@@ -50,7 +59,7 @@ StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
     std::vector<float> padded(static_cast<size_t>(S) * W, 0.0f), block(static_cast<size_t>(S));
     std::copy(grads_.begin(), grads_.end(), padded.begin());
     const float* g = nullptr;
-    if (zero_level_ == 1) {
+    if (zero_level_ == 1) {  // ZeRO-2 and ZeRO-3 keep only the rank's block of the summed gradient
         c.all_reduce(padded.data(), padded.data(), padded.size(), DType::F32);
         g = padded.data() + r * S;
     } else {
@@ -63,6 +72,8 @@ StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
 
     const float clip_scale = (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) ? p.grad_clip / stats.grad_norm : 1.0f;
     adamw_range(p, begin, end, g, begin, clip_scale);
+    // ZeRO-3: the rank keeps its updated block; the next pass gathers what it needs (cpu_zero3.cpp)
+    if (weights_sharded()) return stats;
     // every rank gets every block of the weights and moments back
     for (std::vector<float>* state : {&params_, &adam_m_, &adam_v_}) {
         std::copy(state->begin() + begin, state->begin() + end, block.begin());

@@ -23,7 +23,6 @@ constexpr const char* kLayerSuffixes[] = {
     "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
     "self_attn.k_proj.bias",           "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
     "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",    "mlp.down_proj.weight"};
-constexpr int kTensorsPerLayer = 12;
 
 void ensure(std::vector<float>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -67,8 +66,8 @@ void CpuModel::check_options(const ModelOptions& o) {
     for (const auto& [flag, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");
-    // GPU settings mean nothing to the CPU model, so each is refused (not ignored; --shard-gradients
-    // is ZeRO-2 with several ranks, --gpus > 1 in threads mode). The recompute
+    // GPU settings mean nothing to the CPU model, so each is refused (not ignored; with several ranks
+    // --shard-gradients is ZeRO-2 and --shard-weights ZeRO-3, --gpus > 1 in threads mode). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
     const std::pair<const char*, bool> flags[] = {
@@ -79,11 +78,14 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--offload-opt-m", o.offload_opt_m},         {"--offload-opt-v", o.offload_opt_v},
         {"--offload-quants", o.offload_quants},       {"--offload-gradients", o.offload_gradients},
         {"--persistent-quants", o.persistent_quants}, {"--write-combined", o.write_combined},
-        {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights},
+        {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights && o.gpus <= 1},
         {"--shard-gradients", o.shard_gradients && o.gpus <= 1},     {"--use-cuda-graphs", o.use_cuda_graphs},
         {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
         {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off},
         {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
+    // the levels shard over ranks; --zero-level=2|3 sets --shard-gradients|weights, which would be blamed below
+    QT_CHECK(o.gpus > 1 || o.zero_level <= 1, "--zero-level=", o.zero_level, " on --device=cpu needs several ranks "
+             "(--gpus > 1 or mpirun): one rank has nothing to shard; leave it out or give --zero-level=1");
     for (const auto& [flag, on] : flags)
         QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
     QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, " on --device=cpu: give the number of ranks (threads), at least 1");
@@ -155,6 +157,7 @@ void CpuModel::init_random(uint64_t seed) {
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
     step_loss_ = 0.0;
+    shard_state();  // ZeRO-3: every rank initialised the whole model and keeps its block
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -231,8 +234,10 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
               I = c.intermediate_size, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
     const float eps = static_cast<float>(c.rms_norm_eps);
     Activations& a = acts_;
-    cpu::embedding_forward(a.resid.data(), batch.inputs, params_.data(), N, C);
-    if (fp8()) quantize_weights();
+    {
+        const Held table(*this, embedding_range());
+        cpu::embedding_forward(a.resid.data(), batch.inputs, params_.data(), N, C);
+    }
     // the input of a GEMM: itself, or (FP8) its e4m3 rounding in fq_x
     auto in = [&](const float* x, int64_t n) -> const float* {
         if (!fp8()) return x;
@@ -240,6 +245,8 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         return a.fq_x.data();
     };
     for (int l = 0; l < c.num_hidden_layers; ++l) {
+        const Held weights(*this, layer_range(l));
+        if (fp8()) quantize_layer(l);
         const Layer w = layer(fp8() ? fq_params_.data() : params_.data(), l);
         const Layer wp = layer(params_.data(), l);  // norms and biases are never quantised
         const int64_t nc = static_cast<int64_t>(l) * N * C, nq = static_cast<int64_t>(l) * N * Q,
@@ -272,6 +279,7 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
                               static_cast<int64_t>(N) * C);
     }
     const int64_t last = static_cast<int64_t>(c.num_hidden_layers) * N * C;
+    const Held norm(*this, norm_range());
     cpu::rmsnorm_forward(a.final_norm.data(), a.rstd_final.data(), a.resid.data() + last,
                          params_.data() + offsets_[1 + c.num_hidden_layers * kTensorsPerLayer], N, C, eps);
 }
@@ -288,9 +296,12 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
 
     // dresid carries d(loss)/d(residual stream) downwards; every block adds its input gradient to it.
     zero(a.dresid, nC);
-    cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + offsets_[norm_index], a.dln.data(),
-                          a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
-                          params_.data() + offsets_[norm_index], a.rstd_final.data(), N, C);
+    {
+        const Held norm(*this, norm_range());
+        cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + offsets_[norm_index], a.dln.data(),
+                              a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
+                              params_.data() + offsets_[norm_index], a.rstd_final.data(), N, C);
+    }
     // FP8 gradients: dX = q(dy) q(W), dW += q(dy)^T q(x) with x's forward scale (recomputed: the
     // same amax of the same x), bias gradients from the unquantised dy, as on the GPU.
     const bool fq = fp8_grads();
@@ -306,6 +317,9 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         return a.fq_dy.data();
     };
     for (int l = c.num_hidden_layers - 1; l >= 0; --l) {
+        const Held weights(*this, layer_range(l));
+        // the forward's FP8 copy went with the layer when it was released: the same bits again
+        if (fq && weights_sharded()) quantize_layer(l);
         const Layer w = layer(fq ? fq_params_.data() : params_.data(), l);
         const Layer wp = layer(params_.data(), l);
         const Layer g = layer(grads_.data(), l);
@@ -363,20 +377,19 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }
+    // (reads no weight: the embedding is not gathered again)
     cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
 }
 
-void CpuModel::quantize_weights() {
+void CpuModel::quantize_layer(int l) {
     if (fq_params_.size() != params_.size()) fq_params_.assign(params_.size(), 0.0f);
     const ModelConfig& c = config_;
     const int64_t C = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), I = c.intermediate_size;
-    for (int l = 0; l < c.num_hidden_layers; ++l) {
-        const Layer w = layer(params_.data(), l), o = layer(fq_params_.data(), l);
-        fake_quantize({{w.wq, o.wq, Q * C}, {w.wk, o.wk, KV * C}, {w.wv, o.wv, KV * C}}, DType::E4M3);
-        fake_quantize({{w.wo, o.wo, C * Q}}, DType::E4M3);
-        fake_quantize({{w.wg, o.wg, I * C}, {w.wu, o.wu, I * C}}, DType::E4M3);
-        fake_quantize({{w.wd, o.wd, C * I}}, DType::E4M3);
-    }
+    const Layer w = layer(params_.data(), l), o = layer(fq_params_.data(), l);
+    fake_quantize({{w.wq, o.wq, Q * C}, {w.wk, o.wk, KV * C}, {w.wv, o.wv, KV * C}}, DType::E4M3);
+    fake_quantize({{w.wo, o.wo, C * Q}}, DType::E4M3);
+    fake_quantize({{w.wg, o.wg, I * C}, {w.wu, o.wu, I * C}}, DType::E4M3);
+    fake_quantize({{w.wd, o.wd, C * I}}, DType::E4M3);
 }
 
 double CpuModel::mean_loss(const Batch& batch) const {
@@ -397,9 +410,12 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
     const int64_t nC = static_cast<int64_t>(N) * config_.hidden_size;
     zero(acts_.dln, nC);
-    cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(), lm_head(),
-                              batch.targets, N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, dscale,
-                              acts_.logits.data());
+    {
+        const Held head(*this, lm_head_range());
+        cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(),
+                                  lm_head(), batch.targets, N, config_.hidden_size, config_.vocab_size,
+                                  options_.lmhead_chunks, dscale, acts_.logits.data());
+    }
     backward_from_final_norm(batch);
     step_loss_ += mean_loss(batch) * grad_scale;
 }
@@ -409,6 +425,7 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, false);
     forward_to_final_norm(batch);
+    const Held head(*this, lm_head_range());
     cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
                               N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
                               acts_.logits.data());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "model/imodel.h"
@@ -55,8 +56,16 @@ public:
     // norm from per-rank blocks of the flat parameter space (combined in rank order, so both levels
     // give the same bits), updates its block with AdamW and all-gathers the weights and moments, so
     // every rank holds the whole state (the reference model shards the work, not the memory).
-    // `zero_level` 1 or 2; null `comm` = a single model again.
+    // ZeRO-3 (`zero_level` 3) keeps the arithmetic of ZeRO-2 (so the bits of ZeRO-1) but changes where
+    // the weights live: between steps a rank holds only its block of the weights and moments, each
+    // layer (and the embedding, final norm, LM head) is gathered from its owners just before use —
+    // in the forward, again in the backward, in evaluate — and released after it (cpu_zero3.cpp).
+    // The buffers stay full-size; what a rank does not hold is quiet NaN, so a read of an ungathered
+    // weight shows as a NaN loss. Forward passes, save_hf and save_checkpoint are then collective.
+    // `zero_level` 1, 2 or 3; null `comm` = a single model again (leaving ZeRO-3 gathers the whole
+    // state first, collectively).
     void set_communicator(comm::Communicator* comm, int zero_level) override;
+    bool weights_sharded() const override { return comm_ != nullptr && zero_level_ == 3; }
 
     // ---- direct access, for tests and for comparing the GPU model against this one ----
     const std::vector<ParamSpec>& params() const { return specs_; }
@@ -67,6 +76,9 @@ public:
     float* adam_m(const std::string& name) { return adam_m_.data() + offset(name); }
     float* adam_v(const std::string& name) { return adam_v_.data() + offset(name); }
     int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
+    // The flat elements [begin, end) this rank owns under data parallel (its block of ceil(P / W));
+    // [0, P) for a single model. Under ZeRO-3 only these hold weights and moments between steps.
+    std::pair<int64_t, int64_t> owned_range() const;
     // Step loss accumulated since the last optimizer_step.
     double step_loss() const { return step_loss_; }
     // Mean loss like evaluate(), with the per-token losses averaged in double (no final rounding to
@@ -103,6 +115,7 @@ private:
         std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
+    static constexpr int kTensorsPerLayer = 12;  // qwen2_parameters() per layer, in Layer's order
     int64_t offset(const std::string& name) const;
     Layer layer(float* base, int l) const;
     void check_batch(const Batch& batch) const;
@@ -119,8 +132,38 @@ private:
     // fused group (q|k|v, gate|up) sharing one scale as on the GPU.
     bool fp8() const { return options_.matmul_dtype == DType::E4M3; }
     bool fp8_grads() const { return fp8() && is_fp8(options_.gradient_dtype); }
-    void quantize_weights();
+    void quantize_layer(int l);
     std::vector<float> fq_params_;
+
+    // ZeRO-3's weight protocol (cpu_zero3.cpp). A Range is a span of the flat parameters used
+    // together: the embedding, one layer, the final norm, the LM head (the embedding when tied).
+    struct Range {
+        int64_t begin, end;
+    };
+    Range embedding_range() const;
+    Range layer_range(int l) const;
+    Range norm_range() const;
+    Range lm_head_range() const;
+    // gather: every owner of a part of `r` broadcasts it (in place: the owner's part is already where
+    // it belongs); release: what this rank does not own becomes NaN again (and the layers' FP8
+    // copies). Both do nothing unless weights_sharded().
+    void gather(Range r);
+    void release(Range r);
+    // Holds a range gathered for its lifetime.
+    struct Held {
+        Held(CpuModel& m, Range r) : model(m), range(r) { model.gather(range); }
+        ~Held() { model.release(range); }
+        Held(const Held&) = delete;
+        Held& operator=(const Held&) = delete;
+        CpuModel& model;
+        Range range;
+    };
+    // After the state was written whole (init, load) or on entering ZeRO-3: the weights and moments
+    // outside this rank's block become NaN.
+    void shard_state();
+    // `state` whole (weights or a moment): under ZeRO-3 the ranks' blocks all-gathered into `scratch`
+    // (collective), else `state` itself.
+    const float* whole(const std::vector<float>& state, std::vector<float>& scratch) const;
 
     ModelConfig config_;
     ModelOptions options_;

@@ -1,6 +1,8 @@
 // CpuModel weights in and out: HF safetensors (export/import) and checkpoints (fp32 master weights
 // plus Adam state). Loads read everything into fresh buffers first and only then swap them in, so a
-// bad file leaves the model as it was.
+// bad file leaves the model as it was. Under data parallel rank 0 writes the files; under ZeRO-3 the
+// ranks first all-gather the state to it (so a checkpoint has one format whatever the ZeRO level and
+// resumes at any other), and every rank loads the whole file and keeps its block.
 #include <filesystem>
 
 #include "comm/communicator.h"
@@ -44,15 +46,20 @@ void CpuModel::load_hf(const std::string& model_dir) {
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
     step_loss_ = 0.0;
+    shard_state();
 }
 
 void CpuModel::save_hf(const std::string& dir) const {
+    // ZeRO-3: called on every rank (imodel.h), which all send rank 0 their blocks; else rank 0 only
+    std::vector<float> gathered;
+    const float* weights = whole(params_, gathered);
+    if (weights_sharded() && comm_->rank() != 0) return;
     fs::create_directories(dir);
     SafeTensorsWriter writer;
     writer.set_metadata("format", "pt");
     // specs_ has no lm_head.weight when tied: the shared matrix is written once, as embed_tokens.
     for (size_t i = 0; i < specs_.size(); ++i)
-        writer.add_f32(specs_[i].name, specs_[i].shape, params_.data() + offsets_[i], DType::F32);
+        writer.add_f32(specs_[i].name, specs_[i].shape, weights + offsets_[i], DType::F32);
     writer.write(join(dir, kModelFile));
     ModelConfig cfg = config_;
     cfg.torch_dtype = "float32";
@@ -60,16 +67,19 @@ void CpuModel::save_hf(const std::string& dir) const {
 }
 
 void CpuModel::save_checkpoint(const std::string& dir) const {
-    // Under data parallel every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's
-    // files are the whole checkpoint and the other ranks have nothing of their own to write.
+    // Under ZeRO-1/2 every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's
+    // files are the whole checkpoint and the other ranks have nothing of their own to write. Under
+    // ZeRO-3 the ranks gather the state to rank 0 first (collective), which writes the same files.
+    std::vector<float> gp, gm, gv;
+    const float *p = whole(params_, gp), *m = whole(adam_m_, gm), *v = whole(adam_v_, gv);
     if (comm_ && comm_->rank() != 0) return;
     fs::create_directories(dir);
     SafeTensorsWriter weights, optimizer;
     for (size_t i = 0; i < specs_.size(); ++i) {
         const ParamSpec& s = specs_[i];
-        weights.add_f32(s.name, s.shape, params_.data() + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg", s.shape, adam_m_.data() + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, adam_v_.data() + offsets_[i], DType::F32);
+        weights.add_f32(s.name, s.shape, p + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg", s.shape, m + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, v + offsets_[i], DType::F32);
     }
     weights.write(join(dir, kModelFile));
     optimizer.write(join(dir, kOptimizerFile));
@@ -96,6 +106,7 @@ void CpuModel::load_checkpoint(const std::string& dir) {
     adam_v_.swap(v);
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     step_loss_ = 0.0;
+    shard_state();
 }
 
 }  // namespace qtrain
