@@ -65,9 +65,14 @@ void print_plan_only(const CheckedPlan& c, const ModelConfig& cfg, const ModelOp
         plan_logger.message(cat(
             "note: the plan of each of the ", mopt.gpus, " ranks (", device == "cpu" ? "CPU ranks" : "one GPU each",
             device == "cpu" ? std::string("; the CPU model keeps its whole state on every rank)")
-                            : cat("; ZeRO-", mopt.shard_gradients ? 2 : 1, ": the master weights and Adam's moments are "
-                                  "one rank's block, 1/", mopt.gpus, " of them; the weights and gradients are whole on "
-                                  "every rank)")));
+                            : mopt.shard_weights
+                                ? cat("; ZeRO-3: the master weights, Adam's moments, the gradients and the weights are "
+                                      "one rank's block, 1/", mopt.gpus, " of them, beside the whole non-layer weights "
+                                      "and two layer slots the layers are gathered into)")
+                                : cat("; ZeRO-", mopt.shard_gradients ? 2 : 1, ": the master weights and Adam's moments",
+                                      mopt.shard_gradients ? " and the gradients" : "", " are one rank's block, 1/",
+                                      mopt.gpus, " of them; the weights", mopt.shard_gradients ? "" : " and gradients",
+                                      " are whole on every rank)")));
     // a plan may be made for another machine, so only a note: a training run here would fail
     if (const uint64_t here = usable_host_memory(); !c.explicit_host && here && c.plan.total_pinned() > here)
         plan_logger.message(cat("note: the plan pins ", human_bytes(c.plan.total_pinned()),

@@ -230,8 +230,10 @@ ModelOptions TrainOptions::model_options(const std::string& dev) const {
     m.write_combined = write_combined;
     m.memcpy_all_gather = memcpy_all_gather;
     m.zero_level = zero_level;
-    m.shard_gradients = shard_gradients || zero_level >= 2;
     m.shard_weights = shard_weights || zero_level >= 3;
+    // with several ranks --shard-weights is ZeRO-3, which shards the gradients too (on one GPU it
+    // streams the weights from host memory and leaves the gradients alone)
+    m.shard_gradients = shard_gradients || zero_level >= 2 || (m.shard_weights && gpus > 1);
     m.gpus = gpus;
     m.use_cuda_graphs = use_cuda_graphs;
     m.lmhead_chunks = lmhead_chunks;
