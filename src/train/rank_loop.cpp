@@ -2,8 +2,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <fmt/core.h>
@@ -18,6 +21,7 @@
 #include "train/logger.h"
 #include "train/lr_schedule.h"
 #include "train/model_dir_files.h"
+#include "train/progress_watchdog.h"
 #include "train/rank_devices.h"
 #include "train/run_start.h"
 #include "train/sol.h"
@@ -87,6 +91,7 @@ private:
     int start_step_ = 0;
     std::string last_checkpoint_;
     int last_checkpoint_step_ = 0;
+    std::unique_ptr<ProgressWatchdog> watchdog_;  // --comm-timeout, with several ranks
 };
 
 void RankRun::start() {
@@ -136,6 +141,32 @@ void RankRun::start() {
                                      done / 1e9, total / 1e9));
         });
         log_->log_sol(training_flops_per_token(cfg, o_.seq_len), peak);
+    }
+    if (world_ > 1 && o_.comm_timeout > 0) {
+        // A rank stuck in a step or an evaluation for --comm-timeout: a peer died or hangs. The stuck
+        // thread cannot be woken (a GPU collective waits in a kernel), so the watchdog's thread
+        // reports, aborts the communicators (peers waiting in a host collective then fail naming this
+        // rank) and ends the process; every other rank's watchdog or communicator ends it there.
+        const int rank = rank_;
+        const double timeout = o_.comm_timeout;
+        watchdog_ = std::make_unique<ProgressWatchdog>(
+            std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0)),
+            [this, rank, timeout](const std::string& what, double seconds) {
+                const std::string why = fmt::format(
+                    "rank {}: {} made no progress for {:.0f} s (--comm-timeout={}): a peer rank has died or hangs in a "
+                    "collective (or this rank is stuck); stopping. Nothing after the last complete checkpoint is "
+                    "kept; --continue resumes from it",
+                    rank, what, seconds, timeout);
+                std::fprintf(stderr, "\n[Error] %s\n", why.c_str());
+                std::fflush(stderr);
+                // the aborts may block on a wedged device or a dead peer: give them a moment, then go
+                std::thread([this, why] {
+                    host_.abort(why);
+                    if (model_comm_) model_comm_->abort(why);
+                }).detach();
+                std::this_thread::sleep_for(std::chrono::seconds(2));
+                std::_Exit(3);
+            });
     }
     if (world_ > 1) {
         // the model's collectives go over its own communicator when its backend has one (model_factory.h)
@@ -201,6 +232,7 @@ int RankRun::train() {
     int step = start_step_;
     bool evaluated_last = false;
     for (; step < o_.steps; ++step) {
+        WatchdogScope watched(watchdog_.get(), fmt::format("step {}", step));
         maybe_fail_for_test(ctx_.test_fault, rank_, step);
         const auto t0 = Clock::now();
         const int64_t valid = run_micro_batches(*model_, *train_data_, o_.grad_accumulation, o_.batch_size,
@@ -230,6 +262,7 @@ int RankRun::train() {
             }
         }
 
+        if (watchdog_) watchdog_->disarm();  // (the checkpoint below is not timed)
         const int completed = step + 1;
         evaluated_last = false;
         if (o_.eval_every_n_steps > 0 && completed % o_.eval_every_n_steps == 0) {
@@ -275,6 +308,7 @@ void RankRun::stop_at_broken_step(int step, const StepStats& stats, int64_t vali
 void RankRun::evaluate(int step) {
     if (!eval_data_) return;
     const auto t0 = Clock::now();
+    WatchdogScope watched(watchdog_.get(), fmt::format("the evaluation after step {}", step));
     const EvalResult r = evaluate_over_ranks(*model_, *eval_data_, o_.eval_num_steps, o_.batch_size, o_.seq_len, host_);
     if (lead_) log_->log_eval(step, train_data_->epoch_progress(), r.tokens, ms_since(t0), r.loss);
 }

@@ -24,7 +24,7 @@ const std::set<std::string> kMayChange = {
     "host-memory-limit", "recompute-swiglu", "recompute-norm", "recompute-qkv", "recompute-ffn", "recompute-att",
     "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
     "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
-    "shard-weights", "shard-gradients", "zero-level", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
+    "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
     "attention", "gemm-autotune"};
 // Flags that only say how this invocation behaves: never reported.
 const std::set<std::string> kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};

@@ -1,6 +1,8 @@
 #include "train/test_fault.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <string>
 
 #include "core/error.h"
@@ -27,15 +29,22 @@ std::optional<TestFault> read_test_fault() {
     const std::string v = value;
     const std::size_t colon = v.find(':');
     TestFault f;
-    QT_CHECK(colon != std::string::npos && parse_count(v.substr(0, colon), &f.rank) &&
-                 parse_count(v.substr(colon + 1), &f.step),
-             kVariable, "='", v, "': expected <rank>:<step> (a test-only hook: that rank fails at that step)");
+    std::string step = colon == std::string::npos ? std::string() : v.substr(colon + 1);
+    if (const std::size_t h = step.find(':'); h != std::string::npos && step.substr(h) == ":hang") {
+        f.hang = true;
+        step.resize(h);
+    }
+    QT_CHECK(colon != std::string::npos && parse_count(v.substr(0, colon), &f.rank) && parse_count(step, &f.step),
+             kVariable, "='", v, "': expected <rank>:<step> or <rank>:<step>:hang (a test-only hook: that rank fails, "
+             "or stops, at that step)");
     return f;
 }
 
 void maybe_fail_for_test(const std::optional<TestFault>& fault, int rank, int step) {
-    if (fault && fault->rank == rank && fault->step == step)
-        throw_error(cat("deliberate failure at step ", step, " (", kVariable, "=", rank, ":", step, ", a test hook)"));
+    if (!fault || fault->rank != rank || fault->step != step) return;
+    if (fault->hang)
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    throw_error(cat("deliberate failure at step ", step, " (", kVariable, "=", rank, ":", step, ", a test hook)"));
 }
 
 }  // namespace qtrain

@@ -83,6 +83,11 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--zero-level", o.zero_level, "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer "
                   "state, 2 + gradients, 3 + weights")
         ->check(CLI::Range(1, 3));
+    g->add_option("--comm-timeout", o.comm_timeout, "Seconds a data-parallel rank may spend in one training step or "
+                  "evaluation without finishing it before it decides a peer has died or hangs (a GPU collective waits "
+                  "forever otherwise): it says so, aborts its communicators and exits, and every rank does the same. "
+                  "0 = never. Loading, checkpoints and the export are not timed")
+        ->check(CLI::NonNegativeNumber);
 
     g = app.add_option_group("Performance and memory");
     g->add_flag("--use-cuda-graphs", o.use_cuda_graphs, "Capture the steady-state step in a CUDA graph");
@@ -272,7 +277,7 @@ std::string TrainOptions::to_json() const {
     j["offload-opt-m"] = offload_opt_m; j["offload-opt-v"] = offload_opt_v; j["offload-quants"] = offload_quants;
     j["offload-gradients"] = offload_gradients; j["offload-double-buffer"] = offload_double_buffer; j["persistent-quants"] = persistent_quants;
     j["write-combined"] = write_combined; j["memcpy-all-gather"] = memcpy_all_gather;
-    j["gpus"] = gpus; j["gpu-ids"] = gpu_ids; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level;
+    j["gpus"] = gpus; j["gpu-ids"] = gpu_ids; j["shard-weights"] = shard_weights; j["shard-gradients"] = shard_gradients; j["zero-level"] = zero_level; j["comm-timeout"] = comm_timeout;
     j["use-cuda-graphs"] = use_cuda_graphs; j["lmhead-chunks"] = lmhead_chunks; j["attn-bwd-chunks"] = attn_bwd_chunks;
     j["attention"] = attention; j["fp8-fast-accum"] = fp8_fast_accum; j["gemm-autotune"] = gemm_autotune;
     j["memory-limit"] = memory_limit; j["host-memory-limit"] = host_memory_limit; j["plan-only"] = plan_only;

@@ -40,6 +40,7 @@ struct TrainOptions {
     bool persistent_quants = false, write_combined = false, memcpy_all_gather = false;
     // multi-GPU / sharding
     int gpus = 1;
+    double comm_timeout = 600;      // --comm-timeout seconds (0: off), progress_watchdog.h
     std::string gpu_ids;            // "0,1,...": the CUDA device of each rank; "" = rank_devices.h's default
     bool shard_weights = false, shard_gradients = false;
     int zero_level = 1;

@@ -4,6 +4,7 @@
 // that fails ends both with its error, within the timeout.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 #include "comm/tcp/socket.h"
@@ -59,4 +60,37 @@ TEST(TrainCliTcp, AFailingRankEndsBothWithItsError) {
     EXPECT_TRUE(Contains(rank1, "rank 1 of 2 failed: deliberate failure at step 2")) << rank1;
     EXPECT_TRUE(Contains(r.output, "rank 1")) << r.output;
     EXPECT_EQ(step_losses(f.dir / "fail/log.jsonl").size(), 2u);
+}
+
+// ZeRO-3 under the torchrun launch: every forward gathers the layers over the TCP communicator, and
+// the run is threads mode's ZeRO-3 bit for bit (which is ZeRO-1's, train_cli_zero3_test.cpp).
+TEST(TrainCliTcp, ZeroThreeTrainsAsThreadsMode) {
+    Fixture f;
+    const std::string common = " --steps=4 --eval-every-n-steps=2 --eval-num-steps=3 --zero-level=3";
+    auto threads = run_command(kLimit + f.base_cmd("threads") + common + " --gpus=2");
+    ASSERT_EQ(threads.exit_code, 0) << threads.output;
+    auto tcp = run_command(two_ranks(f.base_cmd("tcp") + common, f.dir / "rank1.log"));
+    ASSERT_EQ(tcp.exit_code, 0) << tcp.output << "\nrank 1:\n" << read_file(f.dir / "rank1.log");
+    EXPECT_TRUE(Contains(tcp.output, "ZeRO-3")) << tcp.output;
+    EXPECT_EQ(step_losses(f.dir / "threads/log.jsonl"), step_losses(f.dir / "tcp/log.jsonl"));
+    EXPECT_EQ(event_values(f.dir / "threads/log.jsonl", "eval", "loss"), event_values(f.dir / "tcp/log.jsonl", "eval", "loss"));
+    EXPECT_EQ(read_file(f.dir / "threads/model.safetensors"), read_file(f.dir / "tcp/model.safetensors"));
+}
+
+// A rank that hangs in a step (QTRAIN_TEST_FAIL_RANK=1:2:hang sleeps forever, as a rank stuck in a
+// GPU collective would wait): the --comm-timeout watchdog ends it, saying why, and the other rank
+// stops too, long before the communicator's own hour-long timeout.
+TEST(TrainCliTcp, AHangingRankIsEndedByTheCommTimeout) {
+    Fixture f;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = run_command(two_ranks(f.base_cmd("hang") + " --steps=6 --eval-every-n-steps=0 --comm-timeout=2",
+                                   f.dir / "rank1.log", "QTRAIN_TEST_FAIL_RANK=1:2:hang"));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string rank1 = read_file(f.dir / "rank1.log");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.exit_code, 124) << "rank 0 hung:\n" << r.output;
+    EXPECT_TRUE(Contains(rank1, "rank 1: step 2 made no progress")) << rank1;
+    EXPECT_TRUE(Contains(rank1, "--comm-timeout=2")) << rank1;
+    EXPECT_LT(seconds, 60.0) << r.output;
+    EXPECT_EQ(step_losses(f.dir / "hang/log.jsonl").size(), 2u);
 }
