@@ -6,7 +6,9 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "io/flat_state_reader.h"
 #include "io/safetensors.h"
+#include "model/checkpoint_layout.h"
 #include "model/cpu/cpu_model.h"
 
 namespace qtrain {
@@ -76,6 +78,21 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CpuModel::load_checkpoint(const std::string& dir) {
+    if (holds_block_files(dir)) {
+        // the GPU model's blocks of its flat layout, at any number of ranks (io/flat_state_reader.h)
+        const FlatStateReader r(dir, gpu_checkpoint_layout(config_));
+        std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
+        const std::pair<FlatArray, float*> into[] = {{FlatArray::Master, p.data()}, {FlatArray::ExpAvg, m.data()},
+                                                     {FlatArray::ExpAvgSq, v.data()}};
+        for (size_t i = 0; i < specs_.size(); ++i)
+            for (auto [array, out] : into) r.read_tensor(array, specs_[i].name, out + offsets_[i]);
+        params_.swap(p);
+        adam_m_.swap(m);
+        adam_v_.swap(v);
+        std::fill(grads_.begin(), grads_.end(), 0.0f);
+        step_loss_ = 0.0;
+        return;
+    }
     const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
     require_file(model_path, "checkpoint '" + dir + "'");
     require_file(opt_path, "checkpoint '" + dir + "'");
