@@ -78,35 +78,29 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CpuModel::load_checkpoint(const std::string& dir) {
+    std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
     if (holds_block_files(dir)) {
         // the GPU model's blocks of its flat layout, at any number of ranks (io/flat_state_reader.h)
         const FlatStateReader r(dir, gpu_checkpoint_layout(config_));
-        std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
         const std::pair<FlatArray, float*> into[] = {{FlatArray::Master, p.data()}, {FlatArray::ExpAvg, m.data()},
                                                      {FlatArray::ExpAvgSq, v.data()}};
         for (size_t i = 0; i < specs_.size(); ++i)
             for (auto [array, out] : into) r.read_tensor(array, specs_[i].name, out + offsets_[i]);
-        params_.swap(p);
-        adam_m_.swap(m);
-        adam_v_.swap(v);
-        std::fill(grads_.begin(), grads_.end(), 0.0f);
-        step_loss_ = 0.0;
-        return;
-    }
-    const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
-    require_file(model_path, "checkpoint '" + dir + "'");
-    require_file(opt_path, "checkpoint '" + dir + "'");
-    SafeTensorsReader weights({model_path}), optimizer({opt_path});
-    std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
-    auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
-        QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
-        r.read_finite_f32(name, s.shape, out);
-    };
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        const ParamSpec& s = specs_[i];
-        read(weights, s.name, s, p.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+    } else {
+        const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
+        require_file(model_path, "checkpoint '" + dir + "'");
+        require_file(opt_path, "checkpoint '" + dir + "'");
+        SafeTensorsReader weights({model_path}), optimizer({opt_path});
+        auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
+            QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
+            r.read_finite_f32(name, s.shape, out);
+        };
+        for (size_t i = 0; i < specs_.size(); ++i) {
+            const ParamSpec& s = specs_[i];
+            read(weights, s.name, s, p.data() + offsets_[i]);
+            read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
+            read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+        }
     }
     params_.swap(p);
     adam_m_.swap(m);
