@@ -45,6 +45,8 @@ FileChecksum checksum_file(const std::string& path) {
     return c;
 }
 
+uint64_t checksum_bytes(const void* data, std::size_t size) { return XXH3_64bits(data, size); }
+
 std::string checksum_hex(uint64_t value) {
     char text[17];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));

@@ -305,15 +305,42 @@ static void convert_to_f32(const unsigned char* src, DType dtype, int64_t n, flo
     }
 }
 
+static void check_floating(const SafeTensorInfo& i) {
+    QT_CHECK(i.dtype == DType::F32 || i.dtype == DType::BF16 || i.dtype == DType::F16 || i.dtype == DType::E4M3 ||
+                 i.dtype == DType::E5M2,
+             i.file, ": tensor '", i.name, "' has dtype ", safetensors_dtype_name(i.dtype),
+             ", expected a floating type (F32, BF16, F16, F8_E4M3, F8_E5M2)");
+}
+
+// out[0, n) were read from elements [first, first + n) of tensor i: a NaN or Inf is an error.
+static void check_finite(const SafeTensorInfo& i, const float* out, int64_t first, int64_t n) {
+    // Exponent bits all set = Inf or NaN; a branch-free pass over the bits vectorises (and does not
+    // depend on how the compiler treats isfinite), the slow search runs only when one was found.
+    uint32_t any_bad = 0;
+    for (int64_t k = 0; k < n; ++k) any_bad |= (std::bit_cast<uint32_t>(out[k]) & 0x7f800000u) == 0x7f800000u;
+    if (!any_bad) return;
+    for (int64_t k = 0; k < n; ++k)
+        if (!std::isfinite(out[k]))
+            throw_error(cat(i.file, ": tensor '", i.name, "' holds a non-finite value (", out[k], " at element ",
+                            first + k, " of ", i.numel(),
+                            "): the file is corrupt or was written from a diverged run"));
+}
+
+void SafeTensorsFile::read_finite_f32(const SafeTensorInfo& info, int64_t first, int64_t count, float* out) const {
+    QT_CHECK(first >= 0 && count >= 0 && first + count <= info.numel(), path_, ": elements [", first, ", ",
+             first + count, ") of tensor '", info.name, "' asked for, but it has ", info.numel());
+    check_floating(info);
+    const auto* src = static_cast<const unsigned char*>(data(info)) + first * static_cast<int64_t>(dtype_size(info.dtype));
+    convert_to_f32(src, info.dtype, count, out);
+    check_finite(info, out, first, count);
+}
+
 void SafeTensorsReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape,
                                  float* out) const {
     const auto& i = info(name);
     QT_CHECK(i.shape == expected_shape, i.file, ": tensor '", name, "' has shape ", shape_str(i.shape),
              " but expected ", shape_str(expected_shape));
-    QT_CHECK(i.dtype == DType::F32 || i.dtype == DType::BF16 || i.dtype == DType::F16 || i.dtype == DType::E4M3 ||
-                 i.dtype == DType::E5M2,
-             i.file, ": tensor '", name, "' has dtype ", safetensors_dtype_name(i.dtype),
-             ", expected a floating type (F32, BF16, F16, F8_E4M3, F8_E5M2)");
+    check_floating(i);
     const auto* src = static_cast<const unsigned char*>(files_[index_.at(name).first]->data(i));
     convert_to_f32(src, i.dtype, i.numel(), out);
 }
@@ -322,16 +349,7 @@ void SafeTensorsReader::read_finite_f32(const std::string& name, const std::vect
                                         float* out) const {
     read_f32(name, expected_shape, out);
     const auto& i = info(name);
-    // Exponent bits all set = Inf or NaN; a branch-free pass over the bits vectorises (and does not
-    // depend on how the compiler treats isfinite), the slow search runs only when one was found.
-    const int64_t n = i.numel();
-    uint32_t any_bad = 0;
-    for (int64_t k = 0; k < n; ++k) any_bad |= (std::bit_cast<uint32_t>(out[k]) & 0x7f800000u) == 0x7f800000u;
-    if (!any_bad) return;
-    for (int64_t k = 0; k < n; ++k)
-        if (!std::isfinite(out[k]))
-            throw_error(cat(i.file, ": tensor '", name, "' holds a non-finite value (", out[k], " at element ", k,
-                            " of ", n, "): the file is corrupt or was written from a diverged run"));
+    check_finite(i, out, 0, i.numel());
 }
 
 std::string SafeTensorsReader::describe() const {

@@ -50,6 +50,11 @@ public:
     const SafeTensorInfo* find(const std::string& name) const;
     const void* data(const SafeTensorInfo& info) const;
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    // Elements [first, first + count) of `info` (one of this file's tensors, flattened row-major) as
+    // fp32, converted from any floating dtype straight into `out`, so reading part of a large tensor
+    // holds nothing else in memory. A NaN or Inf is an error naming the file, the tensor and the
+    // element, as SafeTensorsReader::read_finite_f32's.
+    void read_finite_f32(const SafeTensorInfo& info, int64_t first, int64_t count, float* out) const;
 
 private:
     std::string path_;

@@ -6,7 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/safetensors.h"
+#include "io/flat_state_reader.h"
+#include "model/checkpoint_layout.h"
 #include "model/hf_writer.h"
 #include "model/model_config.h"
 #include "train/checkpointer.h"
@@ -20,12 +21,6 @@ int export_checkpoint(const TrainOptions& o) {
     const std::string dir = o.export_checkpoint;
     QT_CHECK(fs::exists(fs::path(dir) / "state.json"), "--export-checkpoint: '", dir,
              "' is not a complete checkpoint (no state.json; give a step_XXXXXXXX directory of --checkpoint-dir)");
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir, ec))
-        QT_CHECK(e.path().filename().string().rfind("block-", 0) != 0, "--export-checkpoint: '", dir,
-                 "' was written by the GPU model on several ranks (", e.path().filename().string(),
-                 "): each holds a block of the flat parameters, which cannot be exported yet; resume it with --continue "
-                 "at its number of ranks, which exports at the end");
     probe_writable_dir(o.out_dir, "--out-dir");
     const bool verified = verify_checkpoint(dir);
     const CheckpointState st = read_checkpoint_state(dir);
@@ -37,15 +32,18 @@ int export_checkpoint(const TrainOptions& o) {
         recorded.model_dtype = options["model-dtype"].get<std::string>();
     const DType store = st.device == "cpu" ? DType::F32 : recorded.model_options(st.device).model_dtype;
 
-    const SafeTensorsReader reader({(fs::path(dir) / "model.safetensors").string()});
+    // the master weights, by name, from whatever the checkpoint holds: named tensors, or the GPU
+    // model's blocks of its flat layout at any number of ranks (each tensor assembled from its pieces)
+    const FlatStateReader reader(dir, gpu_checkpoint_layout(cfg));
     write_hf_model(o.out_dir, cfg, store, [&reader](const ParamSpec& s) {
         std::vector<float> v(s.numel());
-        reader.read_finite_f32(s.name, s.shape, v.data());
+        reader.read_tensor(FlatArray::Master, s.name, v.data());
         return v;
     });
-    std::printf("[Export] %s (step %d, %s%s) -> %s: model.safetensors (%s) and config.json\n", dir.c_str(), st.step,
-                st.device.c_str(), verified ? ", checksums verified" : ", written before checksums: not verified",
-                o.out_dir.c_str(), std::string(dtype_name(store)).c_str());
+    std::printf("[Export] %s (step %d, %s, %s%s) -> %s: model.safetensors (%s) and config.json\n", dir.c_str(),
+                st.step, st.device.c_str(), reader.describe().c_str(),
+                verified ? ", checksums verified" : ", written before checksums: not verified", o.out_dir.c_str(),
+                std::string(dtype_name(store)).c_str());
     return 0;
 }
 

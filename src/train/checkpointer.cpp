@@ -19,6 +19,7 @@
 #include "core/checksum.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "io/block_set.h"
 #include "model/imodel.h"
 
 namespace qtrain {
@@ -160,6 +161,11 @@ std::string write_checkpoint(comm::Communicator& ranks, const std::string& root,
             for (const auto& [file, tokens] : state.train_files)
                 j["train_files"].push_back({{"file", file}, {"tokens", tokens}});
             j["world_size"] = ranks.world();
+            // the manifest of a sharded checkpoint: its blocks' ranges and dtypes, read back from the
+            // files the ranks wrote (io/block_set.h); a block set that does not tile the flat space
+            // fails the checkpoint here rather than its resume
+            if (const auto blocks = open_block_set(tmp_dir.string()))
+                j["shards"] = json::parse(block_manifest_json(*blocks));
             // hashed after every rank has written its files, so the sums are of what is on disk
             j["files"] = checksum_files(tmp_dir);
             write_text_file_atomic((tmp_dir / kStateFile).string(), j.dump(2) + "\n");

@@ -9,7 +9,10 @@
 // Under data parallel the write is collective: every rank writes its own part of the model's state
 // into rank 0's temporary directory, and only when every rank's part is there does rank 0 hash all
 // the files (the other ranks' too), write state.json and rename. A checkpoint is complete only when
-// every rank's part is.
+// every rank's part is. When the ranks wrote blocks of the flat space (the GPU model at N > 1), rank 0
+// also records them in state.json as "shards" (each file's rank and range, the arrays' dtypes), read
+// back from the blocks' metadata: the checkpoint's manifest, with the world size, options (ZeRO level,
+// dtypes), data-loader state and checksums beside it.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +36,9 @@ struct CheckpointState {
     std::string options_json;     // TrainOptions::to_json() of the run that wrote it
     std::string config_json;      // the model's config.json
     std::string device;
-    // Ranks that wrote it (data parallel; 1 in checkpoints written before it was recorded): the
-    // optimizer state may be sharded by rank, so it resumes at this world size only.
+    // Ranks that wrote it (data parallel; 1 in checkpoints written before it was recorded). The GPU
+    // model's ranks each write their block of the flat space, which state.json's "shards" describes
+    // (io/block_set.h); any world size reads them back (io/flat_state_reader.h).
     int world_size = 1;
     // The training files as the data loader saw them (path, tokens): --continue checks the data is
     // the same, not only the --train-file glob. Empty in checkpoints written before it was recorded.

@@ -3,8 +3,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
+#include "io/flat_state_reader.h"
+#include "model/checkpoint_layout.h"
 #include "train/data_loader.h"
 #include "train/run_guard.h"
 #include "train/train_options.h"
@@ -64,18 +67,6 @@ RunStart decide_run_start(const TrainOptions& o, const std::string& device, cons
     if (o.continue_from_checkpoint && !list_complete_checkpoints(o.checkpoint_dir).empty()) {
         start.resume = find_checkpoint_to_resume(o, start);
         const ResumePoint& r = *start.resume;
-        // The CPU model's checkpoint is its whole state (every rank holds all of it), so any number of
-        // ranks can load it; the GPU model's ranks each wrote their block of the optimizer state, which
-        // another world size would have to reshard (issue 19)
-        const int written_by = r.state.world_size;
-        const bool whole = r.state.device == "cpu" && device == "cpu";
-        QT_CHECK(written_by == world || whole, "--continue: ", r.dir, " was written by ", written_by, " rank",
-                 written_by == 1 ? "" : "s", " but this run has ", world, " (", ranks_source,
-                 "); resuming the GPU model at another number of ranks is not supported yet (each rank's block of "
-                 "the optimizer state would have to be resharded; --force-resume does not change this; CPU-model "
-                 "checkpoints resume at any number of ranks). Resume with ", written_by, " rank",
-                 written_by == 1 ? "" : "s", " (--gpus=", written_by, ", or mpirun -np ", written_by,
-                 "), or start a new run in another --checkpoint-dir");
         start.changes = compare_resume_options(r.state.options_json, r.state.device, r.state.config_json, o, device, cfg);
         std::string refused;
         for (const OptionChange& c : start.changes)
@@ -84,6 +75,23 @@ RunStart decide_run_start(const TrainOptions& o, const std::string& device, cons
                  " in options that change the math or the data:", refused,
                  "\nGive the checkpoint's values to resume it, a new --checkpoint-dir to start another run, or "
                  "--force-resume to resume with these changes anyway");
+        // Any number of ranks reads any checkpoint: a GPU-model rank reads its block of the flat space
+        // from whatever the checkpoint holds (the blocks of any world size, or named tensors), the CPU
+        // model the whole state (io/flat_state_reader.h: resharding on load). Opened here, before any
+        // model exists, so one that cannot be read (blocks missing or of two world sizes, another
+        // model's) is refused now. (Whether the run stays the same run at another world size,
+        // accumulation x ranks, was compare_resume_options' question, above.)
+        std::optional<FlatStateReader> readable;
+        try {
+            readable.emplace(r.dir, gpu_checkpoint_layout(cfg));
+        } catch (const Error& e) {
+            throw_error(cat("--continue: ", r.dir, " cannot be loaded: ", e.what()));
+        }
+        if (r.state.world_size != world)
+            std::printf("[Resume] %s was written by %d rank%s, this run has %d (%s): each rank reads its part of "
+                        "the state from the checkpoint's %s (resharding)\n",
+                        r.dir.c_str(), r.state.world_size, r.state.world_size == 1 ? "" : "s", world,
+                        ranks_source.c_str(), readable->describe().c_str());
         start.append_log = true;
     } else if (o.continue_from_checkpoint) {
         start.append_log = check_fresh_continue(o, device, cfg);

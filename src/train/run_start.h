@@ -1,6 +1,6 @@
 // How a run begins, decided by rank 0 before any model exists (docs/design.md, "Trust"): which
-// checkpoint --continue resumes from, after verifying the newest ones; that it was written by as many
-// ranks as this run has; that its run is this one (options, model config, and once the data is open,
+// checkpoint --continue resumes from, after verifying the newest ones; that this run can read it (at
+// any number of ranks: io/flat_state_reader.h); that its run is this one (options, model config, and once the data is open,
 // the training files); and, without a checkpoint, that no other run's output or checkpoints would be
 // replaced (--overwrite removes them).
 #pragma once

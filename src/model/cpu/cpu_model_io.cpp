@@ -8,7 +8,9 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "io/flat_state_reader.h"
 #include "io/safetensors.h"
+#include "model/checkpoint_layout.h"
 #include "model/cpu/cpu_model.h"
 
 namespace qtrain {
@@ -86,20 +88,29 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CpuModel::load_checkpoint(const std::string& dir) {
-    const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
-    require_file(model_path, "checkpoint '" + dir + "'");
-    require_file(opt_path, "checkpoint '" + dir + "'");
-    SafeTensorsReader weights({model_path}), optimizer({opt_path});
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
-    auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
-        QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
-        r.read_finite_f32(name, s.shape, out);
-    };
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        const ParamSpec& s = specs_[i];
-        read(weights, s.name, s, p.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+    if (holds_block_files(dir)) {
+        // the GPU model's blocks of its flat layout, at any number of ranks (io/flat_state_reader.h)
+        const FlatStateReader r(dir, gpu_checkpoint_layout(config_));
+        const std::pair<FlatArray, float*> into[] = {{FlatArray::Master, p.data()}, {FlatArray::ExpAvg, m.data()},
+                                                     {FlatArray::ExpAvgSq, v.data()}};
+        for (size_t i = 0; i < specs_.size(); ++i)
+            for (auto [array, out] : into) r.read_tensor(array, specs_[i].name, out + offsets_[i]);
+    } else {
+        const std::string model_path = join(dir, kModelFile), opt_path = join(dir, kOptimizerFile);
+        require_file(model_path, "checkpoint '" + dir + "'");
+        require_file(opt_path, "checkpoint '" + dir + "'");
+        SafeTensorsReader weights({model_path}), optimizer({opt_path});
+        auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
+            QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
+            r.read_finite_f32(name, s.shape, out);
+        };
+        for (size_t i = 0; i < specs_.size(); ++i) {
+            const ParamSpec& s = specs_[i];
+            read(weights, s.name, s, p.data() + offsets_[i]);
+            read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
+            read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+        }
     }
     params_.swap(p);
     adam_m_.swap(m);

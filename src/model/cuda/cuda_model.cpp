@@ -18,7 +18,9 @@
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
 #include "cuda/pinned_memory.h"
+#include "io/flat_state_reader.h"
 #include "io/safetensors.h"
+#include "model/checkpoint_layout.h"
 #include "model/cpu/cpu_ops.h"
 #include "model/hf_writer.h"
 #include "model/parameters.h"
@@ -544,10 +546,12 @@ void CudaModel::save_checkpoint(const std::string& dir) const {
     opt_w.write((fs::path(dir) / "optimizer.safetensors").string());
 }
 
+// Any checkpoint of this model (io/flat_state_reader.h): the named tensors of one GPU or the CPU model,
+// read tensor by tensor as before, or the blocks of N ranks, each tensor's range assembled from the
+// pieces it overlaps.
 void CudaModel::load_checkpoint(const std::string& dir) {
     if (moments_are_block()) return load_block_checkpoint(dir);
-    SafeTensorsReader model_r({(fs::path(dir) / "model.safetensors").string()});
-    SafeTensorsReader opt_r({(fs::path(dir) / "optimizer.safetensors").string()});
+    const FlatStateReader r(dir, flat_layout_of(layout_));
     std::vector<float> host;
     float* staging = nullptr;
     CUDA_CHECK(cudaMalloc(&staging, sizeof(float) * static_cast<std::size_t>(std::max<int64_t>(1, [&] {
@@ -561,16 +565,16 @@ void CudaModel::load_checkpoint(const std::string& dir) {
             const ParamSpec& s = layout_.specs[i];
             const int64_t off = layout_.offsets[i], n = s.numel();
             host.resize(n);
-            model_r.read_finite_f32(s.name, s.shape, host.data());
+            r.read(FlatArray::Master, off, off + n, host.data());
             upload_parameters(off, host.data(), n);
-            auto load_moment = [&](const std::string& key, void* base, DType t) {
-                opt_r.read_finite_f32(key, s.shape, host.data());
+            auto load_moment = [&](FlatArray array, void* base, DType t) {
+                r.read(array, off, off + n, host.data());
                 upload(staging, host.data(), n * sizeof(float));
                 cuda::convert_from_f32(static_cast<char*>(base) + off * dtype_size(t), t, staging, n, stream_);
                 sync();
             };
-            load_moment(s.name + ".exp_avg", optimizer_->m(), opt_.opt_m_dtype);
-            load_moment(s.name + ".exp_avg_sq", optimizer_->v(), opt_.opt_v_dtype);
+            load_moment(FlatArray::ExpAvg, optimizer_->m(), opt_.opt_m_dtype);
+            load_moment(FlatArray::ExpAvgSq, optimizer_->v(), opt_.opt_v_dtype);
             report_progress("loading the checkpoint", done += 3 * n, 3 * config_.num_parameters());
         }
     } catch (...) {

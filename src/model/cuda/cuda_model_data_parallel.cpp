@@ -11,6 +11,7 @@
 // collective is the identity and the arithmetic is the plain path's, so it gives the same bits.
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,10 @@
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "io/block_format.h"
+#include "io/flat_state_reader.h"
 #include "io/safetensors.h"
+#include "model/checkpoint_layout.h"
 #include "model/cuda/cuda_model.h"
 
 namespace qtrain {
@@ -93,23 +97,7 @@ void CudaModel::gather_weights() {
                       stream_);
 }
 
-// ---- block checkpoints: rank r of W writes block-r-of-W.safetensors ----
-
-namespace {
-
-// A block's arrays are stored as 1-D pieces of at most this many elements, so a writer holds one piece
-// in host memory at a time (a 7B model's block on 2 ranks is 3.5G elements).
-constexpr int64_t kPiece = int64_t{1} << 26;
-
-std::string block_file(const std::string& dir, int rank, int world) {
-    char name[64];
-    std::snprintf(name, sizeof name, "block-%05d-of-%05d.safetensors", rank, world);
-    return (fs::path(dir) / name).string();
-}
-
-std::string piece_name(const char* array, int64_t piece) { return std::string(array) + "." + std::to_string(piece); }
-
-}  // namespace
+// ---- block checkpoints: rank r of W writes block-r-of-W.safetensors (io/block_format.h) ----
 
 // The array that holds the master of this rank's block: the block master itself, or (an fp32 model,
 // or --master-dtype=bf16) the weights from the block's first element.
@@ -132,76 +120,60 @@ void CudaModel::save_block_checkpoint(const std::string& dir) const {
     int64_t moff = 0;
     master_source(buf_, shard_, master_is_block(), weights_->sharded(), opt_.model_dtype, mbase, mtype, moff);
     struct Array {
-        const char* name;
+        FlatArray array;
         const void* base;
         DType type;
         int64_t off;
         DType store;
     };
-    const Array arrays[3] = {{"master", mbase, mtype, moff, opt_.master_dtype},
-                             {"exp_avg", optimizer_->m(), opt_.opt_m_dtype, 0, opt_.opt_m_dtype},
-                             {"exp_avg_sq", optimizer_->v(), opt_.opt_v_dtype, 0, opt_.opt_v_dtype}};
+    const Array arrays[3] = {{FlatArray::Master, mbase, mtype, moff, opt_.master_dtype},
+                             {FlatArray::ExpAvg, optimizer_->m(), opt_.opt_m_dtype, 0, opt_.opt_m_dtype},
+                             {FlatArray::ExpAvgSq, optimizer_->v(), opt_.opt_v_dtype, 0, opt_.opt_v_dtype}};
+    constexpr int64_t kPiece = kBlockPieceElements;  // one piece in host memory at a time
     for (const Array& a : arrays)
         for (int64_t p = 0; p * kPiece < n; ++p) {
             const int64_t len = std::min(kPiece, n - p * kPiece);
-            w.add_f32_deferred(piece_name(a.name, p), {len},
+            w.add_f32_deferred(block_piece_name(flat_array_name(a.array), p), {len},
                                [this, a, p, len] { return fetch_values(a.base, a.type, a.off + p * kPiece, len); },
                                a.store);
         }
-    w.set_metadata("format", "qtrain data-parallel block");
-    w.set_metadata("rank", std::to_string(shard_.rank));
-    w.set_metadata("world", std::to_string(shard_.world));
-    w.set_metadata("begin", std::to_string(shard_.begin));
-    w.set_metadata("end", std::to_string(shard_.end));
-    w.set_metadata("total", std::to_string(layout_.total));
-    w.write(block_file(dir, shard_.rank, shard_.world));
+    BlockMeta meta;
+    meta.rank = shard_.rank;
+    meta.world = shard_.world;
+    meta.begin = shard_.begin;
+    meta.end = shard_.end;
+    meta.total = layout_.total;
+    meta.piece = kPiece;
+    meta.zero_level = zero_level_;
+    meta.layout = flat_layout_of(layout_).fingerprint();
+    write_block_meta(w, meta);
+    w.write((fs::path(dir) / block_file_name(shard_.rank, shard_.world)).string());
 }
 
+// Loads this rank's block [begin, end) from any checkpoint of this model (io/flat_state_reader.h):
+// blocks of any world size or the named tensors of one GPU or the CPU model. It reads piece-sized
+// chunks of the block, and the reader touches only the pieces of the checkpoint's blocks that overlap
+// each chunk: at the world size that wrote the checkpoint, the chunks are this rank's own pieces, each
+// read once (as before resharding existed); at another, the pieces of the one or two blocks that
+// overlap this one (resharding on load, with no conversion step).
 void CudaModel::load_block_checkpoint(const std::string& dir) {
-    const std::string path = block_file(dir, shard_.rank, shard_.world);
-    if (!fs::exists(path)) {
-        std::string found;
-        std::error_code ec;
-        for (const auto& e : fs::directory_iterator(dir, ec))
-            if (e.path().filename().string().rfind("block-", 0) == 0) found = e.path().filename().string();
-        throw_error(cat("checkpoint ", dir, " has no ", fs::path(path).filename().string(), " for rank ", shard_.rank,
-                        " of ", shard_.world,
-                        found.empty() ? std::string(" (it holds no data-parallel blocks: written by one GPU?)")
-                                      : cat(" (it holds e.g. ", found, ": written by another number of ranks?)"),
-                        "; resuming at another world size needs resharding, which is not supported yet"));
-    }
-    {
-        SafeTensorsFile f(path);
-        auto meta = [&](const char* key) {
-            auto it = f.metadata().find(key);
-            QT_CHECK(it != f.metadata().end(), path, ": no '", key, "' in the block's metadata");
-            return it->second;
-        };
-        const std::string want[5][2] = {{"rank", std::to_string(shard_.rank)},
-                                        {"world", std::to_string(shard_.world)},
-                                        {"begin", std::to_string(shard_.begin)},
-                                        {"end", std::to_string(shard_.end)},
-                                        {"total", std::to_string(layout_.total)}};
-        for (const auto& [key, value] : want)
-            QT_CHECK(meta(key.c_str()) == value, path, ": the block's ", key, " is ", meta(key.c_str()),
-                     ", this run's is ", value, " (another model or world size?)");
-    }
-    SafeTensorsReader r({path});
+    const FlatStateReader r(dir, flat_layout_of(layout_));
     const int64_t n = shard_.count();
+    constexpr int64_t kChunk = kBlockPieceElements;
     std::vector<float> host;
-    auto read = [&](const char* array, const std::function<void(int64_t, const float*, int64_t)>& store) {
-        for (int64_t p = 0; p * kPiece < n; ++p) {
-            const int64_t len = std::min(kPiece, n - p * kPiece);
+    auto read = [&](FlatArray array, const std::function<void(int64_t, const float*, int64_t)>& store) {
+        for (int64_t at = 0; at < n; at += kChunk) {
+            const int64_t len = std::min(kChunk, n - at);
             host.resize(len);
-            r.read_finite_f32(piece_name(array, p), {len}, host.data());
-            store(p * kPiece, host.data(), len);
+            r.read(array, shard_.begin + at, shard_.begin + at + len, host.data());
+            store(at, host.data(), len);
         }
     };
     const DType A = opt_.model_dtype;
     const std::size_t es = dtype_size(A);
     // the block's first weight (ZeRO-3: the block is all the weights there are)
     char* wblock = static_cast<char*>(buf_.weights) + (weights_->sharded() ? 0 : shard_.begin) * es;
-    read("master", [&](int64_t at, const float* v, int64_t len) {
+    read(FlatArray::Master, [&](int64_t at, const float* v, int64_t len) {
         if (master_is_block()) {
             store_values(buf_.master + at, DType::F32, v, len);
             // the weights are the master rounded to nearest, as refresh_weights makes them
@@ -210,10 +182,10 @@ void CudaModel::load_block_checkpoint(const std::string& dir) {
             store_values(wblock + at * es, A, v, len);
         }
     });
-    read("exp_avg", [&](int64_t at, const float* v, int64_t len) {
+    read(FlatArray::ExpAvg, [&](int64_t at, const float* v, int64_t len) {
         store_values(static_cast<char*>(optimizer_->m()) + at * dtype_size(opt_.opt_m_dtype), opt_.opt_m_dtype, v, len);
     });
-    read("exp_avg_sq", [&](int64_t at, const float* v, int64_t len) {
+    read(FlatArray::ExpAvgSq, [&](int64_t at, const float* v, int64_t len) {
         store_values(static_cast<char*>(optimizer_->v()) + at * dtype_size(opt_.opt_v_dtype), opt_.opt_v_dtype, v, len);
     });
     if (!weights_->sharded()) gather_weights();  // every rank's block (ZeRO-3: changed() sends the resident ones)
