@@ -3,7 +3,8 @@
 // micro-batches per step; and --export-checkpoint of its last checkpoint writes the run's own export,
 // byte for byte. The first resumed step has the uninterrupted run's loss to fp32 rounding (the loaded
 // weights are the same bits, only the 6-term sum runs in another order); the later ones stay within
-// bf16 noise of it (2e-3, as train_cli_data_parallel_test.cpp's 2 ranks vs 1).
+// bf16 noise of it (2e-3, as train_cli_data_parallel_test.cpp's 2 ranks vs 1). The same for a ZeRO-3
+// run's checkpoint, resumed by one plain rank and by three ZeRO-3 ranks.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,9 +22,13 @@ namespace fs = std::filesystem;
 TEST(TrainCliGpuReshard, TwoRankCheckpointContinuesOnOneAndThreeRanksAndExports) {
     QTRAIN_REQUIRE_GPU();
     const std::string limit = "timeout 300 ";
+    // ZeRO-1, and ZeRO-3 (its blocks resumed by ZeRO-1 on one rank and ZeRO-3 on three; its export is
+    // the collective one, which the export of its blocks must equal byte for byte)
+    for (const std::string zero : {"", " --zero-level=3"}) {
+    SCOPED_TRACE(zero);
     Fixture f(kGpuShape);
     const std::string common = " --steps=10 --eval-every-n-steps=0 --ckpt-interval=5";
-    auto whole = run_command(limit + f.base_cmd("ws", "cuda") + common +
+    auto whole = run_command(limit + f.base_cmd("ws", "cuda") + common + zero +
                              " --gpus=2 --gpu-ids=0,0 --memcpy-all-gather --grad-accumulation=3");
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
     const auto reference = step_losses(f.dir / "ws/log.jsonl");
@@ -43,7 +48,7 @@ TEST(TrainCliGpuReshard, TwoRankCheckpointContinuesOnOneAndThreeRanksAndExports)
 
     for (auto [ranks, flags] : {std::pair{1, std::string(" --grad-accumulation=6")},
                                 std::pair{3, std::string(" --grad-accumulation=2 --gpus=3 --gpu-ids=0,0,0 "
-                                                         "--memcpy-all-gather")}}) {
+                                                         "--memcpy-all-gather") + zero}}) {
         const std::string name = "r" + std::to_string(ranks);
         SCOPED_TRACE(name);
         fs::copy(f.dir / "ws-ckpt", f.dir / (name + "-ckpt"), fs::copy_options::recursive);
@@ -58,5 +63,6 @@ TEST(TrainCliGpuReshard, TwoRankCheckpointContinuesOnOneAndThreeRanksAndExports)
         ASSERT_EQ(losses.size(), 5u);
         EXPECT_NEAR(losses[0], reference[5], 1e-6 * reference[5]) << "the first resumed step";
         for (int i = 0; i < 5; ++i) EXPECT_NEAR(losses[i], reference[5 + i], 2e-3 * reference[5 + i]) << "step " << 5 + i;
+    }
     }
 }
