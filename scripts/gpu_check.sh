@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
@@ -146,6 +146,23 @@ for phase in $PHASES; do
           QTRAIN_TIME_BREAKDOWN=1 STEPS=6 timeout 200 bench/bench_qtrain.sh Qwen2.5-0.5B 16 $flags > /dev/null 2>&1
           grep -E "gather|reduce|optimizer|sum of ops" /tmp/qtrain-bench/train.out | head -10
         done
+      done ;;
+    reshard)  # loading a checkpoint at another world size (issue 19): a 2-rank 0.5B block checkpoint loaded by 2
+              # ranks (the same blocks), 1 rank and 3 ranks (resharding), then 2 again (all from the page cache)
+      W=/tmp/qt-reshard; rm -rf $W; mkdir -p $W
+      [ -f /tmp/qtrain-bench/random.bin ] || python3 bench/make_random_tokens.py /tmp/qtrain-bench/random.bin --tokens 40000000 >/dev/null
+      C="--model=Qwen2.5-0.5B --from-scratch --device=cuda --train-file=/tmp/qtrain-bench/random.bin --seq-len=1024 \
+         --batch-size=8 --eval-every-n-steps=0 --opt-m-dtype=bf16 --opt-v-dtype=bf16"
+      mc() { local ids; ids=$(printf '0,%.0s' $(seq "$1")); echo "--gpu-ids=${ids%,} --memcpy-all-gather"; }
+      timeout 200 $B/train $C --steps=1 --gpus=2 $(mc 2) --grad-accumulation=3 --checkpoint-dir=$W/ck --out-dir=$W/o \
+        --log-file=$W/l.jsonl > $W/w.log 2>&1 || tail -5 $W/w.log
+      du -sh $W/ck/step_00000001
+      for run in "2 3" "1 6" "3 2" "2 3"; do
+        set -- $run
+        rm -rf $W/c$1; cp -r $W/ck $W/c$1
+        timeout 200 $B/train $C --steps=2 --continue --gpus=$1 $( [ $1 -gt 1 ] && mc $1 ) --grad-accumulation=$2 \
+          --checkpoint-dir=$W/c$1 --out-dir=$W/o$1 --log-file=$W/l$1.jsonl > $W/r$1.log 2>&1 || tail -5 $W/r$1.log
+        echo "$1 ranks: $(grep -E 'state loaded in' $W/r$1.log)"
       done ;;
     absplit)  # single-GPU speed against the commit before the CudaModel split ($B/old/train, carried)
       F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2"
