@@ -150,11 +150,11 @@ for phase in $PHASES; do
     reshard)  # loading a checkpoint at another world size (issue 19): a 2-rank 0.5B block checkpoint loaded by 2
               # ranks (the same blocks), 1 rank and 3 ranks (resharding), then 2 again (all from the page cache)
       W=/tmp/qt-reshard; rm -rf $W; mkdir -p $W
-      [ -f /tmp/qtrain-bench/random.bin ] || python3 bench/make_random_tokens.py /tmp/qtrain-bench/random.bin --tokens 40000000 >/dev/null
+      mkdir -p /tmp/qtrain-bench; [ -f /tmp/qtrain-bench/random.bin ] || python3 bench/make_random_tokens.py /tmp/qtrain-bench/random.bin --tokens 40000000 >/dev/null
       C="--model=Qwen2.5-0.5B --from-scratch --device=cuda --train-file=/tmp/qtrain-bench/random.bin --seq-len=1024 \
          --batch-size=8 --eval-every-n-steps=0 --opt-m-dtype=bf16 --opt-v-dtype=bf16"
       mc() { local ids; ids=$(printf '0,%.0s' $(seq "$1")); echo "--gpu-ids=${ids%,} --memcpy-all-gather"; }
-      timeout 200 $B/train $C --steps=1 --gpus=2 $(mc 2) --grad-accumulation=3 --checkpoint-dir=$W/ck --out-dir=$W/o \
+      timeout 200 $B/train $C --steps=1 --ckpt-interval=1 --gpus=2 $(mc 2) --grad-accumulation=3 --checkpoint-dir=$W/ck --out-dir=$W/o \
         --log-file=$W/l.jsonl > $W/w.log 2>&1 || tail -5 $W/w.log
       du -sh $W/ck/step_00000001
       for run in "2 3" "1 6" "3 2" "2 3"; do
