@@ -489,6 +489,14 @@ TEST(DataParallelGpu, ZeroThreeGivesZeroTwosBits) {
          },
          2},
         {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }, 2},
+        {"everything in host memory: the block, master, moments, gradient blocks and FP8 quants",
+         [](ModelOptions& o) {
+             o.matmul_dtype = o.gradient_dtype = DType::E4M3;
+             o.offload_master = o.offload_opt_m = o.offload_opt_v = o.offload_gradients = true;
+             o.offload_quants = o.write_combined = true;
+             o.recompute_block = true;
+         },
+         2},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.name);

@@ -394,3 +394,33 @@ TEST(TrainCli, EveryFlagInHelpIsDocumentedInTheReadme) {
     EXPECT_GT(flags.size(), 50u);
     for (const auto& fl : flags) EXPECT_TRUE(Contains(readme, "`" + fl)) << "README.md does not document " << fl;
 }
+
+// On several GPUs the ladder of flags that make a plan fit shards over the ranks (ZeRO-2, then ZeRO-3)
+// before it offloads anything; the suggestion works as given, and the plan note says what ZeRO-3 shards.
+TEST(TrainCli, GpuPlanOnSeveralRanksNamesZeroThreeBeforeOffloading) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    const std::string base = train_exe() +
+                             " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --batch-size=4"
+                             " --gpus=8 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --memory-limit=24GiB";
+    auto over = run_command(base);
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    const std::string head = "it fits with ";
+    const std::size_t at = over.output.find(head), end = over.output.find(" (or", at);
+    ASSERT_NE(at, std::string::npos) << over.output;
+    ASSERT_NE(end, std::string::npos) << over.output;
+    const std::string flags = over.output.substr(at + head.size(), end - at - head.size());
+    // sharding first: ZeRO-3, then (the non-layer weights and gradients stay whole on every rank) offloads
+    EXPECT_EQ(flags.rfind("--recompute-block --zero-level=3", 0), 0u) << flags;
+    auto fits = run_command(base + " " + flags);
+    EXPECT_EQ(fits.exit_code, 0) << fits.output;
+    EXPECT_TRUE(Contains(fits.output, "ZeRO-3: the master weights, Adam's moments, the gradients and the weights are "
+                                      "one rank's block, 1/8 of them"))
+        << fits.output;
+    // on one GPU the same model needs the host: the one-GPU ladder, which streams the weights
+    auto one = run_command(train_exe() + " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --batch-size=4"
+                           " --opt-m-dtype=bf16 --opt-v-dtype=bf16 --memory-limit=24GiB");
+    EXPECT_EQ(one.exit_code, 1) << one.output;
+    EXPECT_FALSE(Contains(one.output, "--zero-level")) << one.output;
+}
