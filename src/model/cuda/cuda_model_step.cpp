@@ -370,6 +370,10 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     StepStats stats;
     bool updated = false;
+    // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them (streamed
+    // layers are quantised, amax included, as they arrive instead); a rank that updates only its block
+    // sees only its part, so the quantisation measures it after the gather
+    const bool fused_amax = weights_->amax_from_update() && shard_.world == 1;
     {
         auto t_ = timer_.scope("optimizer", stream_);
         grads_->prepare_update();
@@ -389,10 +393,6 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
         updated = update_allowed(stats);
         if (updated) {
             cuda::AdamWArgs args{p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_};
-            // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them
-            // (streamed layers are quantised, amax included, as they arrive instead); a rank that
-            // updates only its block sees only its part, so the quantisation measures it after the gather
-            const bool fused_amax = weights_->amax_from_update() && shard_.world == 1;
             if (fused_amax) zero(weights_->amax_slots(), weights_->amax_bytes());
             // the arrays at this rank's first element (the whole space on one GPU); a block master
             // and the moments start there
@@ -414,7 +414,7 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     }
     if (updated) {
         weights_->changed();
-        weights_->quantize(weights_->amax_from_update() && shard_.world == 1);
+        weights_->quantize(fused_amax);
     }
     sync();
     timer_.collect();  // every scope of this step has ended (the optimizer's block above)
