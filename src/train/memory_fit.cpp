@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "core/error.h"
 #include "train/model_factory.h"
@@ -18,13 +19,17 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         const char* flags;
         void (*apply)(ModelOptions&);
     };
-    static const Step ladder[] = {
+    // recomputation first (cheapest in memory traffic), the same on one GPU and on several
+    static const Step recompute[] = {
         {"--recompute-swiglu", [](ModelOptions& o) { o.recompute_swiglu = true; }},
         {"--recompute-ffn", [](ModelOptions& o) { o.recompute_ffn = o.recompute_swiglu = true; }},
         {"--recompute-ffn --recompute-norm", [](ModelOptions& o) { o.recompute_norm = true; }},
         {"--recompute-ffn --recompute-norm --recompute-att",
          [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
         {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+    };
+    // then, on one GPU, host memory
+    static const Step one_gpu[] = {
         {"--recompute-block --offload-opt-m --offload-opt-v",
          [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
         {"--recompute-block --offload-opt-m --offload-opt-v --offload-master",
@@ -37,13 +42,7 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
     // Data parallel: sharding over the ranks (ZeRO-2, then ZeRO-3) costs communication but no PCIe
     // traffic, so it comes before offloading; with --offload-master ZeRO-3 streams the rank's block
     // of the weights from host memory.
-    static const Step ranks_ladder[] = {
-        {"--recompute-swiglu", [](ModelOptions& o) { o.recompute_swiglu = true; }},
-        {"--recompute-ffn", [](ModelOptions& o) { o.recompute_ffn = o.recompute_swiglu = true; }},
-        {"--recompute-ffn --recompute-norm", [](ModelOptions& o) { o.recompute_norm = true; }},
-        {"--recompute-ffn --recompute-norm --recompute-att",
-         [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
-        {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+    static const Step ranks[] = {
         {"--recompute-block --zero-level=2", [](ModelOptions& o) { o.shard_gradients = true, o.zero_level = 2; }},
         {"--recompute-block --zero-level=3", [](ModelOptions& o) { o.shard_weights = true, o.zero_level = 3; }},
         {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v",
@@ -53,6 +52,9 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
          [](ModelOptions& o) { o.offload_gradients = true; }},
     };
+    std::vector<Step> ladder(std::begin(recompute), std::end(recompute));
+    if (m.gpus > 1) ladder.insert(ladder.end(), std::begin(ranks), std::end(ranks));
+    else ladder.insert(ladder.end(), std::begin(one_gpu), std::end(one_gpu));
     // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
     auto fits = [&](const ModelOptions& t) {
         try {
@@ -69,11 +71,7 @@ std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::st
         if (fits(t)) return chunk_flag;
         t.lmhead_chunks = m.lmhead_chunks;
     }
-    const bool ranks = m.gpus > 1;
-    const Step* begin = ranks ? std::begin(ranks_ladder) : std::begin(ladder);
-    const Step* end = ranks ? std::end(ranks_ladder) : std::end(ladder);
-    for (const Step* it = begin; it != end; ++it) {
-        const Step& s = *it;
+    for (const Step& s : ladder) {
         s.apply(t);
         if (fits(t)) return s.flags;
         if (more_chunks != m.lmhead_chunks) {
