@@ -30,6 +30,7 @@
 #endif
 #include "comm/thread_world.h"
 #include "core/rng.h"
+#include "gpu_ranks_util.h"
 #include "gpu_test_util.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/param_shard.h"
@@ -39,6 +40,12 @@ using namespace qtrain;
 using namespace qtrain::test;
 
 namespace {
+
+#ifdef QTRAIN_HAVE_NCCL
+constexpr bool kNcclBuilt = true;
+#else
+constexpr bool kNcclBuilt = false;
+#endif
 
 ModelConfig dp_config() {
     ModelConfig c;
@@ -78,15 +85,6 @@ struct DpRun {
     std::vector<std::vector<float>> weights;  // per rank: every tensor's model-dtype weights, concatenated
 };
 
-std::vector<float> all_weights(const CudaModel& m) {
-    std::vector<float> out;
-    for (const ParamSpec& s : m.layout().specs) {
-        auto v = m.download(s.name, CudaModel::Which::Weights);
-        out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
-}
-
 OptimizerParams params(int step) { return {2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}; }
 
 // Steps [first, last] on rank `rank` of `world` with `micro` micro-batches per rank (`reversed`: in
@@ -113,34 +111,20 @@ enum class Backend { CopyEngine, Nccl };
 // two ranks on one GPU); rethrows the first failure.
 void run_gpu_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn,
                    Backend backend = Backend::CopyEngine) {
-    comm::ThreadWorld tw(world, std::chrono::milliseconds(120'000));
-    std::vector<std::thread> threads;
-    std::mutex mu;
-    std::exception_ptr first;
-    for (int r = 0; r < world; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                CUDA_CHECK(cudaSetDevice(0));
-                std::unique_ptr<comm::Communicator> c;
 #ifdef QTRAIN_HAVE_NCCL
-                std::unique_ptr<comm::NcclThreadsWorld> nccl;
-                if (backend == Backend::Nccl) {
-                    nccl = std::make_unique<comm::NcclThreadsWorld>(std::vector<int>{0});
-                    c = comm::make_nccl_communicator(*nccl, r);
-                }
+    std::unique_ptr<comm::NcclThreadsWorld> nccl;
+    if (backend == Backend::Nccl) nccl = std::make_unique<comm::NcclThreadsWorld>(std::vector<int>{0});
 #endif
-                QT_CHECK(c || backend == Backend::CopyEngine, "this build has no NCCL");
-                if (!c) c = comm::make_copy_engine_communicator(tw, r, 0);
-                fn(r, *c);
-                tw.leave(r);
-            } catch (const std::exception& e) {
-                tw.abort(r, e.what());
-                std::lock_guard<std::mutex> lock(mu);
-                if (!first) first = std::current_exception();
-            }
-        });
-    for (auto& t : threads) t.join();
-    if (first) std::rethrow_exception(first);
+    QT_CHECK(backend == Backend::CopyEngine || kNcclBuilt, "this build has no NCCL");
+    run_rank_threads(
+        world,
+        [&](int r, comm::ThreadWorld& tw) -> std::unique_ptr<comm::Communicator> {
+#ifdef QTRAIN_HAVE_NCCL
+            if (nccl) return comm::make_nccl_communicator(*nccl, r);
+#endif
+            return comm::make_copy_engine_communicator(tw, r, 0);
+        },
+        fn);
 }
 
 // `world` ranks (ZeRO `zero`; world 0: the plain one-GPU path, -1: the same with each step's
@@ -174,38 +158,11 @@ DpRun run(const ModelOptions& base, int world, int zero, int steps, int micro, B
     return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// The smallest cosine over the model's tensors between two concatenated weight sets, leaving out the
-// k_proj biases: their gradient is tiny (without RoPE it would be exactly zero, since a key bias adds
-// q.b to every score of a query and the softmax removes it; RoPE's rotation leaves only a small
-// position-dependent part), so in bf16 it is mostly rounding noise, which Adam scales to full-size
-// steps from their zero start: two runs that round differently move them apart (cosine 0.89-0.96
-// after 10 steps on the H200, also in FP8) while fp32 runs agree to 1.0000000. Their cosine is
-// reported in *k_bias, not checked.
+// The smallest per-tensor weight cosine of two runs of dp_config (gpu_ranks_util.h: the k_proj biases
+// are left out, their cosine reported in *k_bias).
 double worst_cosine(const std::vector<float>& a, const std::vector<float>& b, std::string* where,
                     double* k_bias = nullptr) {
-    const GpuParamLayout layout = make_gpu_layout(dp_config());
-    double worst = 1.0, worst_k = 1.0;
-    std::size_t at = 0;
-    for (const ParamSpec& s : layout.specs) {
-        double ab = 0, aa = 0, bb = 0;
-        for (int64_t i = 0; i < s.numel(); ++i, ++at) {
-            ab += double(a[at]) * b[at];
-            aa += double(a[at]) * a[at];
-            bb += double(b[at]) * b[at];
-        }
-        const double cos = (aa == 0 && bb == 0) ? 1.0 : ab / std::sqrt(aa * bb);
-        if (s.name.find("k_proj.bias") != std::string::npos) {
-            worst_k = std::min(worst_k, cos);
-            continue;
-        }
-        if (cos < worst) worst = cos, *where = s.name;
-    }
-    if (k_bias) *k_bias = worst_k;
-    return worst;
+    return worst_weight_cosine(make_gpu_layout(dp_config()), a, b, where, k_bias);
 }
 
 struct Mode {

@@ -29,6 +29,7 @@
 #include "comm/cuda/copy_engine_communicator.h"
 #include "comm/thread_world.h"
 #include "core/rng.h"
+#include "gpu_ranks_util.h"
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_model.h"
 #include "model/cuda/cuda_model.h"
@@ -93,19 +94,6 @@ void train(IModel& m, int first, int last, int rank, int world, Curve* out, floa
     }
 }
 
-std::vector<float> all_weights(const CudaModel& m) {
-    std::vector<float> out;
-    for (const ParamSpec& s : m.layout().specs) {
-        auto v = m.download(s.name, CudaModel::Which::Weights);
-        out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // fn(rank, model) on `world` ranks of one GPU: world 1 is the plain one-GPU model (no communicator,
 // as `train` runs one rank), more are threads over the copy-engine communicator at ZeRO `zero`.
 void on_ranks(int world, int zero, const ModelOptions& base, const std::function<void(int, CudaModel&)>& fn) {
@@ -117,47 +105,22 @@ void on_ranks(int world, int zero, const ModelOptions& base, const std::function
         fn(0, m);
         return;
     }
-    comm::ThreadWorld tw(world, std::chrono::milliseconds(120'000));
-    std::vector<std::thread> threads;
-    std::mutex mu;
-    std::exception_ptr first;
-    for (int r = 0; r < world; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                CUDA_CHECK(cudaSetDevice(0));
-                const std::unique_ptr<comm::Communicator> c = comm::make_copy_engine_communicator(tw, r, 0);
-                ModelOptions o = base;
-                o.gpus = world;
-                o.shard_gradients = zero == 2;
-                CudaModel m(cfg, o);
-                m.set_communicator(c.get(), zero);
-                fn(r, m);
-                tw.leave(r);
-            } catch (const std::exception& e) {
-                tw.abort(r, e.what());
-                std::lock_guard<std::mutex> lock(mu);
-                if (!first) first = std::current_exception();
-            }
+    run_rank_threads(
+        world, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
+        [&](int r, comm::Communicator& c) {
+            ModelOptions o = base;
+            o.gpus = world;
+            o.shard_gradients = zero == 2;
+            CudaModel m(cfg, o);
+            m.set_communicator(&c, zero);
+            fn(r, m);
         });
-    for (auto& t : threads) t.join();
-    if (first) std::rethrow_exception(first);
 }
 
-// The smallest per-tensor cosine, leaving out (and returning in *k_bias) the k_proj biases, whose
-// bf16 gradient is mostly rounding noise that Adam turns into full steps (data_parallel_test.cpp).
+// The smallest per-tensor weight cosine of two runs of reshard_config (gpu_ranks_util.h: the k_proj
+// biases left out, their cosine in *k_bias).
 double worst_cosine(const std::vector<float>& a, const std::vector<float>& b, std::string* where, double* k_bias) {
-    const GpuParamLayout layout = make_gpu_layout(reshard_config());
-    double worst = 1.0;
-    *k_bias = 1.0;
-    std::size_t at = 0;
-    for (const ParamSpec& s : layout.specs) {
-        const std::vector<float> x(a.begin() + at, a.begin() + at + s.numel()), y(b.begin() + at, b.begin() + at + s.numel());
-        at += s.numel();
-        const double c = cosine(x, y);
-        if (s.name.find("k_proj.bias") != std::string::npos) *k_bias = std::min(*k_bias, c);
-        else if (c < worst) worst = c, *where = s.name;
-    }
-    return worst;
+    return worst_weight_cosine(make_gpu_layout(reshard_config()), a, b, where, k_bias);
 }
 
 struct Mode {
