@@ -47,6 +47,31 @@ constexpr int kMaxInt = 1 << 30;
 
 }  // namespace
 
+std::string first_slurm_host(const std::string& list) {
+    // the first item (commas inside brackets separate ranges, not items), each [..] replaced by its
+    // first number as written (zero padding kept: node[007-012] -> node007)
+    std::string host;
+    int depth = 0;
+    bool in_first = false;  // inside a bracket, before its first ',' or '-'
+    for (char c : list) {
+        if (depth == 0 && c == ',') break;
+        if (c == '[') {
+            QT_CHECK(depth == 0, "SLURM nodelist '", list, "': nested '['");
+            depth = 1, in_first = true;
+        } else if (c == ']') {
+            QT_CHECK(depth == 1, "SLURM nodelist '", list, "': ']' without '['");
+            depth = 0;
+        } else if (depth == 0) {
+            host += c;
+        } else if (in_first) {
+            if (c == ',' || c == '-') in_first = false;
+            else host += c;
+        }
+    }
+    QT_CHECK(depth == 0 && !host.empty(), "SLURM nodelist '", list, "' names no host");
+    return host;
+}
+
 std::optional<LaunchEnv> detect_launch_env(const Lookup& lookup) {
     if (lookup("OMPI_COMM_WORLD_RANK")) return std::nullopt;  // mpirun's (see the header)
     LaunchEnv l;
@@ -68,8 +93,21 @@ std::optional<LaunchEnv> detect_launch_env(const Lookup& lookup) {
         l.rank = parse_int(s, "SLURM_PROCID", lookup("SLURM_PROCID"), 0, kMaxInt);
         l.world = parse_int(s, "SLURM_NTASKS", require(lookup, s, "SLURM_NTASKS", because), 1, kMaxInt);
         l.local_rank = parse_int(s, "SLURM_LOCALID", require(lookup, s, "SLURM_LOCALID", because), 0, kMaxInt);
-        // Slurm does not say where rank 0 is in a form we parse (SLURM_NODELIST), so the user sets it.
-        read_master(lookup, l, "SLURM_PROCID (set MASTER_ADDR to the first host of SLURM_NODELIST)");
+        // Rank 0 runs on the first host of the step's node list (srun's block distribution, its default;
+        // with another distribution the user sets MASTER_ADDR). The port: MASTER_PORT, else one derived
+        // from the job id, so two jobs sharing a node do not meet on the same port.
+        const char* nodes = lookup("SLURM_STEP_NODELIST");
+        if (!nodes) nodes = lookup("SLURM_JOB_NODELIST");
+        if (!nodes) nodes = lookup("SLURM_NODELIST");
+        if (const char* addr = lookup("MASTER_ADDR"); addr && *addr) l.master_addr = addr;
+        else if (nodes && *nodes) l.master_addr = first_slurm_host(nodes);
+        else require(lookup, s, "MASTER_ADDR", "SLURM_PROCID (and no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST to take the first host of)");
+        if (const char* port = lookup("MASTER_PORT"); port && *port) {
+            l.master_port = parse_int(s, "MASTER_PORT", port, 1, 65535);
+        } else {
+            const char* job = lookup("SLURM_JOB_ID");
+            l.master_port = 20000 + (job ? parse_int(s, "SLURM_JOB_ID", job, 0, kMaxInt) % 20000 : 9500);
+        }
         check_ranks(l, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
         if (const char* job = lookup("SLURM_JOB_ID")) {
             const char* step = lookup("SLURM_STEP_ID");

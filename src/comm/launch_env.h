@@ -8,9 +8,10 @@
 //   2. torchrun: RANK and WORLD_SIZE (either one set means torchrun-style; then RANK, WORLD_SIZE,
 //      LOCAL_RANK, MASTER_ADDR and MASTER_PORT must all be set; LOCAL_WORLD_SIZE is optional).
 //      Wins over Slurm: torchrun started by srun sees SLURM_PROCID of its launcher, not its workers.
-//   3. Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT set
-//      by the user (e.g. MASTER_ADDR=$(scontrol show hostnames $SLURM_NODELIST | head -n1)): parsing
-//      SLURM_NODELIST's compressed host lists is not done here.
+//   3. Slurm (srun): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR when set, else the first
+//      host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST, SLURM_NODELIST: compressed lists such as
+//      gpu[007-012,020] are read, first_slurm_host), where srun's default block distribution puts rank
+//      0; MASTER_PORT when set, else 20000 + SLURM_JOB_ID % 20000 (29500 without a job id).
 //   Otherwise nullopt (a single process).
 #pragma once
 
@@ -31,6 +32,10 @@ struct LaunchEnv {
     std::string run_token;   // TORCHELASTIC_RUN_ID or SLURM_JOB_ID.SLURM_STEP_ID (or QTRAIN_RUN_TOKEN, which
                              // overrides both): tells two runs on one port apart; empty when none is set
 };
+
+// The first host a Slurm node list names: "gpu[007-012,020],cpu1" -> "gpu007"; "a[1-2]-b[3,5]" ->
+// "a1-b3"; "node1,node2" -> "node1". A qtrain::Error for an empty or malformed list.
+std::string first_slurm_host(const std::string& list);
 
 // nullopt as above. A qtrain::Error naming the variable for a partial set, a value that is not a
 // number, rank >= world, local rank > rank (or >= LOCAL_WORLD_SIZE), or a port outside 1..65535.

@@ -69,12 +69,40 @@ TEST(CommLaunchEnv, ReadsSlurmsVariablesWithTheUsersMaster) {
     EXPECT_EQ(l->master_addr, "10.0.0.1");
     EXPECT_EQ(l->master_port, 1);
     EXPECT_EQ(l->run_token, "99.2");
+    // without MASTER_ADDR and without a node list to take it from
     const std::string e = error_of(with(slurm, "MASTER_ADDR", nullptr));
     EXPECT_NE(e.find("MASTER_ADDR is not set"), std::string::npos) << e;
     EXPECT_NE(e.find("SLURM_NODELIST"), std::string::npos) << e;
     EXPECT_NE(error_of(with(slurm, "SLURM_NTASKS", nullptr)).find("SLURM_NTASKS is not set"), std::string::npos);
     EXPECT_NE(error_of(with(slurm, "SLURM_PROCID", "4")).find("SLURM_PROCID=4 is not a rank of SLURM_NTASKS=4"),
               std::string::npos);
+}
+
+// Without MASTER_ADDR / MASTER_PORT, Slurm mode finds rank 0 on the first host of the step's node
+// list (compressed lists read) and derives the port from the job id.
+TEST(CommLaunchEnv, SlurmMasterFromTheNodeListAndPortFromTheJob) {
+    const Env slurm = {{"SLURM_PROCID", "0"},      {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_JOB_ID", "1234567"}, {"SLURM_JOB_NODELIST", "other[1-9]"},
+                       {"SLURM_STEP_NODELIST", "gpu[007-012,020],cpu1"}};
+    const auto l = detect(slurm);
+    ASSERT_TRUE(l.has_value());
+    EXPECT_EQ(l->master_addr, "gpu007");  // the step's list wins over the job's
+    EXPECT_EQ(l->master_port, 20000 + 1234567 % 20000);
+    EXPECT_EQ(detect(with(slurm, "SLURM_STEP_NODELIST", nullptr))->master_addr, "other1");
+    EXPECT_EQ(detect(with(with(slurm, "MASTER_ADDR", "10.1.1.1"), "MASTER_PORT", "4000"))->master_addr, "10.1.1.1");
+    EXPECT_EQ(detect(with(slurm, "MASTER_PORT", "4000"))->master_port, 4000);
+    EXPECT_EQ(detect(with(slurm, "SLURM_JOB_ID", nullptr))->master_port, 29500);
+    EXPECT_EQ(comm::first_slurm_host("node1,node2"), "node1");
+    EXPECT_EQ(comm::first_slurm_host("rack[2-3]-n[05,07-09]"), "rack2-n05");
+    EXPECT_EQ(comm::first_slurm_host("solo"), "solo");
+    for (const char* bad : {"", "[1-2]x]", "a[[1]]", "a[1-2"}) {
+        try {
+            comm::first_slurm_host(bad);
+            ADD_FAILURE() << "'" << bad << "' was accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("SLURM nodelist"), std::string::npos) << e.what();
+        }
+    }
 }
 
 TEST(CommLaunchEnv, Precedence) {
