@@ -10,7 +10,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
   libxxhash-dev              # checkpoint checksums (header-only: XXH_INLINE_ALL, nothing links it)
   openmpi-bin libopenmpi-dev # the MPI communicator (src/comm/mpi/) and its mpirun tests
-  python3 python3-pip python3-venv
+  python3 python3-pip python3-venv python3-dev  # python3-dev: the Python package's extension (pyproject.toml)
   bible-kjv bible-kjv-text   # the demo's offline corpus (King James Bible)
 )
 

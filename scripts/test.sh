@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds, prepares reference data for the
-# tokenizer tests, and runs every test with ctest. GPU tests (label gpu) skip without a GPU.
+# tokenizer tests, runs every test with ctest (GPU tests, label gpu, skip without a GPU), then the
+# Python package's tests (scripts/test_python.sh).
 # Extra arguments go to ctest (e.g. scripts/test.sh -L gpu, or -R Tokenizer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +27,9 @@ scripts/tokenizer_fetch_tiktoken.sh "$REF" >/dev/null \
   || echo "test.sh: warning: could not fetch qwen.tiktoken (no network?); those tests will skip" >&2
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
+
+# The Python package (pyproject.toml): its wheel in a fresh virtual environment, then pytest. Only for
+# the whole run (arguments select ctest tests).
+if [ $# -eq 0 ]; then
+  QTRAIN_TRAIN_EXE="$PWD/$BUILD_DIR/train" scripts/test_python.sh
+fi

@@ -294,27 +294,43 @@ std::string TrainOptions::to_json() const {
     return j.dump();
 }
 
-std::optional<int> parse_train_options(int argc, const char* const* argv, TrainOptions& out) {
-    CLI::App app{"qtrain: train Qwen2.5-family LLMs in C++/CUDA.\n"
-                 "Example: train --model=Qwen2.5-0.5B --from-scratch --train-file='data/*/train.bin' "
-                 "--eval-file=data/x/eval.bin --steps=1000 --learning-rate=6e-4",
-                 "train"};
+namespace {
+
+void configure_app(CLI::App& app, TrainOptions& out) {
     app.get_formatter()->column_width(34);
     app.option_defaults()->always_capture_default();  // --help shows each option's default
     // a flag given twice takes the last value (so wrappers can append overrides)
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     add_flags(app, out);
-    // CLI11 reads "--flag=" as the flag without a value and then takes the next argument as its
-    // value ("--checkpoint-dir= --out-dir=mine" would put the checkpoints in "--out-dir=mine"), so an
-    // empty value is refused here, naming the flag.
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
+}
+
+const char* const kAppDescription =
+    "qtrain: train Qwen2.5-family LLMs in C++/CUDA.\n"
+    "Example: train --model=Qwen2.5-0.5B --from-scratch --train-file='data/*/train.bin' "
+    "--eval-file=data/x/eval.bin --steps=1000 --learning-rate=6e-4";
+
+// CLI11 reads "--flag=" as the flag without a value and then takes the next argument as its value
+// ("--checkpoint-dir= --out-dir=mine" would put the checkpoints in "--out-dir=mine"), so an empty
+// value is refused, naming the flag: the message, or "" when every argument has a value.
+std::string empty_value_error(const std::vector<std::string>& args) {
+    for (const std::string& arg : args) {
         if (arg == "--") break;
-        if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
-            std::fprintf(stderr, "error: %s has an empty value (give %s<value>, or leave the flag out for its default)\n",
-                         arg.substr(0, arg.size() - 1).c_str(), arg.c_str());
-            return 1;
-        }
+        if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' && arg.find('=') == arg.size() - 1)
+            return cat(arg.substr(0, arg.size() - 1), " has an empty value (give ", arg,
+                       "<value>, or leave the flag out for its default)");
+    }
+    return {};
+}
+
+}  // namespace
+
+std::optional<int> parse_train_options(int argc, const char* const* argv, TrainOptions& out) {
+    CLI::App app{kAppDescription, "train"};
+    configure_app(app, out);
+    if (const std::string e = empty_value_error(std::vector<std::string>(argv + std::min(argc, 1), argv + argc));
+        !e.empty()) {
+        std::fprintf(stderr, "error: %s\n", e.c_str());
+        return 1;
     }
     try {
         app.parse(argc, argv);
@@ -322,6 +338,22 @@ std::optional<int> parse_train_options(int argc, const char* const* argv, TrainO
         return app.exit(e);
     }
     return std::nullopt;
+}
+
+TrainOptions train_options_from_args(const std::vector<std::string>& args) {
+    TrainOptions out;
+    CLI::App app{kAppDescription, "train"};
+    configure_app(app, out);
+    if (const std::string e = empty_value_error(args); !e.empty()) throw_error(e);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    try {
+        app.parse(reversed);
+    } catch (const CLI::CallForHelp&) {
+        throw_error(app.help());
+    } catch (const CLI::ParseError& e) {
+        throw_error(e.what());
+    }
+    return out;
 }
 
 }  // namespace qtrain

@@ -94,5 +94,8 @@ struct TrainOptions {
 // Parses argv (CLI11) into `out`. Returns std::nullopt to go on, or the exit code when the program
 // should stop (after --help, or a parse error that was already printed).
 std::optional<int> parse_train_options(int argc, const char* const* argv, TrainOptions& out);
+// The same flags from `args` (without the program name), for embedding qtrain (the Python package):
+// throws qtrain::Error with the message the command line would print (--help: the help text).
+TrainOptions train_options_from_args(const std::vector<std::string>& args);
 
 }  // namespace qtrain

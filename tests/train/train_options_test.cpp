@@ -163,3 +163,26 @@ TEST(TrainOptions, CkptKeepParsesValidatesAndIsRecorded) {
     o.ckpt_keep = -1;
     EXPECT_ERROR(o.validate(), "--ckpt-keep", "-1");
 }
+
+// The flags from a list (the Python package's path): the same options as the command line, and its
+// messages as exceptions instead of printed text and exit codes.
+TEST(TrainOptions, FromArgsParsesAsTheCommandLineAndThrowsItsMessages) {
+    const TrainOptions o = train_options_from_args({"--steps=7", "--learning-rate=0.001", "--from-scratch",
+                                                    "--zero-level=3", "--steps=9"});
+    EXPECT_EQ(o.steps, 9);  // the last of a repeated flag, as on the command line
+    EXPECT_FLOAT_EQ(o.learning_rate, 0.001f);
+    EXPECT_TRUE(o.from_scratch);
+    EXPECT_EQ(o.zero_level, 3);
+    auto message = [](const std::vector<std::string>& args) {
+        try {
+            train_options_from_args(args);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    EXPECT_NE(message({"--zero-level=4"}).find("--zero-level"), std::string::npos);
+    EXPECT_NE(message({"--no-such-flag=1"}).find("--no-such-flag"), std::string::npos);
+    EXPECT_NE(message({"--checkpoint-dir="}).find("--checkpoint-dir has an empty value"), std::string::npos);
+    EXPECT_NE(message({"--help"}).find("--learning-rate"), std::string::npos);  // the help text
+}
