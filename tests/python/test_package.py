@@ -97,3 +97,11 @@ def test_the_tokenizer_encodes_by_its_ranks(tmp_path: Path):
     text = "hi there, hh"
     assert tok.decode(tok.encode(text)) == text
     assert tok.vocab_size >= 257
+
+
+def test_the_wheel_ships_type_stubs():
+    package = Path(qtrain.__file__).parent
+    assert (package / "py.typed").exists()
+    stub = (package / "_qtrain.pyi").read_text()
+    for name in ("def run_training", "def check_options", "class Tokenizer", "def encode"):
+        assert name in stub, name
