@@ -17,7 +17,7 @@ int64_t valid_targets(const std::vector<int32_t>& targets) {
 }  // namespace
 
 EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batches, int batch_size, int seq_len,
-                               comm::Communicator& host) {
+                               comm::Communicator& host, const std::function<void()>& progress) {
     const int rank = host.rank(), world = host.world();
     // ZeRO-3: each forward pass gathers the weights from every rank (imodel.h), so every rank makes a
     // call in every round in which any rank has a batch to evaluate
@@ -56,6 +56,7 @@ EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batche
                 ignored(tokens.size(), -1);
             (void)model.evaluate(Batch{tokens.data(), ignored.data(), batch_size, seq_len});
         }
+        if (progress) progress();
         if (ended) break;
     }
     double all[3];

@@ -9,6 +9,8 @@
 // ignored and discards the result, so every rank makes the same calls and the loss is the same.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 
 #include "comm/communicator.h"
@@ -24,7 +26,8 @@ struct EvalResult {
 
 // Collective over `host` (the trainer's communicator); `loader` is each rank's own eval loader (not
 // set_rank: every rank walks the same unshuffled batches and keeps its share).
+// `progress` (optional) is called after each round of batches (the --comm-timeout watchdog's feed).
 EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batches, int batch_size, int seq_len,
-                               comm::Communicator& host);
+                               comm::Communicator& host, const std::function<void()>& progress = {});
 
 }  // namespace qtrain

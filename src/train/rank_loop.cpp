@@ -38,13 +38,17 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // One step's micro-batches on `model`: returns the targets that carry a loss.
+// `progress` is called after each (the --comm-timeout watchdog's feed: the timeout bounds one
+// micro-batch, not a whole step of many).
 int64_t run_micro_batches(IModel& model, DataLoader& data, int accumulation, int batch_size, int seq_len,
-                          float grad_scale, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+                          float grad_scale, std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                          ProgressWatchdog* progress) {
     int64_t valid = 0;
     for (int micro = 0; micro < accumulation; ++micro) {
         data.next_batch(inputs, targets);
         for (int32_t t : targets) valid += t >= 0;
         model.forward_backward(Batch{inputs.data(), targets.data(), batch_size, seq_len}, grad_scale);
+        if (progress) progress->feed();
     }
     return valid;
 }
@@ -236,7 +240,7 @@ int RankRun::train() {
         maybe_fail_for_test(ctx_.test_fault, rank_, step);
         const auto t0 = Clock::now();
         const int64_t valid = run_micro_batches(*model_, *train_data_, o_.grad_accumulation, o_.batch_size,
-                                                o_.seq_len, grad_scale, inputs, targets);
+                                                o_.seq_len, grad_scale, inputs, targets, watchdog_.get());
         const float lr = schedule_.at(step);
         const StepStats stats = model_->optimizer_step(OptimizerParams{
             lr, o_.beta_1, o_.beta_2, o_.adam_epsilon, o_.weight_decay, o_.grad_clip, step + 1});
@@ -309,7 +313,10 @@ void RankRun::evaluate(int step) {
     if (!eval_data_) return;
     const auto t0 = Clock::now();
     WatchdogScope watched(watchdog_.get(), fmt::format("the evaluation after step {}", step));
-    const EvalResult r = evaluate_over_ranks(*model_, *eval_data_, o_.eval_num_steps, o_.batch_size, o_.seq_len, host_);
+    const EvalResult r = evaluate_over_ranks(*model_, *eval_data_, o_.eval_num_steps, o_.batch_size, o_.seq_len, host_,
+                                             [this] {
+                                                 if (watchdog_) watchdog_->feed();
+                                             });
     if (lead_) log_->log_eval(step, train_data_->epoch_progress(), r.tokens, ms_since(t0), r.loss);
 }
 

@@ -83,8 +83,8 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     g->add_option("--zero-level", o.zero_level, "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer "
                   "state, 2 + gradients, 3 + weights")
         ->check(CLI::Range(1, 3));
-    g->add_option("--comm-timeout", o.comm_timeout, "Seconds a data-parallel rank may spend in one training step or "
-                  "evaluation without finishing it before it decides a peer has died or hangs (a GPU collective waits "
+    g->add_option("--comm-timeout", o.comm_timeout, "Seconds a data-parallel rank may go without finishing a micro-batch, "
+                  "the optimizer step or a round of evaluation before it decides a peer has died or hangs (a GPU collective waits "
                   "forever otherwise): it says so, aborts its communicators and exits, and every rank does the same. "
                   "0 = never. Loading, checkpoints and the export are not timed")
         ->check(CLI::NonNegativeNumber);
