@@ -12,6 +12,7 @@
 #include "io/flat_state_reader.h"
 #include "model/imodel.h"
 #include "test_util.h"
+#include "train/stub_model.h"
 #include "train/checkpointer.h"
 
 using namespace qtrain;
@@ -40,19 +41,10 @@ FlatArrays state() {
 }
 
 // Rank r writes its block of the 3-rank partition (or, `gap`, leaves one element out).
-class BlockModel : public IModel {
+class BlockModel : public StubModel {
 public:
     int rank = 0, world = 1;
     bool gap = false;
-    ModelConfig cfg;
-    const ModelConfig& config() const override { return cfg; }
-    std::string device_name() const override { return "fake"; }
-    void init_random(uint64_t) override {}
-    void load_hf(const std::string&) override {}
-    void save_hf(const std::string&) const override {}
-    void forward_backward(const Batch&, float) override {}
-    StepStats optimizer_step(const OptimizerParams&) override { return {}; }
-    float evaluate(const Batch&) override { return 0; }
     void save_checkpoint(const std::string& dir) const override {
         Ranges all = shard_ranges(kTotal, world);
         if (gap) all[1].first += 1;
@@ -62,8 +54,6 @@ public:
         fs::rename(fs::path(mine) / block_file_name(rank, world), fs::path(dir) / block_file_name(rank, world));
         fs::remove_all(mine);
     }
-    void load_checkpoint(const std::string&) override {}
-    MemoryPlan memory_plan() const override { return {}; }
 };
 
 CheckpointState checkpoint_state() {

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "model/imodel.h"
 #include "test_util.h"
+#include "train/stub_model.h"
 #include "train/checkpointer.h"
 
 using namespace qtrain;
@@ -21,24 +22,13 @@ namespace fs = std::filesystem;
 
 namespace {
 // Writes one marker file, or fails half-way, to exercise atomicity.
-class FakeModel : public IModel {
+class FakeModel : public StubModel {
 public:
     bool fail = false;
-    ModelConfig cfg;
-    const ModelConfig& config() const override { return cfg; }
-    std::string device_name() const override { return "fake"; }
-    void init_random(uint64_t) override {}
-    void load_hf(const std::string&) override {}
-    void save_hf(const std::string&) const override {}
-    void forward_backward(const Batch&, float) override {}
-    StepStats optimizer_step(const OptimizerParams&) override { return {}; }
-    float evaluate(const Batch&) override { return 0; }
     void save_checkpoint(const std::string& dir) const override {
         write_file(dir + "/weights.bin", "w");
         if (fail) throw Error("disk full");
     }
-    void load_checkpoint(const std::string&) override {}
-    MemoryPlan memory_plan() const override { return {}; }
 };
 
 CheckpointState state(int step) {

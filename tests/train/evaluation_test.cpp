@@ -13,6 +13,7 @@
 #include "io/token_file.h"
 #include "model/imodel.h"
 #include "test_util.h"
+#include "train/stub_model.h"
 #include "train/evaluation.h"
 
 using namespace qtrain;
@@ -26,20 +27,12 @@ constexpr int kBatch = 3, kSeq = 16, kVocab = 50;
 // (by their first token's position in the file) it was asked to evaluate. As a model with sharded
 // weights it also counts the calls without a valid target, and returns NaN for them (their result
 // must be discarded).
-class RecordingModel : public IModel {
+class RecordingModel : public StubModel {
 public:
     std::vector<int32_t> first_tokens;
     bool sharded = false;
     int ignored_calls = 0;
-    ModelConfig cfg;
     bool weights_sharded() const override { return sharded; }
-    const ModelConfig& config() const override { return cfg; }
-    std::string device_name() const override { return "recording"; }
-    void init_random(uint64_t) override {}
-    void load_hf(const std::string&) override {}
-    void save_hf(const std::string&) const override {}
-    void forward_backward(const Batch&, float) override {}
-    StepStats optimizer_step(const OptimizerParams&) override { return {}; }
     float evaluate(const Batch& b) override {
         if (std::all_of(b.targets, b.targets + b.batch_size * b.seq_len, [](int32_t t) { return t < 0; })) {
             ++ignored_calls;
@@ -50,9 +43,6 @@ public:
         for (int i = 0; i < b.batch_size * b.seq_len; ++i) s += std::sin(0.37 * b.inputs[i] + i);
         return static_cast<float>(3.0 + s / (b.batch_size * b.seq_len));
     }
-    void save_checkpoint(const std::string&) const override {}
-    void load_checkpoint(const std::string&) override {}
-    MemoryPlan memory_plan() const override { return {}; }
 };
 
 struct Split {
