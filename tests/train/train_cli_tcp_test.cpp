@@ -36,17 +36,24 @@ std::string two_ranks(const std::string& cmd, const std::string& log1, const std
 
 }  // namespace
 
-TEST(TrainCliTcp, TwoProcessesWithTorchrunVariablesTrainAsThreadsMode) {
-    Fixture f;
-    const std::string common = " --steps=6 --eval-every-n-steps=3 --eval-num-steps=2 --ckpt-interval=3";
+// `common` under threads mode (--gpus=2) and as two torchrun-launched processes: the same losses,
+// evaluations and exported bytes; returns the torchrun run's output.
+static std::string expect_torchrun_equals_threads(Fixture& f, const std::string& common) {
     auto threads = run_command(kLimit + f.base_cmd("threads") + common + " --gpus=2");
-    ASSERT_EQ(threads.exit_code, 0) << threads.output;
+    EXPECT_EQ(threads.exit_code, 0) << threads.output;
     auto tcp = run_command(two_ranks(f.base_cmd("tcp") + common, f.dir / "rank1.log"));
-    ASSERT_EQ(tcp.exit_code, 0) << tcp.output << "\nrank 1:\n" << read_file(f.dir / "rank1.log");
-    EXPECT_TRUE(Contains(tcp.output, "torchrun mode: 2 CPU ranks")) << tcp.output;
+    EXPECT_EQ(tcp.exit_code, 0) << tcp.output << "\nrank 1:\n" << read_file(f.dir / "rank1.log");
     EXPECT_EQ(step_losses(f.dir / "threads/log.jsonl"), step_losses(f.dir / "tcp/log.jsonl"));
     EXPECT_EQ(event_values(f.dir / "threads/log.jsonl", "eval", "loss"), event_values(f.dir / "tcp/log.jsonl", "eval", "loss"));
     EXPECT_EQ(read_file(f.dir / "threads/model.safetensors"), read_file(f.dir / "tcp/model.safetensors"));
+    return tcp.output;
+}
+
+TEST(TrainCliTcp, TwoProcessesWithTorchrunVariablesTrainAsThreadsMode) {
+    Fixture f;
+    const std::string out =
+        expect_torchrun_equals_threads(f, " --steps=6 --eval-every-n-steps=3 --eval-num-steps=2 --ckpt-interval=3");
+    EXPECT_TRUE(Contains(out, "torchrun mode: 2 CPU ranks")) << out;
     EXPECT_EQ(step_losses(f.dir / "tcp/log.jsonl").size(), 6u);
 }
 
@@ -66,15 +73,10 @@ TEST(TrainCliTcp, AFailingRankEndsBothWithItsError) {
 // the run is threads mode's ZeRO-3 bit for bit (which is ZeRO-1's, train_cli_zero3_test.cpp).
 TEST(TrainCliTcp, ZeroThreeTrainsAsThreadsMode) {
     Fixture f;
-    const std::string common = " --steps=4 --eval-every-n-steps=2 --eval-num-steps=3 --zero-level=3";
-    auto threads = run_command(kLimit + f.base_cmd("threads") + common + " --gpus=2");
-    ASSERT_EQ(threads.exit_code, 0) << threads.output;
-    auto tcp = run_command(two_ranks(f.base_cmd("tcp") + common, f.dir / "rank1.log"));
-    ASSERT_EQ(tcp.exit_code, 0) << tcp.output << "\nrank 1:\n" << read_file(f.dir / "rank1.log");
-    EXPECT_TRUE(Contains(tcp.output, "ZeRO-3")) << tcp.output;
-    EXPECT_EQ(step_losses(f.dir / "threads/log.jsonl"), step_losses(f.dir / "tcp/log.jsonl"));
-    EXPECT_EQ(event_values(f.dir / "threads/log.jsonl", "eval", "loss"), event_values(f.dir / "tcp/log.jsonl", "eval", "loss"));
-    EXPECT_EQ(read_file(f.dir / "threads/model.safetensors"), read_file(f.dir / "tcp/model.safetensors"));
+    const std::string out =
+        expect_torchrun_equals_threads(f, " --steps=4 --eval-every-n-steps=2 --eval-num-steps=3 --zero-level=3");
+    EXPECT_TRUE(Contains(out, "ZeRO-3")) << out;
+    EXPECT_EQ(step_losses(f.dir / "tcp/log.jsonl").size(), 4u);
 }
 
 // A rank that hangs in a step (QTRAIN_TEST_FAIL_RANK=1:2:hang sleeps forever, as a rank stuck in a
