@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "model/memory_plan.h"
@@ -88,7 +89,7 @@ public:
 
     // Data parallel: this model is one rank of comm's world (ZeRO `zero_level`); optimizer_step then
     // works with the other ranks. `comm` is the model's communicator, which may differ from the one the
-    // engine agrees on (a GPU backend's, over device memory; model_factory.h,
+    // engine agrees on (a GPU backend's, over device memory; backends/model_backends.h,
     // ModelCommunicatorFactory); it outlives the model's use of it. Called only when there are several
     // ranks. Backends that cannot refuse with an error naming the flag.
     virtual void set_communicator(comm::Communicator* comm, int zero_level) {
@@ -103,6 +104,18 @@ public:
     // its own evaluates one whose targets are all ignored, and discards the result) — and save_hf is
     // called on every rank.
     virtual bool weights_sharded() const { return false; }
+
+    // For debugging (the Python package's parameters() / gradients()): tensor `name` (an HF name of
+    // model/parameters.h) as fp32 on the host: the weights the forward pass uses, or the gradient
+    // accumulated on this rank since the last optimizer step (before any reduction over the ranks).
+    // Collective when weights_sharded() (every rank calls it for the same tensor). A backend refuses,
+    // naming why, what this rank does not hold whole (a ZeRO-2 gradient block).
+    enum class TensorKind { Weights, Gradient };
+    virtual std::vector<float> read_tensor(const std::string& name, TensorKind kind) {
+        (void)name;
+        (void)kind;
+        throw_error(cat("reading tensors is not supported on --device=", device_name()));
+    }
 
     // What the backend learnt while running that a user should see once (e.g. the GEMM autotuner's
     // findings once it has decided); asked after every step, empty when there is nothing (new) to say.

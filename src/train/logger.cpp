@@ -80,6 +80,7 @@ void Logger::write_line(const std::string& line) {
     const bool ok = std::fputs(line.c_str(), file_) >= 0 && std::fputc('\n', file_) != EOF && std::fflush(file_) == 0;
     QT_CHECK(ok, "--log-file: writing '", path_, "' failed: ", errno ? std::strerror(errno) : "unknown error",
              " (disk full?)");
+    if (listener_) listener_(line);
 }
 
 void Logger::message(const std::string& text) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,12 +50,17 @@ public:
     void log_done(int step, const std::string& out_dir, double seconds);
     void message(const std::string& text);  // console only
 
+    // Called with every JSONL line once it is written (the Python package's live callbacks, e.g. W&B).
+    using Listener = std::function<void(const std::string& json_line)>;
+    void set_listener(Listener listener) { listener_ = std::move(listener); }
+
     // FLOPs per trained token (set by log_sol; 0 = unknown): the "sol" column compares against it.
     double flops_per_token() const { return flops_per_token_; }
 
 private:
     void write_line(const std::string& json_line);
     std::string path_;
+    Listener listener_;
     FILE* file_ = nullptr;
     double flops_per_token_ = 0, peak_flops_ = 0;
     double train_loss_sum_ = 0;

@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "train/model_factory.h"
+#include "backends/model_backends.h"
+#include "train/model_source.h"
 
 namespace qtrain {
 

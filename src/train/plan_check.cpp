@@ -6,7 +6,8 @@
 #include "core/files.h"
 #include "train/logger.h"
 #include "train/memory_fit.h"
-#include "train/model_factory.h"
+#include "backends/model_backends.h"
+#include "train/model_source.h"
 #include "train/train_options.h"
 
 namespace qtrain {

@@ -61,37 +61,42 @@ bool check_fresh_continue(const TrainOptions& o, const std::string& device, cons
 
 }  // namespace
 
+void check_resume_point(RunStart& start, const TrainOptions& o, const std::string& device, const ModelConfig& cfg,
+                        int world, const std::string& ranks_source, const std::string& what) {
+    const ResumePoint& r = *start.resume;
+    start.changes = compare_resume_options(r.state.options_json, r.state.device, r.state.config_json, o, device, cfg);
+    std::string refused;
+    for (const OptionChange& c : start.changes)
+        if (c.changes_run) refused += "\n  " + describe_option_change(c);
+    QT_CHECK(refused.empty() || o.force_resume, what, ": this run differs from the one that wrote ", r.dir,
+             " in options that change the math or the data:", refused,
+             "\nGive the checkpoint's values to resume it, a new --checkpoint-dir to start another run, or "
+             "--force-resume to resume with these changes anyway");
+    // Any number of ranks reads any checkpoint: a GPU-model rank reads its block of the flat space
+    // from whatever the checkpoint holds (the blocks of any world size, or named tensors), the CPU
+    // model the whole state (io/flat_state_reader.h: resharding on load). Opened here, before any
+    // model exists, so one that cannot be read (blocks missing or of two world sizes, another
+    // model's) is refused now. (Whether the run stays the same run at another world size,
+    // accumulation x ranks, was compare_resume_options' question, above.)
+    std::optional<FlatStateReader> readable;
+    try {
+        readable.emplace(r.dir, gpu_checkpoint_layout(cfg));
+    } catch (const Error& e) {
+        throw_error(cat(what, ": ", r.dir, " cannot be loaded: ", e.what()));
+    }
+    if (r.state.world_size != world)
+        std::printf("[Resume] %s was written by %d rank%s, this run has %d (%s): each rank reads its part of "
+                    "the state from the checkpoint's %s (resharding)\n",
+                    r.dir.c_str(), r.state.world_size, r.state.world_size == 1 ? "" : "s", world,
+                    ranks_source.c_str(), readable->describe().c_str());
+}
+
 RunStart decide_run_start(const TrainOptions& o, const std::string& device, const ModelConfig& cfg, int world,
                           const std::string& ranks_source) {
     RunStart start;
     if (o.continue_from_checkpoint && !list_complete_checkpoints(o.checkpoint_dir).empty()) {
         start.resume = find_checkpoint_to_resume(o, start);
-        const ResumePoint& r = *start.resume;
-        start.changes = compare_resume_options(r.state.options_json, r.state.device, r.state.config_json, o, device, cfg);
-        std::string refused;
-        for (const OptionChange& c : start.changes)
-            if (c.changes_run) refused += "\n  " + describe_option_change(c);
-        QT_CHECK(refused.empty() || o.force_resume, "--continue: this run differs from the one that wrote ", r.dir,
-                 " in options that change the math or the data:", refused,
-                 "\nGive the checkpoint's values to resume it, a new --checkpoint-dir to start another run, or "
-                 "--force-resume to resume with these changes anyway");
-        // Any number of ranks reads any checkpoint: a GPU-model rank reads its block of the flat space
-        // from whatever the checkpoint holds (the blocks of any world size, or named tensors), the CPU
-        // model the whole state (io/flat_state_reader.h: resharding on load). Opened here, before any
-        // model exists, so one that cannot be read (blocks missing or of two world sizes, another
-        // model's) is refused now. (Whether the run stays the same run at another world size,
-        // accumulation x ranks, was compare_resume_options' question, above.)
-        std::optional<FlatStateReader> readable;
-        try {
-            readable.emplace(r.dir, gpu_checkpoint_layout(cfg));
-        } catch (const Error& e) {
-            throw_error(cat("--continue: ", r.dir, " cannot be loaded: ", e.what()));
-        }
-        if (r.state.world_size != world)
-            std::printf("[Resume] %s was written by %d rank%s, this run has %d (%s): each rank reads its part of "
-                        "the state from the checkpoint's %s (resharding)\n",
-                        r.dir.c_str(), r.state.world_size, r.state.world_size == 1 ? "" : "s", world,
-                        ranks_source.c_str(), readable->describe().c_str());
+        check_resume_point(start, o, device, cfg, world, ranks_source);
         start.append_log = true;
     } else if (o.continue_from_checkpoint) {
         start.append_log = check_fresh_continue(o, device, cfg);

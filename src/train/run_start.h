@@ -32,6 +32,12 @@ struct RunStart {
 RunStart decide_run_start(const TrainOptions& o, const std::string& device, const ModelConfig& cfg, int world,
                           const std::string& ranks_source);
 
+// The checks of a chosen start.resume (found by --continue, or named by the Python session's
+// load_checkpoint): its options and model config against this run's (refused when they change the run,
+// unless --force-resume; start.changes lists them), and that this run's ranks can read it.
+void check_resume_point(RunStart& start, const TrainOptions& o, const std::string& device, const ModelConfig& cfg,
+                        int world, const std::string& ranks_source, const std::string& what = "--continue");
+
 // The training files must be the checkpoint's (the data order is a function of their chunks), unless
 // --force-resume, which records the difference in start.changes.
 void check_resume_train_files(RunStart& start, const DataLoader& train_data, const TrainOptions& o);

@@ -1,15 +1,17 @@
 // A training run: data -> micro-batches -> IModel -> optimizer step, with evaluation, checkpoints,
 // resume and the final HF export, on one rank or data parallel over several (threads of this process
 // with --gpus=N, or one process per rank under mpirun, torchrun or Slurm). Device-agnostic: everything device-specific
-// sits behind IModel (model_factory.h builds it). This class checks what can be checked before any
-// rank starts (options, the memory plan, the output paths) and launches the ranks; each rank runs
-// the same loop (rank_loop.h).
+// sits behind IModel (backends/model_backends.h builds it). This class finds how the ranks were
+// launched, checks what can be checked before any rank starts (make_run_context: options, the memory
+// plan, the output paths), installs the stop signals and drives a TrainingSession (session.h) to the
+// end, the loop the Python package drives step by step.
 #pragma once
 
 #include <string>
 
 #include "comm/launch_env.h"
-#include "train/model_factory.h"
+#include "backends/model_backends.h"
+#include "train/run_context.h"
 #include "train/train_options.h"
 
 namespace qtrain {
@@ -22,17 +24,11 @@ public:
     // this process is one rank: its errors end the whole job (MPI_Abort) with a message naming it.
     int run();
 
-    // The model communicator of each rank (model_factory.h) instead of the device's default
+    // The model communicator of each rank (backends/model_backends.h) instead of the device's default
     // (model_communicator_factory): for embedding qtrain, and for tests of the hook.
     void set_model_communicator_factory(ModelCommunicatorFactory factory) { model_communicator_ = std::move(factory); }
 
 private:
-    // One process per rank: how it was launched, for the log and the messages.
-    struct ProcessLaunch {
-        std::string mode;          // "MPI mode", "torchrun mode", "Slurm mode"
-        std::string ranks_source;  // "mpirun -np 4", "WORLD_SIZE=4", ...
-        int local_rank = 0;        // the rank among this node's processes (its default GPU)
-    };
     // Everything after the launch is known; `host` is this process's communicator when each rank is a
     // process (mpirun, torchrun, Slurm), null in threads mode (the ranks' communicators are made here then).
     int prepare_and_run(comm::Communicator* host, const ProcessLaunch* launch = nullptr);

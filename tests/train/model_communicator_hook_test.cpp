@@ -1,4 +1,4 @@
-// The hook for a model communicator of its own (train/model_factory.h, ModelCommunicatorFactory), as
+// The hook for a model communicator of its own (backends/model_backends.h, ModelCommunicatorFactory), as
 // the GPU model's NCCL one will plug in: the trainer calls it once per rank with the host
 // communicator and the rank's device; the model's collectives then go over what it returned, while the
 // trainer's own agreements (the start, each step's agreement, evaluation, checkpoints) stay on the host.

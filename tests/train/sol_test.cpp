@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "model/model_config.h"
+#include "backends/peak_rates.h"
 #include "train/sol.h"
 
 using namespace qtrain;

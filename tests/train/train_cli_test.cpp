@@ -18,7 +18,8 @@
 #include "model/model_config.h"
 #include "test_util.h"
 #include "train/train_cli_fixture.h"
-#include "train/model_factory.h"
+#include "backends/model_backends.h"
+#include "train/model_source.h"
 #include "train/train_options.h"
 #ifdef QTRAIN_HAVE_CUDA
 #include "cuda/attention_cudnn.h"

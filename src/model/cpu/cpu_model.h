@@ -66,6 +66,8 @@ public:
     // state first, collectively).
     void set_communicator(comm::Communicator* comm, int zero_level) override;
     bool weights_sharded() const override { return comm_ != nullptr && zero_level_ == 3; }
+    // Under ZeRO-3 the tensor's range is gathered for the read (collective).
+    std::vector<float> read_tensor(const std::string& name, TensorKind kind) override;
 
     // ---- direct access, for tests and for comparing the GPU model against this one ----
     const std::vector<ParamSpec>& params() const { return specs_; }

@@ -120,4 +120,11 @@ void CpuModel::load_checkpoint(const std::string& dir) {
     shard_state();
 }
 
+std::vector<float> CpuModel::read_tensor(const std::string& name, TensorKind kind) {
+    const int64_t begin = offset(name), end = begin + specs_[index_.at(name)].numel();
+    if (kind == TensorKind::Gradient) return std::vector<float>(grads_.begin() + begin, grads_.begin() + end);
+    const Held held(*this, {begin, end});
+    return std::vector<float>(params_.begin() + begin, params_.begin() + end);
+}
+
 }  // namespace qtrain

@@ -68,6 +68,10 @@ public:
     // gathers each layer from their owners just before use (weights.h), so forward passes, save_hf
     // and download of weights are collective.
     bool weights_sharded() const override { return weights_->sharded(); }
+    // download(name, Weights | Grad): collective under ZeRO-3; refused for a ZeRO-2 gradient block.
+    std::vector<float> read_tensor(const std::string& name, TensorKind kind) override {
+        return download(name, kind == TensorKind::Gradient ? Which::Grad : Which::Weights);
+    }
 
     MemoryPlan memory_plan() const override { return plan_; }
 

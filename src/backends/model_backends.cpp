@@ -1,13 +1,9 @@
-#include "train/model_factory.h"
-
-#include <filesystem>
+#include "backends/model_backends.h"
 
 #include "core/error.h"
 #include "core/files.h"
-#include "io/hf_model_dir.h"
 #include "model/cpu/cpu_model.h"
-#include "train/sol.h"
-#include "train/train_options.h"
+#include "backends/peak_rates.h"
 
 #ifdef QTRAIN_HAVE_CUDA
 #include "comm/cuda/copy_engine_communicator.h"
@@ -21,8 +17,6 @@
 #endif
 
 namespace qtrain {
-
-namespace fs = std::filesystem;
 
 static int gpu_count() {
 #ifdef QTRAIN_HAVE_CUDA
@@ -53,27 +47,6 @@ std::string resolve_device(const std::string& flag, bool need_gpu) {
     }
     QT_CHECK(flag == "auto", "--device: expected auto, cpu or cuda, got '", flag, "'");
     return gpu_count() > 0 ? "cuda" : "cpu";
-}
-
-ModelSource resolve_model_source(const TrainOptions& o) {
-    ModelSource src;
-    if (auto dir = find_model_dir(o.model)) {
-        const std::string cfg_path = (fs::path(*dir) / "config.json").string();
-        QT_CHECK(fs::exists(cfg_path), "--model: '", *dir, "' has no config.json");
-        src.config = load_model_config(cfg_path);
-        src.directory = *dir;
-        src.description = *dir;
-        return src;
-    }
-    if (has_preset(o.model)) {
-        QT_CHECK(o.from_scratch, "--model=", o.model, " is a built-in preset (shape only, no weights) and is not in the local "
-                 "HF cache: add --from-scratch to train it from random initialisation, or pass a directory with weights");
-        src.config = preset_config(o.model);
-        src.description = "preset " + o.model;
-        return src;
-    }
-    (void)resolve_model_dir(o.model);  // throws with the list of places looked
-    throw_error("unreachable");
 }
 
 MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device) {

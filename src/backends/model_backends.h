@@ -1,5 +1,7 @@
-// Chooses the device, resolves where the model's shape and weights come from, and builds the
-// backend behind IModel. The only place in the engine that knows which backends exist.
+// The model backends behind IModel (the CPU reference model, the GPU model) and their communicators:
+// the one place that knows which backends this build has. It sits below the engine (src/train/): the
+// engine includes only this header, which names no device, so the engine and the Python package's
+// bindings compile without CUDA headers; this library links the backends (docs/design.md, "Layers").
 #pragma once
 
 #include <functional>
@@ -15,21 +17,11 @@
 
 namespace qtrain {
 
-struct TrainOptions;
-
-struct ModelSource {
-    ModelConfig config;
-    std::string description;              // "preset Qwen2.5-0.5B" or the directory
-    std::optional<std::string> directory; // HF directory (config.json, maybe weights, tokenizer)
-};
-
 // Whether this build has the CUDA backend (it can plan for a GPU even where none is present).
 bool cuda_backend_built();
 // "cpu" or "cuda" from --device (auto = cuda when this build has it and a GPU is present).
 // need_gpu=false lets --device=cuda through without a GPU (for --plan-only).
 std::string resolve_device(const std::string& device_flag, bool need_gpu = true);
-// Reads config.json from the --model directory, or takes a built-in preset (needs --from-scratch).
-ModelSource resolve_model_source(const TrainOptions& options);
 
 // The plan of what the backend would allocate; allocates nothing (works without a GPU).
 MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device);
