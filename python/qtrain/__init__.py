@@ -1,7 +1,13 @@
 """qtrain from Python: the C++/CUDA engine with the command line's options as keywords.
 
     import qtrain
-    qtrain.train(model="Qwen2.5-0.5B", from_scratch=True, train_file="data/*.bin", steps=100)
+    with qtrain.Trainer(model="Qwen2.5-0.5B", from_scratch=True, train_file="data/*.bin", steps=100) as t:
+        for _ in range(t.steps):
+            r = t.step()                     # or t.step(lr=my_schedule(t.next_step))
+            print(r.step, r.loss, r.tokens_per_s)
+        t.export("output")
+
+    qtrain.train(model=..., train_file=..., steps=100)   # a whole `train` job
 
 Every keyword is a `train` flag (`from_scratch=True` is `--from-scratch`, `learning_rate=3e-4` is
 `--learning-rate=3e-4`; False or None leaves a flag out), validated by the same C++ code: a bad one
@@ -13,26 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import _qtrain
-from ._qtrain import Tokenizer
+from ._qtrain import DataLoader, Tokenizer, write_tokens
+from .options import flags
+from .trainer import EvalResult, StepResult, Trainer
 
-__all__ = ["Tokenizer", "train", "check_options", "flags"]
+__all__ = ["DataLoader", "EvalResult", "StepResult", "Tokenizer", "Trainer", "check_options", "flags",
+           "memory_plan", "tokenize", "train", "write_tokens"]
 __version__ = "0.1.0"
-
-
-def flags(**options: Any) -> list[str]:
-    """The `train` flags these keywords stand for, in order."""
-    out = []
-    for key, value in options.items():
-        name = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(name)
-        elif isinstance(value, (list, tuple)):
-            out.append(f"{name}={','.join(str(v) for v in value)}")
-        else:
-            out.append(f"{name}={value}")
-    return out
 
 
 def check_options(**options: Any) -> None:
@@ -40,7 +33,38 @@ def check_options(**options: Any) -> None:
     _qtrain.check_options(flags(**options))
 
 
+def memory_plan(**options: Any) -> dict:
+    """The memory plan (per rank) these options would train with, checked against the limits (raises
+    ValueError when it does not fit, naming what would); allocates nothing. Works without a GPU."""
+    return _qtrain.memory_plan(flags(**options))
+
+
 def train(**options: Any) -> int:
     """Runs a whole training job, as `train` with these flags would; returns its exit code (0, or 130
     after Ctrl-C with a checkpoint written). Raises ValueError on bad options or inputs."""
     return _qtrain.run_training(flags(**options))
+
+
+def tokenize(texts, tokenizer: "str | Tokenizer", out: "str | None" = None, vocab_size: "int | None" = None,
+             eos: "str | None" = "<|endoftext|>"):
+    """Token ids of `texts` (a string, or a list of documents) with a tokenizer.json / tiktoken file or
+    a loaded Tokenizer, the `eos` token appended after each document as `tokenize --eos` does (None:
+    nothing appended). With `out`, also writes them as a BIN.TOK file (`vocab_size`: the model's,
+    default the tokenizer's). Returns a 1-D int32 numpy array."""
+    import numpy as np
+
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(str(tokenizer))
+    eos_id = None
+    if eos is not None:
+        eos_id = tok.token_id(eos)
+        if eos_id is None:
+            raise ValueError(f"eos: {eos!r} is not a token of this tokenizer (give eos=None to append nothing)")
+    ids: list = []
+    for doc in [texts] if isinstance(texts, str) else texts:
+        ids.extend(tok.encode(doc))
+        if eos_id is not None:
+            ids.append(eos_id)
+    arr = np.asarray(ids, dtype=np.int32)
+    if out is not None:
+        write_tokens(str(out), arr, int(vocab_size or tok.vocab_size))
+    return arr

@@ -7,10 +7,12 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include "core/error.h"
+#include "python/bindings.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train_options.h"
 #include "train/trainer.h"
@@ -42,6 +44,8 @@ NB_MODULE(_qtrain, m) {
             PyErr_SetString(PyExc_ValueError, e.what());
         }
     });
+    qtrain::python::bind_session(m);
+    qtrain::python::bind_data(m);
     m.def("run_training", &run_training, nb::arg("args"),
           "Runs `train` with these command-line flags; returns its exit code.");
     m.def("check_options", &check_options, nb::arg("args"),
@@ -59,5 +63,8 @@ NB_MODULE(_qtrain, m) {
         .def(
             "decode", [](const qtrain::Tokenizer& t, const std::vector<int32_t>& ids) { return t.decode_text(ids); },
             nb::arg("ids"), "The text of `ids` (a cut character becomes U+FFFD).")
+        .def(
+            "token_id", [](const qtrain::Tokenizer& t, const std::string& token) { return t.token_id(token); },
+            nb::arg("token"), "The id of a token (e.g. '<|endoftext|>'), or None when it is not one.")
         .def_prop_ro("vocab_size", &qtrain::Tokenizer::vocab_size);
 }

@@ -214,14 +214,10 @@ int RankSession::load_start_state() {
 
 StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_override) {
     State& s = *s_;
-    QT_CHECK(tokens || s.train_data, "no --train-file: give this step's tokens (inputs and targets)");
     const int B = o_.batch_size, T = o_.seq_len, accumulation = o_.grad_accumulation;
     const int64_t rows = static_cast<int64_t>(accumulation) * world_ * B;
-    if (tokens) {
-        QT_CHECK(tokens->rows == rows, "a step's tokens must be --grad-accumulation x ranks x --batch-size = ",
-                 accumulation, " x ", world_, " x ", B, " = ", rows, " rows of --seq-len=", T, " tokens, got ",
-                 tokens->rows, " rows");
-    }
+    QT_CHECK(tokens || s.train_data, "no --train-file: give this step's tokens (inputs and targets)");
+    QT_CHECK(!tokens || tokens->rows == rows, "internal: a step's tokens must be ", rows, " rows");
     const float grad_scale = 1.0f / static_cast<float>(accumulation * world_);
     StepReport r;
     r.step = step_;

@@ -13,13 +13,14 @@ namespace qtrain {
 namespace fs = std::filesystem;
 
 RunContext make_run_context(const TrainOptions& options, const std::string& command_line, comm::Communicator* host,
-                            const ProcessLaunch* launch, const ModelCommunicatorFactory& model_communicator) {
+                            const ProcessLaunch* launch, const ModelCommunicatorFactory& model_communicator,
+                            bool need_train_file) {
     RunContext ctx;
     ctx.t_start = std::chrono::steady_clock::now();
     ctx.command_line = command_line;
     TrainOptions& o = ctx.options;
     o = options;
-    o.validate();
+    o.validate(need_train_file);
     // the number of ranks: --gpus threads, or mpirun's processes (then --gpus says nothing new)
     int world = std::max(1, o.gpus);
     if (host) {

@@ -57,8 +57,9 @@ struct RunContext {
 // the memory plan against the limits (throws when it does not fit). With --plan-only it stops there
 // (the caller prints the plan). Otherwise it also checks that every output path is writable and
 // makes the models' communicator factory (`model_communicator` when given: for tests and embedding).
+// need_train_file=false: the Python session, which may give each step's tokens itself.
 RunContext make_run_context(const TrainOptions& options, const std::string& command_line,
                             comm::Communicator* host = nullptr, const ProcessLaunch* launch = nullptr,
-                            const ModelCommunicatorFactory& model_communicator = {});
+                            const ModelCommunicatorFactory& model_communicator = {}, bool need_train_file = true);
 
 }  // namespace qtrain

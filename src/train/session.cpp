@@ -72,6 +72,13 @@ T TrainingSession::on_ranks(const std::function<T(RankSession&)>& fn) {
 
 StepReport TrainingSession::step(const StepTokens* tokens, std::optional<float> lr) {
     QT_CHECK(!ended_, "the run has ended on this rank");
+    // the caller's mistakes are refused here, before any rank starts: they leave the session open
+    const TrainOptions& o = ctx_.options;
+    QT_CHECK(tokens || !o.train_file.empty(), "no --train-file: give this step's tokens (inputs and targets)");
+    const int64_t rows = static_cast<int64_t>(o.grad_accumulation) * ctx_.world * o.batch_size;
+    QT_CHECK(!tokens || tokens->rows == rows, "a step's tokens must be --grad-accumulation x ranks x --batch-size = ",
+             o.grad_accumulation, " x ", ctx_.world, " x ", o.batch_size, " = ", rows, " rows of --seq-len=",
+             o.seq_len, " tokens, got ", tokens ? tokens->rows : 0, " rows");
     StepReport r = on_ranks<StepReport>([&](RankSession& s) { return s.step(tokens, lr); });
     if (r.ended) ended_ = true;
     return r;

@@ -164,7 +164,7 @@ DType dtype_flag(const std::string& value, const char* flag, const char* allowed
 
 }  // namespace
 
-void TrainOptions::validate() const {
+void TrainOptions::validate(bool need_train_file) const {
     if (!export_checkpoint.empty()) return;  // needs only --out-dir (checkpoint_export.h)
     QT_CHECK(!model.empty(), "--model is required (a HF directory, org/name in the local HF cache, or a preset like Qwen2.5-0.5B with --from-scratch)");
     QT_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
@@ -197,7 +197,7 @@ void TrainOptions::validate() const {
     QT_CHECK(!out_dir.empty(), "--out-dir must not be empty");
     QT_CHECK(!checkpoint_dir.empty(), "--checkpoint-dir must not be empty (it is where checkpoints go, default ckpt)");
     QT_CHECK(!force_resume || continue_from_checkpoint, "--force-resume only applies with --continue");
-    if (!plan_only) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
+    if (!plan_only && need_train_file) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
     if (!memory_limit.empty()) (void)parse_bytes(memory_limit, "--memory-limit");
     if (!host_memory_limit.empty()) (void)parse_bytes(host_memory_limit, "--host-memory-limit");
 }

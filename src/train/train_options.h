@@ -84,8 +84,9 @@ struct TrainOptions {
     // Resolved helpers
     int warmup_steps() const { return warmup >= 0 ? warmup : std::min(100, steps / 10); }
     std::string log_path() const { return log_file.empty() ? out_dir + "/log.jsonl" : log_file; }
-    // Throws a clear error for values out of range (names the flag).
-    void validate() const;
+    // Throws a clear error for values out of range (names the flag). need_train_file=false: the
+    // Python session may feed its own tokens instead of --train-file's.
+    void validate(bool need_train_file = true) const;
     // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved.
     ModelOptions model_options(const std::string& resolved_device) const;
     std::string to_json() const;  // one JSON object, flag names as keys

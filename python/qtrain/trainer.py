@@ -1,0 +1,168 @@
+"""qtrain.Trainer: a training run driven step by step from Python, on the engine's own session (the
+same calls the `train` command line's loop makes, so the same options give the same bits)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from . import _qtrain
+from .options import flags
+
+Callback = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int            # the step's index (0-based)
+    loss: float
+    grad_norm: float     # before clipping
+    lr: float            # the learning rate the update used
+    ms: float            # wall time of the step
+    tokens: int          # tokens of the step, all ranks
+    tokens_per_s: float
+    applied: bool        # False: the step had no unmasked target, no update
+    evaluated: bool      # eval_every_n_steps evaluated after it
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    tokens: int
+
+
+class Trainer:
+    """A training run: every keyword is a `train` flag (see qtrain.flags), validated by the same C++
+    code, so a bad one raises ValueError with the command line's message. Opening plans, allocates and
+    loads, initialises or (with continue_from_checkpoint... i.e. `**{"continue": True}`) resumes.
+
+    callback: a callable (or a list of them) given every JSONL log event as a dict, as it is written
+    (options, system, model, dataset, memory, step, eval, checkpoint, ...): e.g.
+    qtrain.wandb_logging.WandbLogger(project=...).
+
+    train_file may be left out when every step() is given its tokens.
+    """
+
+    def __init__(self, callback: Optional[Callback | Iterable[Callback]] = None, **options: Any):
+        if callback is None:
+            self._callbacks: list[Callback] = []
+        elif callable(callback):
+            self._callbacks = [callback]
+        else:
+            self._callbacks = list(callback)
+        self._session = _qtrain.Session(flags(**options), self._on_line if self._callbacks else None)
+        self._session.check_listener()
+
+    def _on_line(self, line: str) -> None:
+        event = json.loads(line)
+        for cb in self._callbacks:
+            cb(event)
+
+    # ---- the run ----
+    @property
+    def next_step(self) -> int:
+        """Optimizer steps completed (the index of the next one)."""
+        return self._session.next_step
+
+    @property
+    def steps(self) -> int:
+        """The run's --steps (what run() trains to and the built-in schedule spans)."""
+        return self._session.steps
+
+    @property
+    def world(self) -> int:
+        return self._session.world
+
+    @property
+    def device(self) -> str:
+        return self._session.device
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows of seq_len tokens one step takes: grad_accumulation x ranks x batch_size."""
+        return self._session.rows_per_step
+
+    def options(self) -> dict:
+        """Every option of this run, by flag name (what the log and checkpoints record)."""
+        return json.loads(self._session.options_json())
+
+    def step(self, inputs=None, targets=None, *, tokens=None, lr: Optional[float] = None) -> StepResult:
+        """One optimizer step on the next batches of train_file, or on the tokens given: `inputs` and
+        `targets` int32 arrays of shape [rows_per_step, seq_len] (targets -1: no loss), or `tokens` of
+        shape [rows_per_step, seq_len + 1] (inputs tokens[:, :-1], targets tokens[:, 1:]). Row block m
+        of rank r is micro-batch m * ranks + r, the data loader's global order. `lr` overrides the
+        built-in schedule for this step (Python schedules). Evaluation and checkpoints follow
+        eval_every_n_steps and ckpt_interval as in the command line."""
+        if tokens is not None:
+            import numpy as np
+
+            tokens = np.asarray(tokens, dtype=np.int32)
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        if inputs is not None or targets is not None:
+            import numpy as np
+
+            inputs = np.ascontiguousarray(inputs, dtype=np.int32)
+            targets = np.ascontiguousarray(targets, dtype=np.int32)
+        r = self._session.step(inputs, targets, lr)
+        return StepResult(**r)
+
+    def evaluate(self) -> EvalResult:
+        """The loss on eval_file now (eval_num_steps batches; 0 = all)."""
+        return EvalResult(**self._session.evaluate())
+
+    def run(self) -> int:
+        """The command line's loop from here: steps up to `steps`, then the final evaluation (unless
+        the last step made one), the export to out_dir and the done line. Ctrl-C stops after the
+        current step; with a checkpoint_dir a checkpoint is written first, then KeyboardInterrupt is
+        raised."""
+        try:
+            while self.next_step < self.steps:
+                self.step()
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            raise
+        return self._session.finish()
+
+    def save_checkpoint(self) -> str:
+        """A checkpoint of the state now, into checkpoint_dir; returns its directory."""
+        return self._session.save_checkpoint()
+
+    def load_checkpoint(self, path: str) -> None:
+        """Loads a checkpoint directory (a step_XXXXXXXX): verified against its checksums and refused
+        when its run differs in options that change the math (unless force_resume), as --continue."""
+        self._session.load_checkpoint(str(path))
+
+    def export(self, path: str) -> None:
+        """Writes the model as a Hugging Face directory (model.safetensors, config.json, tokenizer files)."""
+        self._session.export_model(str(path))
+
+    def memory_plan(self) -> dict:
+        """The memory plan this run allocated by (per rank): entries of category, device and pinned bytes."""
+        return self._session.memory_plan()
+
+    # ---- tensors, for debugging ----
+    def parameter_names(self) -> list[str]:
+        return [name for name, _ in self._session.tensors()]
+
+    def parameter(self, name: str):
+        """The weights the forward pass uses, as a float32 numpy array (a copy)."""
+        return self._session.read(name, False)
+
+    def gradient(self, name: str):
+        """The gradient accumulated since the last optimizer step on rank 0 (zero right after a step)."""
+        return self._session.read(name, True)
+
+    def parameters(self) -> dict:
+        return {name: self.parameter(name) for name in self.parameter_names()}
+
+    # ---- lifetime ----
+    def close(self) -> None:
+        """Releases the model and its memory (also on leaving a `with` block)."""
+        self._session.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,77 @@
+// The data side of qtrain for Python on its own: token files (write_tokens; BIN.TOK, io/token_file.h)
+// and the training data loader (train/data_loader.h) that hands out the same micro-batches a run uses.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "core/files.h"
+#include "io/token_file.h"
+#include "python/bindings.h"
+#include "train/data_loader.h"
+
+namespace nb = nanobind;
+
+namespace qtrain::python {
+
+namespace {
+
+using Array = nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>;
+
+Array to_array(std::vector<int32_t>&& values, size_t rows, size_t cols) {
+    auto* owned = new std::vector<int32_t>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+    const size_t shape[2] = {rows, cols};
+    return Array(owned->data(), 2, shape, owner);
+}
+
+void write_tokens(const std::string& path, nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens,
+                  int vocab_size) {
+    const int32_t* data = tokens.data();
+    const size_t n = tokens.size();
+    nb::gil_scoped_release released;
+    TokenFileWriter writer(path, vocab_size, false);
+    writer.append(data, n);
+    writer.finish();
+}
+
+class PyDataLoader {
+public:
+    PyDataLoader(const std::string& files, int batch_size, int seq_len, uint64_t seed, bool shuffle, int vocab_size)
+        : loader_(std::make_unique<DataLoader>(expand_glob(files, "files"), batch_size, seq_len, seed, shuffle,
+                                               vocab_size, "files")),
+          batch_(batch_size), seq_(seq_len) {}
+    std::tuple<Array, Array> next_batch() {
+        std::vector<int32_t> in, tgt;
+        loader_->next_batch(in, tgt);
+        return {to_array(std::move(in), batch_, seq_), to_array(std::move(tgt), batch_, seq_)};
+    }
+    double epoch_progress() const { return loader_->epoch_progress(); }
+    int64_t num_tokens() const { return loader_->num_tokens(); }
+
+private:
+    std::unique_ptr<DataLoader> loader_;  // (held by pointer: its files are not copyable)
+    size_t batch_, seq_;
+};
+
+}  // namespace
+
+void bind_data(nb::module_& m) {
+    m.def("write_tokens", &write_tokens, nb::arg("path"), nb::arg("tokens"), nb::arg("vocab_size"),
+          "Writes a 1-D int32 array of token ids as a BIN.TOK file (what `tokenize` writes and `train` reads).");
+    nb::class_<PyDataLoader>(m, "DataLoader",
+                             "The training data loader: chunks of seq_len + 1 tokens of BIN.TOK files, shuffled by "
+                             "(seed, epoch); targets are the inputs shifted by one (-1: no loss).")
+        .def(nb::init<const std::string&, int, int, uint64_t, bool, int>(), nb::arg("files"), nb::arg("batch_size"),
+             nb::arg("seq_len"), nb::arg("seed") = 42, nb::arg("shuffle") = true, nb::arg("vocab_size"))
+        .def("next_batch", &PyDataLoader::next_batch, "(inputs, targets), each [batch_size, seq_len] int32.")
+        .def_prop_ro("epoch_progress", &PyDataLoader::epoch_progress)
+        .def_prop_ro("num_tokens", &PyDataLoader::num_tokens);
+}
+
+}  // namespace qtrain::python
