@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 #include "io/flat_state_reader.h"
 #include "model/checkpoint_layout.h"
@@ -26,10 +24,7 @@ int export_checkpoint(const TrainOptions& o) {
     const CheckpointState st = read_checkpoint_state(dir);
     const ModelConfig cfg = parse_model_config(st.config_json, dir + "/state.json");
     // the dtype the run would have exported: the CPU model writes fp32, the GPU model its model dtype
-    TrainOptions recorded;
-    const auto options = nlohmann::json::parse(st.options_json);
-    if (options.contains("model-dtype") && options["model-dtype"].is_string())
-        recorded.model_dtype = options["model-dtype"].get<std::string>();
+    const TrainOptions recorded = TrainOptions::from_json(st.options_json);
     const DType store = st.device == "cpu" ? DType::F32 : recorded.model_options(st.device).model_dtype;
 
     // the master weights, by name, from whatever the checkpoint holds: named tensors, or the GPU

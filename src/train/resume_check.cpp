@@ -1,11 +1,11 @@
 #include "train/resume_check.h"
 
 #include <algorithm>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "train/option_table.h"
 #include "train/train_options.h"
 
 namespace qtrain {
@@ -14,46 +14,16 @@ using json = nlohmann::json;
 
 namespace {
 
-// Options a resumed run may give differently: where things go, how often they happen, how long the
-// run is, and how memory and speed are traded (recompute, offload, streaming, chunks, CUDA graphs,
-// kernels: each is bit-identical to the plain run or differs only in rounding). Every other option
-// changes the math or the data and must match the checkpoint's.
-const std::set<std::string> kMayChange = {
-    "model", "from-scratch", "device", "steps", "eval-file", "eval-every-n-steps", "eval-num-steps",
-    "ckpt-interval", "ckpt-keep", "checkpoint-dir", "out-dir", "log-file", "tokenizer", "memory-limit",
-    "host-memory-limit", "recompute-swiglu", "recompute-norm", "recompute-qkv", "recompute-ffn", "recompute-att",
-    "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
-    "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
-    "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
-    "attention", "gemm-autotune"};
-// Flags that only say how this invocation behaves: never reported.
-const std::set<std::string> kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
-// Compared after resolving their device-dependent defaults ("" = the device's default).
-const std::set<std::string> kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
-
 std::string show(const json& v) {
     if (v.is_string()) return v.get<std::string>().empty() ? "(default)" : v.get<std::string>();
     if (v.is_number_float()) return cat(static_cast<float>(v.get<double>()));  // the flags are floats: 1e-05
     return v.dump();
 }
 
-// The options of the recorded run that decide the resolved values (missing keys keep defaults).
-TrainOptions recorded_options(const json& j) {
-    TrainOptions o;
-    auto str = [&](const char* key, std::string& out) {
-        if (j.contains(key) && j[key].is_string()) out = j[key].get<std::string>();
-    };
-    str("model-dtype", o.model_dtype);
-    str("matmul-dtype", o.matmul_dtype);
-    str("gradient-dtype", o.gradient_dtype);
-    if (j.contains("steps") && j["steps"].is_number_integer()) o.steps = j["steps"].get<int>();
-    if (j.contains("warmup") && j["warmup"].is_number_integer()) o.warmup = j["warmup"].get<int>();
-    return o;
-}
-
-void compare_resolved(const json& old_j, const std::string& old_device, const TrainOptions& now,
-                      const std::string& device, std::vector<OptionChange>& out) {
-    const TrainOptions old = recorded_options(old_j);
+// The options whose recorded "" or -1 stands for a default that depends on the device or on --steps
+// (ResumeRule::Resolved), compared as the values they resolve to.
+void compare_resolved(const json& old_j, const TrainOptions& old, const std::string& old_device,
+                      const TrainOptions& now, const std::string& device, std::vector<OptionChange>& out) {
     if (old_j.contains("warmup") && old.warmup_steps() != now.warmup_steps()) {
         auto how = [](const TrainOptions& o) {
             return o.warmup >= 0 ? std::to_string(o.warmup)
@@ -88,6 +58,8 @@ std::vector<OptionChange> compare_resume_options(const std::string& recorded_opt
                                                  const std::string& recorded_device,
                                                  const std::string& recorded_config_json, const TrainOptions& now,
                                                  const std::string& device, const ModelConfig& config) {
+    // the recorded options as values (a key this version does not know is skipped; a wrong type is an error)
+    const TrainOptions old = TrainOptions::from_json(recorded_options_json);
     const json old_j = json::parse(recorded_options_json), now_j = json::parse(now.to_json());
     std::vector<OptionChange> changes;
 
@@ -127,13 +99,18 @@ std::vector<OptionChange> compare_resume_options(const std::string& recorded_opt
             changes.push_back({"--grad-accumulation", std::to_string(old_accum), std::to_string(now_accum), !same, note});
     }
 
+    // every other recorded flag, by its resume rule (option_table.cpp); a key the checkpoint lacks
+    // (a flag newer than it) is not compared
     for (auto it = now_j.begin(); it != now_j.end(); ++it) {
         const std::string& key = it.key();
-        if (kInvocation.count(key) || kResolved.count(key) || !old_j.contains(key)) continue;
+        const OptionSpec* spec = find_train_option(key);
+        QT_CHECK(spec, "internal: to_json wrote --", key, ", which is not in the option table");
+        if (spec->resume == ResumeRule::Invocation || spec->resume == ResumeRule::Resolved || !old_j.contains(key))
+            continue;
         if (key == "gpus" || key == "grad-accumulation") continue;  // compared above, together
         const json& before = old_j[key];
         if (before == it.value()) continue;
-        OptionChange c{"--" + key, show(before), show(it.value()), !kMayChange.count(key), ""};
+        OptionChange c{"--" + key, show(before), show(it.value()), spec->resume != ResumeRule::MayChange, ""};
         if (key == "steps")
             c.note = cat("the learning-rate schedule is recomputed over ", show(it.value()),
                          " steps: from the resume point on it follows the new decay, which an uninterrupted run of ",
@@ -144,7 +121,7 @@ std::vector<OptionChange> compare_resume_options(const std::string& recorded_opt
             continue;  // reported above with the resolved devices
         changes.push_back(std::move(c));
     }
-    compare_resolved(old_j, recorded_device.empty() ? device : recorded_device, now, device, changes);
+    compare_resolved(old_j, old, recorded_device.empty() ? device : recorded_device, now, device, changes);
     return changes;
 }
 

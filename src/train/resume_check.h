@@ -2,7 +2,8 @@
 // of the run that wrote it, in state.json) against the new run's. Options that change the math or
 // the data (model, batch, sequence length, accumulation, seed, dtypes, data files, schedule,
 // optimizer) must be equal; the rest (paths, intervals, --steps, memory and speed settings) may
-// change, and a changed --steps is explained because it reshapes the learning-rate schedule.
+// change, and a changed --steps is explained because it reshapes the learning-rate schedule. Which
+// flag is which is its ResumeRule in the option table (option_table.cpp).
 #pragma once
 
 #include <string>

@@ -1,5 +1,7 @@
 // Every flag of the `train` program in one struct. The CLI (CLI11) and the Python bindings fill the
-// same struct; `to_json` records it in the log and in checkpoints.
+// same struct; `to_json` records it in the log and in checkpoints. Each field's flag (name, help,
+// check, resume rule) is an entry of the option table (option_table.h), which registers, writes and
+// reads them; a new field needs its entry there.
 #pragma once
 
 #include <algorithm>
@@ -89,7 +91,10 @@ struct TrainOptions {
     void validate(bool need_train_file = true) const;
     // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved.
     ModelOptions model_options(const std::string& resolved_device) const;
-    std::string to_json() const;  // one JSON object, flag names as keys
+    std::string to_json() const;  // one JSON object, flag names as keys (options_json.cpp)
+    // The options a to_json recorded: missing keys keep their defaults, unknown keys are ignored, a
+    // value of the wrong JSON type is a qtrain::Error naming the key.
+    static TrainOptions from_json(const std::string& json);
 };
 
 // Parses argv (CLI11) into `out`. Returns std::nullopt to go on, or the exit code when the program

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "model/model_config.h"
 #include "test_util.h"
 #include "train/resume_check.h"
@@ -144,4 +146,16 @@ TEST(ResumeCheck, AnotherModelIsRefusedByItsConfig) {
     const OptionChange* c = find(changes, "model config.rope_theta");
     ASSERT_NE(c, nullptr);
     EXPECT_TRUE(c->changes_run);
+}
+
+// The recorded options are read back by TrainOptions::from_json: a checkpoint without a newer flag
+// compares the rest, a value of the wrong type is an error naming it (not silently the default).
+TEST(ResumeCheck, RecordedOptionsAreReadByTheOptionTable) {
+    nlohmann::json old = nlohmann::json::parse(base().to_json());
+    old.erase("gemm-autotune");
+    EXPECT_TRUE(compare_resume_options(old.dump(), "cpu", model_config_to_json(config()), base(), "cpu", config())
+                    .empty());
+    old["warmup"] = "20";
+    EXPECT_ERROR(compare_resume_options(old.dump(), "cpu", model_config_to_json(config()), base(), "cpu", config()),
+                 "\"warmup\"", "an integer");
 }

@@ -1,0 +1,293 @@
+// The flags of `train` (option_table.h says who reads this). The order is the --help order; a new
+// flag needs its TrainOptions field, an entry here and a row in the README's flag table (a CLI test
+// checks that every flag of --help is documented there).
+#include "train/option_table.h"
+
+#include <algorithm>
+
+namespace qtrain {
+
+namespace {
+
+using T = TrainOptions;
+using R = ResumeRule;
+
+const char* const kModel = "Model";
+const char* const kData = "Data";
+const char* const kPrecision = "Precision";
+const char* const kRecompute = "Recompute";
+const char* const kOffload = "Offload";
+const char* const kMultiGpu = "Multi-GPU";
+const char* const kPerf = "Performance and memory";
+const char* const kOptim = "Optimisation";
+const char* const kOutput = "Evaluation, checkpoints and output";
+
+// One entry; `names` is the long name, then any aliases, comma-separated ("batch-size,batch").
+// Functions rather than aggregate initialisers: -Wextra warns about every omitted member of those.
+OptionSpec opt(const char* group, std::string_view names, OptionMember member, R resume, std::string help,
+               OptionCheck check = {}, std::string python = {}) {
+    OptionSpec spec;
+    for (size_t start = 0; start <= names.size();) {
+        const size_t end = std::min(names.find(',', start), names.size());
+        std::string name(names.substr(start, end - start));
+        if (spec.name.empty()) spec.name = std::move(name);
+        else spec.aliases.push_back(std::move(name));
+        start = end + 1;
+    }
+    spec.group = group;
+    spec.member = member;
+    spec.resume = resume;
+    spec.help = std::move(help);
+    spec.check = std::move(check);
+    spec.python = std::move(python);
+    return spec;
+}
+
+OptionCheck choices(std::vector<std::string> values) {
+    OptionCheck check;
+    check.choices = std::move(values);
+    return check;
+}
+
+OptionCheck range(int min, int max) {
+    OptionCheck check;
+    check.range = std::pair{min, max};
+    return check;
+}
+
+OptionCheck non_negative() {
+    OptionCheck check;
+    check.non_negative = true;
+    return check;
+}
+
+// Resume rules, as resume_check.h explains them: MayChange are where things go, how often they
+// happen, how long the run is, and how memory and speed are traded (each bit-identical to the plain
+// run or different only in rounding); MustMatch change the math or the data (--gpus and
+// --grad-accumulation are compared together there: they may trade against each other).
+std::vector<OptionSpec> make_table() {
+    return {
+        // Model
+        opt(kModel, "model", &T::model, R::MayChange,
+            "HF model directory, org/name in the local HF cache, or a preset (Qwen2.5-0.5B ... Qwen2.5-32B)"),
+        opt(kModel, "from-scratch", &T::from_scratch, R::MayChange,
+            "Random initialisation instead of loading weights (shape from --model)"),
+        opt(kModel, "tokenizer", &T::tokenizer, R::MayChange,
+            "The data's tokenizer (what tokenize --tokenizer took: tokenizer.json, qwen.tiktoken, a model "
+            "directory or a model in the local HF cache); its HF tokenizer files go to --out-dir with the "
+            "model (default: those in --model's directory, if any)"),
+        opt(kModel, "device", &T::device, R::MayChange,
+            "Where to train: auto (GPU if present), cpu (reference model) or cuda", choices({"auto", "cpu", "cuda"})),
+
+        // Data
+        opt(kData, "train-file", &T::train_file, R::MustMatch,
+            "Training token file(s), BIN.TOK format; a glob (quote it)"),
+        opt(kData, "eval-file", &T::eval_file, R::MayChange, "Evaluation token file(s); a glob"),
+        opt(kData, "batch-size,batch", &T::batch_size, R::MustMatch,
+            "Micro-batch size (sequences per GPU per micro-step)"),
+        opt(kData, "seq-len", &T::seq_len, R::MustMatch, "Sequence length in tokens"),
+
+        // Precision ("" dtypes are the device's defaults, so they are compared resolved)
+        opt(kPrecision, "model-dtype", &T::model_dtype, R::Resolved,
+            "Weights and activations: fp32|bf16 (default: fp32 on cpu, bf16 on cuda)"),
+        opt(kPrecision, "matmul-dtype", &T::matmul_dtype, R::Resolved,
+            "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)"),
+        opt(kPrecision, "gradient-dtype", &T::gradient_dtype, R::Resolved,
+            "Activation gradients into matmuls: fp32|bf16|e4m3|e5m2 (default: the matmul dtype; bf16 when matmuls "
+            "are fp8)"),
+        opt(kPrecision, "opt-m-dtype", &T::opt_m_dtype, R::MustMatch,
+            "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)"),
+        opt(kPrecision, "opt-v-dtype", &T::opt_v_dtype, R::MustMatch,
+            "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)"),
+        opt(kPrecision, "master-dtype", &T::master_dtype, R::MustMatch,
+            "Master weights: fp32|bf16. bf16 (with --model-dtype=bf16, GPU): no fp32 copy, AdamW updates the bf16 "
+            "weights with stochastic rounding; saves 4 bytes per parameter"),
+        opt(kPrecision, "param-grad-dtype", &T::param_grad_dtype, R::MustMatch,
+            "Accumulated parameter gradients: fp32|bf16. bf16 needs --offload-gradients (GPU): the host copy is "
+            "bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory"),
+
+        // Recompute
+        opt(kRecompute, "recompute-swiglu", &T::recompute_swiglu, R::MayChange,
+            "Recompute the SwiGLU activation in the backward pass"),
+        opt(kRecompute, "recompute-norm", &T::recompute_norm, R::MayChange,
+            "Recompute RMSNorm outputs in the backward pass"),
+        opt(kRecompute, "recompute-qkv", &T::recompute_qkv, R::MayChange,
+            "Recompute the QKV projection in the backward pass"),
+        opt(kRecompute, "recompute-ffn", &T::recompute_ffn, R::MayChange,
+            "Recompute the whole feed-forward block (implies --recompute-swiglu)"),
+        opt(kRecompute, "recompute-att", &T::recompute_att, R::MayChange,
+            "Recompute the whole attention block (implies --recompute-qkv)"),
+        opt(kRecompute, "recompute-block", &T::recompute_block, R::MayChange,
+            "Recompute the whole transformer block (implies all of the above)"),
+
+        // Offload
+        opt(kOffload, "offload-residual", &T::offload_residual, R::MayChange,
+            "Keep the residual stream of each layer in pinned host memory"),
+        opt(kOffload, "offload-master", &T::offload_master, R::MayChange, "Keep master weights in pinned host memory"),
+        opt(kOffload, "offload-opt-m", &T::offload_opt_m, R::MayChange,
+            "Keep Adam's first moment in pinned host memory"),
+        opt(kOffload, "offload-opt-v", &T::offload_opt_v, R::MayChange,
+            "Keep Adam's second moment in pinned host memory"),
+        opt(kOffload, "offload-quants", &T::offload_quants, R::MayChange,
+            "Keep the FP8 copies of streamed layers (--persistent-quants) in pinned host memory instead of on the GPU "
+            "(implies --persistent-quants; needs --shard-weights)"),
+        opt(kOffload, "offload-gradients", &T::offload_gradients, R::MayChange,
+            "Keep (sharded) gradients in pinned host memory (untied models: the embedding's gradient is summed there "
+            "directly, so no [vocab, hidden] fp32 table stays on the GPU)"),
+        opt(kOffload, "persistent-quants", &T::persistent_quants, R::MayChange,
+            "With --shard-weights and FP8 (e4m3 matmuls, e4m3|e5m2 gradients): quantise each streamed layer once per "
+            "optimizer step and keep its FP8 copy, so later passes move 1 byte per weight instead of 2 (resident FP8 "
+            "weights are always kept)"),
+        opt(kOffload, "offload-double-buffer", &T::offload_double_buffer, R::MayChange,
+            "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side "
+            "streams (copy engines, double-buffered) instead of reading host memory zero-copy"),
+        opt(kOffload, "write-combined", &T::write_combined, R::MayChange,
+            "Allocate offload buffers write-combined (faster host-to-device)"),
+        opt(kOffload, "memcpy-all-gather", &T::memcpy_all_gather, R::MayChange,
+            "GPU data parallel in threads mode: the copy-engine communicator (cudaMemcpy on the copy engines, sums by "
+            "one rank-order kernel) instead of NCCL; also runs several ranks on one GPU (--gpu-ids=0,0)"),
+
+        // Multi-GPU
+        opt(kMultiGpu, "gpus", &T::gpus, R::MustMatch,
+            "Number of data-parallel ranks (ZeRO-1, ZeRO-2 with --zero-level=2 or ZeRO-3 with --zero-level=3; equal "
+            "to one rank with that many times the accumulation). Started as threads of this process, or under "
+            "`mpirun -np N train ...` one rank per process (then --gpus must be 1 or N). With --device=cpu the ranks "
+            "are CPU reference models. On the GPU: one rank per GPU (--gpu-ids) over NCCL, or over the copy engines "
+            "with --memcpy-all-gather; ZeRO-1 keeps 1/N of the master weights and Adam moments per rank, ZeRO-2 also "
+            "1/N of the gradient, ZeRO-3 also 1/N of the weights"),
+        opt(kMultiGpu, "gpu-ids", &T::gpu_ids, R::MayChange,
+            "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; repeats allowed: 0,0 puts two "
+            "ranks on device 0). Default: rank r on device r in threads mode, each process's local rank "
+            "(OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only"),
+        opt(kMultiGpu, "shard-weights", &T::shard_weights, R::MayChange,
+            "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: each rank holds 1/N of them and every layer "
+            "is gathered from its owners just before it is used, in the forward and again in the backward); on one "
+            "GPU: stream them from host"),
+        opt(kMultiGpu, "shard-gradients", &T::shard_gradients, R::MayChange,
+            "Shard gradients across GPUs (ZeRO-2, as --zero-level=2: each layer's gradient reduced to its owning rank "
+            "during the backward); on one GPU: needs --offload-gradients"),
+        opt(kMultiGpu, "zero-level", &T::zero_level, R::MayChange,
+            "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights",
+            range(1, 3)),
+        opt(kMultiGpu, "comm-timeout", &T::comm_timeout, R::MayChange,
+            "Seconds a data-parallel rank may go without finishing a micro-batch, the optimizer step or a round of "
+            "evaluation before it decides a peer has died or hangs (a GPU collective waits forever otherwise): it says "
+            "so, aborts its communicators and exits, and every rank does the same. 0 = never. Loading, checkpoints and "
+            "the export are not timed",
+            non_negative()),
+
+        // Performance and memory
+        opt(kPerf, "use-cuda-graphs", &T::use_cuda_graphs, R::MayChange,
+            "Capture the steady-state step in a CUDA graph"),
+        opt(kPerf, "lmhead-chunks", &T::lmhead_chunks, R::MayChange,
+            "Compute the LM head + loss in this many chunks of tokens"),
+        opt(kPerf, "attn-bwd-chunks", &T::attn_bwd_chunks, R::MayChange,
+            "Run the attention backward in this many chunks of sequences (must divide --batch-size); its workspace "
+            "holds one chunk"),
+        opt(kPerf, "attention", &T::attention, R::MayChange,
+            "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, deterministic backward), flash "
+            "(qtrain's own kernels) or auto (cudnn where this build and machine have it and --model-dtype=bf16, else "
+            "flash)",
+            choices({"auto", "flash", "cudnn"})),
+        // fast accumulation is less accurate (other products, not only another order of a sum): must match
+        opt(kPerf, "fp8-fast-accum", &T::fp8_fast_accum, R::MustMatch,
+            "FP8 GEMMs that use cuBLASLt's fast accumulation (partial sums kept at tensor-core precision, not promoted "
+            "to fp32 every few blocks): off, forward (the forward products, as TransformerEngine does) or all; faster, "
+            "slightly less accurate",
+            choices({"off", "forward", "all"})),
+        opt(kPerf, "gemm-autotune", &T::gemm_autotune, R::MayChange,
+            "Try cuBLASLt's candidate algorithms for each GEMM shape on the step's own calls, timed in place, and keep "
+            "the fastest (decided within ~25 steps; CUDA graphs are captured after that); runs are then reproducible "
+            "only to the last bits"),
+        opt(kPerf, "memory-limit", &T::memory_limit, R::MayChange,
+            "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)"),
+        opt(kPerf, "host-memory-limit", &T::host_memory_limit, R::MayChange,
+            "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its "
+            "container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit "
+            "limit)"),
+        opt(kPerf, "plan-only", &T::plan_only, R::Invocation,
+            "Print the memory plan and exit (works without a GPU); with --memory-limit, also the largest --batch-size "
+            "that fits (streamed runs: also with --offload-residual)"),
+
+        // Optimisation
+        opt(kOptim, "steps", &T::steps, R::MayChange, "Number of optimizer steps"),
+        opt(kOptim, "grad-accumulation", &T::grad_accumulation, R::MustMatch, "Micro-batches per optimizer step"),
+        opt(kOptim, "learning-rate,lr", &T::learning_rate, R::MustMatch, "Peak learning rate"),
+        opt(kOptim, "lr-schedule", &T::lr_schedule, R::MustMatch, "Decay after warmup: cosine|linear",
+            choices({"cosine", "linear"})),
+        // -1 = min(100, --steps/10): a longer run would move the warmup's end, so compared resolved
+        opt(kOptim, "warmup", &T::warmup, R::Resolved, "Linear warmup steps (default: min(100, steps/10))"),
+        opt(kOptim, "cooldown", &T::cooldown, R::MustMatch, "Final steps with a 1-sqrt decay of the learning rate"),
+        opt(kOptim, "final-lr-fraction", &T::final_lr_fraction, R::MustMatch,
+            "Learning rate at the end of the decay, as a fraction of the peak"),
+        opt(kOptim, "weight-decay", &T::weight_decay, R::MustMatch,
+            "AdamW decoupled weight decay (matrices and embeddings only)"),
+        opt(kOptim, "grad-clip", &T::grad_clip, R::MustMatch,
+            "Clip the global gradient norm to this value (0 = off)"),
+        opt(kOptim, "beta-1", &T::beta_1, R::MustMatch, "Adam beta1"),
+        opt(kOptim, "beta-2", &T::beta_2, R::MustMatch, "Adam beta2"),
+        opt(kOptim, "adam-epsilon", &T::adam_epsilon, R::MustMatch, "Adam epsilon"),
+        opt(kOptim, "seed", &T::seed, R::MustMatch, "Seed for initialisation and data order"),
+
+        // Evaluation, checkpoints and output
+        opt(kOutput, "eval-every-n-steps", &T::eval_every_n_steps, R::MayChange,
+            "Evaluate every N optimizer steps (0 = only at the end)"),
+        opt(kOutput, "eval-num-steps", &T::eval_num_steps, R::MayChange,
+            "Batches per evaluation (0 = the whole eval set)"),
+        opt(kOutput, "ckpt-interval", &T::ckpt_interval, R::MayChange,
+            "Write a checkpoint every N optimizer steps (0 = never)"),
+        opt(kOutput, "ckpt-keep", &T::ckpt_keep, R::MayChange,
+            "After writing a checkpoint, keep only the newest N complete ones in --checkpoint-dir and remove the older "
+            "(0 = keep all)"),
+        opt(kOutput, "checkpoint-dir", &T::checkpoint_dir, R::MayChange,
+            "Directory for checkpoints (step_XXXXXXXX/ inside)"),
+        // `continue` is a Python keyword; the package's keyword is the field's name
+        opt(kOutput, "continue", &T::continue_from_checkpoint, R::Invocation,
+            "Resume from the latest complete checkpoint in --checkpoint-dir. The run must be the same: options that "
+            "change the math or the data (model, batch, sequence length, accumulation, seed, dtypes, data files, "
+            "learning-rate schedule, optimizer) are compared with the checkpoint's and a difference is refused. May "
+            "change: --steps (extends or shortens the run; the schedule is recomputed over the new total, so steps "
+            "after the resume point follow the new decay), evaluation, checkpoint and output paths and intervals, "
+            "memory flags (recompute, offload, streaming, chunks, CUDA graphs)",
+            {}, "continue_from_checkpoint"),
+        opt(kOutput, "force-resume", &T::force_resume, R::Invocation,
+            "With --continue: resume even though options that change the run differ from the checkpoint's (each "
+            "difference is printed and logged), e.g. a lower --learning-rate after a divergence"),
+        opt(kOutput, "overwrite", &T::overwrite, R::Invocation,
+            "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) or, with "
+            "--continue and no checkpoint, --out-dir holds another run's log or model (replaced)"),
+        opt(kOutput, "out-dir", &T::out_dir, R::MayChange,
+            "Where the final model.safetensors and config.json go (and the tokenizer files)"),
+        opt(kOutput, "export-checkpoint", &T::export_checkpoint, R::NotRecorded,
+            "Write the HF model (model.safetensors, config.json) of this checkpoint directory (a step_XXXXXXXX of "
+            "--checkpoint-dir) into --out-dir and exit, without training; its checksums are verified first. Needs no "
+            "--model or --train-file (the checkpoint has the config)"),
+        opt(kOutput, "log-file", &T::log_file, R::MayChange, "JSON Lines log (default: <out-dir>/log.jsonl)"),
+    };
+}
+
+}  // namespace
+
+const std::vector<OptionSpec>& train_option_table() {
+    static const std::vector<OptionSpec> table = make_table();
+    return table;
+}
+
+const OptionSpec* find_train_option(std::string_view name) {
+    for (const OptionSpec& spec : train_option_table())
+        if (spec.name == name) return &spec;
+    return nullptr;
+}
+
+const char* resume_rule_name(ResumeRule rule) {
+    switch (rule) {
+        case ResumeRule::MustMatch: return "must-match";
+        case ResumeRule::MayChange: return "may-change";
+        case ResumeRule::Invocation: return "invocation";
+        case ResumeRule::Resolved: return "resolved";
+        case ResumeRule::NotRecorded: return "not-recorded";
+    }
+    return "?";
+}
+
+}  // namespace qtrain

@@ -1,0 +1,61 @@
+// The flags of `train`, one entry each: the single source of truth for the CLI registration
+// (`--help`, train_options.cpp), the JSON a log and a checkpoint record (TrainOptions::to_json /
+// from_json, options_json.cpp), what `--continue` compares (resume_check.cpp) and what the Python
+// package is told about them (option_info.h). A new flag is a field of TrainOptions plus one entry
+// in option_table.cpp; nothing else lists flags.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "train/train_options.h"
+
+namespace qtrain {
+
+// What `--continue` does with a flag whose value differs from the checkpoint's.
+enum class ResumeRule {
+    MustMatch,    // changes the math or the data: refused unless --force-resume
+    MayChange,    // paths, intervals, --steps, memory and speed settings: reported, allowed
+    Invocation,   // says how this invocation behaves (--continue, --overwrite, ...): never reported
+    Resolved,     // "" or -1 means a default that depends on the device or --steps: compared resolved
+    NotRecorded,  // an action, not a setting of a run (--export-checkpoint exports and exits, it never
+                  // trains): left out of to_json, so never in a log or a checkpoint
+};
+
+// The TrainOptions field a flag sets; its type decides the CLI11 registration (bool: a flag without
+// a value), the JSON value type and the Python type.
+using OptionMember = std::variant<bool TrainOptions::*, int TrainOptions::*, uint64_t TrainOptions::*,
+                                  float TrainOptions::*, double TrainOptions::*, std::string TrainOptions::*>;
+
+// The value checks CLI11 applies while parsing (the rest is TrainOptions::validate's); at most one.
+struct OptionCheck {
+    std::vector<std::string> choices;         // IsMember
+    std::optional<std::pair<int, int>> range; // Range, inclusive (ints: the help says "INT in [1 - 3]")
+    bool non_negative = false;                // NonNegativeNumber
+};
+
+struct OptionSpec {
+    std::string name;                  // long name without "--": the JSON key ("learning-rate")
+    std::vector<std::string> aliases;  // more long names ("lr"), accepted on the command line only
+    std::string group;                 // the --help section
+    OptionMember member;
+    ResumeRule resume = ResumeRule::MustMatch;  // the safe side: a change is refused
+    std::string help;
+    OptionCheck check;
+    std::string python;                // the Python keyword, where the name with '_' for '-' cannot be
+                                       // one ("continue"); "" = that name
+};
+
+// Every flag, in --help order (groups in the order they first appear).
+const std::vector<OptionSpec>& train_option_table();
+// The entry named `name` (no "--"; aliases are not looked up), or nullptr.
+const OptionSpec* find_train_option(std::string_view name);
+// "must-match", "may-change", "invocation", "resolved", "not-recorded".
+const char* resume_rule_name(ResumeRule rule);
+
+}  // namespace qtrain
