@@ -20,10 +20,11 @@ from typing import Any
 
 from . import _qtrain
 from ._qtrain import DataLoader, Tokenizer, write_tokens
+from .options import describe as describe_options
 from .options import flags
 from .trainer import EvalResult, StepResult, Trainer
 
-__all__ = ["DataLoader", "EvalResult", "StepResult", "Tokenizer", "Trainer", "check_options", "flags",
+__all__ = ["DataLoader", "EvalResult", "StepResult", "Tokenizer", "Trainer", "check_options", "describe_options", "flags",
            "memory_plan", "tokenize", "train", "write_tokens"]
 __version__ = "0.1.0"
 

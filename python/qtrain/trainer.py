@@ -35,7 +35,7 @@ class EvalResult:
 class Trainer:
     """A training run: every keyword is a `train` flag (see qtrain.flags), validated by the same C++
     code, so a bad one raises ValueError with the command line's message. Opening plans, allocates and
-    loads, initialises or (with continue_from_checkpoint... i.e. `**{"continue": True}`) resumes.
+    loads, initialises or (continue_from_checkpoint=True, the command line's --continue) resumes.
 
     callback: a callable (or a list of them) given every JSONL log event as a dict, as it is written
     (options, system, model, dataset, memory, step, eval, checkpoint, ...): e.g.

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "python/bindings.h"
 #include "tokenizer/tokenizer.h"
+#include "train/option_info.h"
 #include "train/train_options.h"
 #include "train/trainer.h"
 
@@ -46,6 +47,26 @@ NB_MODULE(_qtrain, m) {
     });
     qtrain::python::bind_session(m);
     qtrain::python::bind_data(m);
+    m.def(
+        "describe_options",
+        [] {
+            nb::list out;
+            for (const qtrain::OptionInfo& i : qtrain::describe_train_options()) {
+                nb::dict d;
+                d["flag"] = i.flag;
+                d["aliases"] = i.aliases;
+                d["keyword"] = i.python;
+                d["type"] = i.type;
+                d["default"] = i.default_value;
+                d["help"] = i.help;
+                d["group"] = i.group;
+                d["choices"] = i.choices;
+                d["resume"] = i.resume;
+                out.append(d);
+            }
+            return out;
+        },
+        "Every `train` option (the engine's option table): flag, keyword, type, default, help, group, choices.");
     m.def("run_training", &run_training, nb::arg("args"),
           "Runs `train` with these command-line flags; returns its exit code.");
     m.def("check_options", &check_options, nb::arg("args"),

@@ -216,3 +216,12 @@ def test_tokenize_and_the_data_loader(tmp_path: Path):
     assert inputs[0].tolist() == ids[:9].tolist() and targets[0].tolist() == ids[1:10].tolist()
     with pytest.raises(ValueError, match="not a token"):
         qtrain.tokenize("x", str(tmp_path / "t.tiktoken"), eos="<|no such token|>")
+
+
+def test_the_options_come_from_the_engines_table():
+    table = qtrain.describe_options()
+    by_keyword = {o["keyword"]: o for o in table}
+    assert by_keyword["learning_rate"]["flag"] == "learning-rate" and by_keyword["learning_rate"]["type"] == "float"
+    assert by_keyword["continue_from_checkpoint"]["flag"] == "continue"
+    assert qtrain.flags(continue_from_checkpoint=True, batch_size=3) == ["--continue", "--batch-size=3"]
+    assert "cosine" in by_keyword["lr_schedule"]["default"]
