@@ -6,18 +6,28 @@
 # (weights, config.json and the tokenizer files) that transformers and lm_eval load as it is.
 #   scripts/demo.sh            outputs under demo-run/ (token files, model, log, loss.png)
 # Environment: DEMO_STEPS overrides the number of steps, DEMO_DEVICE=cpu|cuda the device.
+# Inputs made elsewhere (the GPU machine has no apt and no network; scripts/lm_eval_demo.sh's header
+# shows such a run): DEMO_BIN=DIR runs DIR/train (and DIR/tokenize) instead of setting up and
+# building, DEMO_TOKENIZER=FILE is the tokenizer (tokenizer.json or qwen.tiktoken), DEMO_CORPUS=FILE
+# the corpus text (scripts/kjv_corpus.sh's output), DEMO_DATA=DIR the token files (train*.bin,
+# eval.bin) of that corpus, which skips tokenizing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/build.sh
+if [ -n "${DEMO_BIN:-}" ]; then
+  BIN=$DEMO_BIN
+else
+  scripts/setup.sh
+  scripts/build.sh
+  BIN=build
+fi
 UV=$(command -v uv || echo "$HOME/.local/bin/uv")
 RUN=demo-run
 mkdir -p "$RUN"
 
 # 1. The tokenizer: Qwen2.5's own tokenizer.json from the local HF cache if present, else the same
 #    BPE ranks as qwen.tiktoken from the qwen-agent wheel on PyPI.
-TOKENIZER=""
-for m in Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-0.5B-Instruct Qwen/Qwen2.5-1.5B; do
+TOKENIZER=${DEMO_TOKENIZER:-}
+[ -n "$TOKENIZER" ] || for m in Qwen/Qwen2.5-0.5B Qwen/Qwen2.5-0.5B-Instruct Qwen/Qwen2.5-1.5B; do
   snap=$(ls -d "${HF_HOME:-$HOME/.cache/huggingface}"/hub/models--${m/\//--}/snapshots/*/ 2>/dev/null | head -n1 || true)
   if [ -n "$snap" ] && [ -f "$snap/tokenizer.json" ]; then TOKENIZER="$snap/tokenizer.json"; break; fi
 done
@@ -29,12 +39,22 @@ echo "== tokenizer: $TOKENIZER"
 
 # 2. The corpus: one document per book (66; a blank line between books), verse references removed.
 #    Rebuilt every run (a quarter of a second), so a corpus left by an older demo is never reused.
-scripts/kjv_corpus.sh "$RUN/kjv.txt"
+#    DEMO_CORPUS: a corpus made elsewhere, copied (scripts/lm_eval_tasks.py reads $RUN/kjv.txt).
+if [ -n "${DEMO_CORPUS:-}" ]; then
+  cp "$DEMO_CORPUS" "$RUN/kjv.txt"
+else
+  scripts/kjv_corpus.sh "$RUN/kjv.txt"
+fi
 echo "== corpus: $RUN/kjv.txt ($(wc -c < "$RUN/kjv.txt") bytes)"
 
 # 3. Tokenize: the first document, Genesis, is the eval set; the other 65 books train.
-build/tokenize --tokenizer="$TOKENIZER" --input="$RUN/kjv.txt" --doc-separator=blank-line \
-  --eval-documents=1 --out-dir="$RUN/data"
+DATA=${DEMO_DATA:-$RUN/data}
+if [ -n "${DEMO_DATA:-}" ]; then
+  echo "== token files: $DATA (made elsewhere)"
+else
+  "$BIN/tokenize" --tokenizer="$TOKENIZER" --input="$RUN/kjv.txt" --doc-separator=blank-line \
+    --eval-documents=1 --out-dir="$DATA"
+fi
 
 # 4. Train from scratch.
 DEVICE=${DEMO_DEVICE:-auto}
@@ -51,17 +71,17 @@ else
 fi
 echo "== training $MODEL on $DEVICE"
 rm -rf "$RUN/ckpt"
-build/train --device="$DEVICE" --model="$MODEL" --from-scratch --tokenizer="$TOKENIZER" \
-  --train-file="$RUN/data/train*.bin" --eval-file="$RUN/data/eval.bin" \
+"$BIN/train" --device="$DEVICE" --model="$MODEL" --from-scratch --tokenizer="$TOKENIZER" \
+  --train-file="$DATA/train*.bin" --eval-file="$DATA/eval.bin" \
   --final-lr-fraction=0.1 --weight-decay=0.1 --grad-clip=1.0 \
   --out-dir="$RUN/output" --checkpoint-dir="$RUN/ckpt" "${FLAGS[@]}"
 
 # 5. Compare with the unigram entropy of the training data, and plot.
-python3 - "$RUN" <<'PY'
+python3 - "$RUN" "$DATA" <<'PY'
 import array, collections, glob, json, math, sys
-run = sys.argv[1]
+run, data = sys.argv[1:3]
 counts = collections.Counter()
-for path in glob.glob(f"{run}/data/train*.bin"):
+for path in glob.glob(f"{data}/train*.bin"):
     with open(path, "rb") as f:
         f.seek(1024)
         toks = array.array("i"); toks.frombytes(f.read())
