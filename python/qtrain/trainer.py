@@ -51,13 +51,17 @@ class Trainer:
             self._callbacks = [callback]
         else:
             self._callbacks = list(callback)
-        self._session = _qtrain.Session(flags(**options), self._on_line if self._callbacks else None)
-        self._session.check_listener()
+        callbacks = self._callbacks
 
-    def _on_line(self, line: str) -> None:
-        event = json.loads(line)
-        for cb in self._callbacks:
-            cb(event)
+        # (a closure over the list, not a bound method: the session holds it, and a reference back to
+        # this Trainer would make a cycle that nanobind's objects keep alive)
+        def on_line(line: str) -> None:
+            event = json.loads(line)
+            for cb in callbacks:
+                cb(event)
+
+        self._session = _qtrain.Session(flags(**options), on_line if callbacks else None)
+        self._session.check_listener()
 
     # ---- the run ----
     @property
