@@ -30,7 +30,7 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 // The communicator a rank's model does its collectives on (IModel::set_communicator), when it is not
 // the trainer's own host communicator: the GPU model's will be NCCL or the copy engines over device
 // memory, while the trainer agrees over the host (threads or MPI). Called by the rank loop
-// (rank_loop.cpp) on every rank of a run with more than one rank, on that rank's own thread or
+// (rank_session.cpp) on every rank of a run with more than one rank, on that rank's own thread or
 // process, right after the rank's model is created (so its device, `device_index`, is current) and
 // before set_communicator. All ranks call it at the same point, so it may use `host`'s collectives
 // (e.g. to share an NCCL unique id from rank 0). `host` outlives the returned communicator, which

@@ -1,5 +1,5 @@
 // Threads mode through `train` (issue 18): --gpus=N on the CPU model runs N data-parallel ranks as
-// threads, every rank in the same loop (src/train/rank_loop.h). N ranks with accumulation A equal one
+// threads, every rank in the same loop (src/train/rank_session.h). N ranks with accumulation A equal one
 // rank with N x A (the same chunks in the same global order; only the order of the micro-batch
 // additions differs), ZeRO-1 and ZeRO-2 are bit-identical, evaluation split over the ranks equals one
 // rank's, checkpoints written by every rank resume bit for bit at the same N and are refused at
