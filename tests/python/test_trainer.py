@@ -225,3 +225,38 @@ def test_the_options_come_from_the_engines_table():
     assert by_keyword["continue_from_checkpoint"]["flag"] == "continue"
     assert qtrain.flags(continue_from_checkpoint=True, batch_size=3) == ["--continue", "--batch-size=3"]
     assert "cosine" in by_keyword["lr_schedule"]["default"]
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path: Path, data: Path):
+    """SIGINT while Trainer.run() trains: the current step finishes, a checkpoint is written, and
+    KeyboardInterrupt reaches the caller; the checkpoint then resumes."""
+    import signal
+    import sys
+
+    opts = options(tmp_path, data, "sig", steps=400)
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys, qtrain\n"
+        f"opts = json.loads({json.dumps(json.dumps(opts))})\n"
+        "try:\n"
+        "    qtrain.Trainer(**opts).run()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(3)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "sig.jsonl"
+    import time
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or step_losses(log).__len__() < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "interrupted" in out, out[-2000:] + err[-2000:]
+    done = len(step_losses(log))
+    assert 3 <= done < 400
+    ckpts = sorted((tmp_path / "sig-ckpt").glob("step_*"))
+    assert [c.name for c in ckpts] == [f"step_{done:08d}"]
+    with qtrain.Trainer(**dict(opts, out_dir=str(tmp_path / "sig2"), log_file=str(tmp_path / "sig2.jsonl"),
+                               checkpoint_dir=str(tmp_path / "sig2-ckpt"))) as t:
+        t.load_checkpoint(str(ckpts[0]))
+        assert t.next_step == done

@@ -277,3 +277,31 @@ def test_final_events_restart_without_a_checkpoint():
     kept, replaced = wl.final_events(log[:4] + [{"log": "resume", "step": 1}])
     assert [(e["log"], e["step"]) for e in kept] == [("step", 0), ("resume", 1)] and replaced == 3
     assert wl.wandb_step({"log": "step", "step": 4}) == 5 and wl.wandb_step({"log": "eval", "step": 5}) == 5
+
+
+def test_the_python_trainer_logs_live_to_wandb(tmp_path: Path):
+    """qtrain.Trainer(callback=WandbLogger(...)): the offline run's history is the run's own log."""
+    import qtrain
+
+    data = tmp_path / "train.bin"
+    rng = random.Random(3)
+    phrase = [rng.randrange(1000) for _ in range(71)]
+    write_tokens(data, (phrase * 300)[:20_000], 1000)
+    wandb_dir = tmp_path / "live"
+    wandb_dir.mkdir()
+    logger = wl.WandbLogger(project="qtrain-test", mode="offline", dir=str(wandb_dir))
+    log = tmp_path / "live.jsonl"
+    with qtrain.Trainer(model=str(TINY), from_scratch=True, device="cpu", train_file=str(data), eval_file=str(data),
+                        seq_len=32, batch_size=2, grad_accumulation=1, steps=6, eval_every_n_steps=3,
+                        eval_num_steps=2, learning_rate=3e-3, out_dir=str(tmp_path / "out"), log_file=str(log),
+                        checkpoint_dir=str(tmp_path / "ckpt"), callback=logger) as t:
+        for s in range(t.steps):
+            t.step(lr=3e-3 / (1 + s))
+    logger.finish()
+    wandb.teardown()
+    run = read_offline_run(wandb_dir)
+    steps, evals = expected_history(events(log))
+    assert len(steps) == 6 and len(evals) == 2
+    assert_history_is_the_log(run, steps, evals)
+    assert run["history"][4]["train/lr"] == pytest.approx(3e-3 / 4)
+    assert run["config"]["options"]["seq-len"] == 32
