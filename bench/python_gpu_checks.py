@@ -7,9 +7,11 @@ accumulation to rounding, ZeRO-1 and ZeRO-3 bit-identical to each other.
 import argparse
 import sys
 
-import numpy as np
+# qtrain before numpy: on the GPU machine (numpy 2.5.2 of /opt/torch/.venv, the CUDA wheel built there)
+# the first call into the engine segfaults when numpy was imported first (2026-12-02, not understood yet)
+import qtrain  # noqa: I001
 
-import qtrain
+import numpy as np
 
 
 def main() -> int:
