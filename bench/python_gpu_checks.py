@@ -7,11 +7,9 @@ accumulation to rounding, ZeRO-1 and ZeRO-3 bit-identical to each other.
 import argparse
 import sys
 
-# qtrain before numpy: on the GPU machine (numpy 2.5.2 of /opt/torch/.venv, the CUDA wheel built there)
-# the first call into the engine segfaults when numpy was imported first (2026-12-02, not understood yet)
-import qtrain  # noqa: I001
+import numpy as np  # first, on purpose: qtrain/__init__.py's libstdc++ promotion is what makes this work
 
-import numpy as np
+import qtrain
 
 
 def main() -> int:

@@ -16,10 +16,29 @@ raises ValueError with the command line's message.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from . import _qtrain
-from ._qtrain import DataLoader, Tokenizer, write_tokens
+
+def _cxx_runtime_in_global_scope() -> None:
+    """Makes the C++ runtime (libstdc++) global before the extension loads. When another extension
+    loaded it first (numpy does: its C++ parts link it), it sits in that extension's local scope, and
+    the extension's libraries (libfmt, ...) then crash in their first use of the runtime's shared
+    state — seen on the GPU machine as a segmentation fault in the first call into the engine after
+    `import numpy; import qtrain`. dlopen with RTLD_GLOBAL on the loaded library promotes it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass  # a static or another C++ runtime: nothing to promote
+
+
+_cxx_runtime_in_global_scope()
+
+from . import _qtrain  # noqa: E402
+from ._qtrain import DataLoader, Tokenizer, write_tokens  # noqa: E402
 from .options import describe as describe_options
 from .options import flags
 from .trainer import EvalResult, StepResult, Trainer

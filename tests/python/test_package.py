@@ -105,3 +105,12 @@ def test_the_wheel_ships_type_stubs():
     stub = (package / "_qtrain.pyi").read_text()
     for name in ("def run_training", "def check_options", "class Tokenizer", "def encode"):
         assert name in stub, name
+
+
+def test_the_cxx_runtime_is_global_after_import():
+    """qtrain/__init__.py promotes libstdc++ to the global scope before its extension loads: loaded
+    first in another extension's local scope (numpy's), it made the engine's first call crash on the
+    GPU machine. dlsym over the global scope finds the runtime's symbols only when the promotion ran."""
+    import ctypes
+
+    assert hasattr(ctypes.CDLL(None), "_ZNSt6locale7classicEv")
