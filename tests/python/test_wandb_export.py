@@ -22,18 +22,8 @@ from wandb.proto import wandb_internal_pb2
 
 import qtrain.wandb_logging as wl
 
-REPO = Path(__file__).resolve().parents[2]
-TRAIN_EXE = os.environ.get("QTRAIN_TRAIN_EXE", str(REPO / "build" / "train"))
-TINY = REPO / "tests" / "reference" / "tiny-config"
+from test_package import REPO, TINY, TRAIN_EXE, write_tokens  # the token-file writer and paths, shared
 EXPORT = REPO / "scripts" / "export_wandb.py"
-
-
-def write_tokens(path: Path, tokens: list[int], vocab: int) -> None:
-    """A BIN.TOK v2 file (src/io/token_file.h): a 1024-byte header of int32, then the tokens."""
-    header = [0] * 256
-    header[0], header[1] = struct.unpack("<ii", b"BIN.TOK\n")
-    header[2], header[3], header[4], header[5], header[6] = 2, 4, len(tokens), vocab, 0
-    path.write_bytes(struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}i", *tokens))
 
 
 def events(log: Path) -> list[dict]:
