@@ -91,6 +91,8 @@ public:
         append(*train_, doc);
     }
 
+    bool has_train() const { return train_ || !shards_.empty(); }
+
     // Closes everything; returns (file, tokens) in order. A single train shard becomes train.bin.
     std::vector<std::pair<std::string, int64_t>> finish() {
         close_train();
@@ -297,7 +299,7 @@ int main(int argc, char** argv) {
         ProgressBar progress(!no_progress && isatty(STDERR_FILENO));
         qtrain::BatchEncoder encoder(tokenizer, encode_options);
         const auto start = Clock::now();
-        uint64_t docs = 0, bytes = 0;
+        uint64_t docs = 0, bytes = 0, separator_hits = 0, text_files = 0;
         int64_t tokens = 0, eval_so_far = 0;
         double encode_secs = 0;  // of the total: the rest is reading, writing and syncing files
         const std::size_t batch_bytes = std::max<std::size_t>(4u << 20, static_cast<std::size_t>(threads) * (2u << 20));
@@ -325,10 +327,33 @@ int main(int argc, char** argv) {
                 progress.update(bytes + reader.bytes_read(), bytes + reader.total_bytes(), tokens);
             }
             bytes += reader.total_bytes();
+            separator_hits += reader.separator_hits();
+            text_files += reader.literal_separator() ? reader.text_files() : 0;
         };
         if (!inputs.eval.empty()) run(inputs.eval, true);
         run(inputs.train, false);
         progress.done();
+        // Refused before anything is written (the unfinished files are removed, earlier ones kept):
+        // a run that leaves no training data must not look like a success.
+        const std::string input_desc = named ? cat("--dataset=", dataset)
+                                             : cat("--input (", inputs.train.size() + inputs.eval.size(), " file",
+                                                   inputs.train.size() + inputs.eval.size() == 1 ? "" : "s", ", ",
+                                                   bytes, " bytes)");
+        QT_CHECK(text_files == 0 || separator_hits > 0, "--doc-separator='", reader_options.separator,
+                 "' never occurs in the ", text_files, " text file", text_files == 1 ? "" : "s", " of ", input_desc,
+                 ", so each file would be one document (", docs, " in all). It is taken as a literal string; the "
+                 "keywords are none (a file is a document), line and blank-line. Give one of them, or "
+                 "--doc-separator=none to keep whole files");
+        QT_CHECK(docs > 0, "no documents in ", input_desc, ": ",
+                 bytes == 0 ? "the input is empty" : "every document is empty (or every JSON Lines line blank)",
+                 "; nothing to tokenize");
+        QT_CHECK(writer.has_train(), "no training data: ",
+                 eval_documents > 0 ? cat("--eval-documents=", eval_documents)
+                 : eval_tokens > 0  ? cat("--eval-tokens=", eval_tokens)
+                 : eval_fraction > 0 ? cat("--eval-fraction=", eval_fraction)
+                                     : std::string("--eval-input"),
+                 " took all ", docs, " document", docs == 1 ? "" : "s", " (", tokens, " tokens) of ", input_desc,
+                 " for eval.bin, leaving none for train.bin; give fewer to evaluation");
         const auto files = writer.finish();
         const double secs = std::max(1e-9, seconds_since(start));
 

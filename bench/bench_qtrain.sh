@@ -22,7 +22,7 @@ smi=$!
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
   --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
-  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" "$@" > "$WORK/train.out" 2>&1 &
+  --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" --overwrite "$@" > "$WORK/train.out" 2>&1 &
 train=$!
 if [ -n "${STOP_AFTER:-}" ]; then
   while kill -0 $train 2>/dev/null; do

@@ -70,11 +70,12 @@ else
                                  --lmhead-chunks=8)
 fi
 echo "== training $MODEL on $DEVICE"
-rm -rf "$RUN/ckpt"
+# The demo starts over each time: --overwrite replaces the model, log and checkpoints of an earlier
+# demo in demo-run/ (train refuses that without it)
 "$BIN/train" --device="$DEVICE" --model="$MODEL" --from-scratch --tokenizer="$TOKENIZER" \
   --train-file="$DATA/train*.bin" --eval-file="$DATA/eval.bin" \
   --final-lr-fraction=0.1 --weight-decay=0.1 --grad-clip=1.0 \
-  --out-dir="$RUN/output" --checkpoint-dir="$RUN/ckpt" "${FLAGS[@]}"
+  --out-dir="$RUN/output" --checkpoint-dir="$RUN/ckpt" --overwrite "${FLAGS[@]}"
 
 # 5. Compare with the unigram entropy of the training data, and plot.
 python3 - "$RUN" "$DATA" <<'PY'

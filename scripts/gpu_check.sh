@@ -39,7 +39,7 @@ for phase in $PHASES; do
       timeout 120 $B/train --device=cuda --model=tests/reference/tiny-config --from-scratch \
         --train-file=/tmp/qt/tiny.bin --eval-file=/tmp/qt/tiny.bin --steps=30 --batch-size=4 --seq-len=128 \
         --learning-rate=3e-3 --eval-every-n-steps=10 --eval-num-steps=4 --out-dir=/tmp/qt/out \
-        --checkpoint-dir=/tmp/qt/ckpt --ckpt-interval=15 > "$LOGS/train.log" 2>&1
+        --checkpoint-dir=/tmp/qt/ckpt --ckpt-interval=15 --overwrite > "$LOGS/train.log" 2>&1
       echo "train exit $?"; grep -E "^\[T\] step +(0|1|29) |^\[V\]|error" "$LOGS/train.log" | head -12 ;;
     bench)
       for cfg in "Qwen2.5-0.5B 16" "Qwen2.5-0.5B 32" "Qwen2.5-1.5B 8" "Qwen2.5-1.5B 16"; do
@@ -104,7 +104,7 @@ for phase in $PHASES; do
         --train-file=.refdata/train.bin --eval-file=.refdata/eval.bin --final-lr-fraction=0.1 --weight-decay=0.1 \
         --grad-clip=1.0 --out-dir=/tmp/qt-demo/output --checkpoint-dir=/tmp/qt-demo/ckpt --batch-size=16 \
         --seq-len=512 --grad-accumulation=1 --steps=600 --learning-rate=1e-3 --warmup=50 --eval-every-n-steps=100 \
-        --eval-num-steps=20 > "$LOGS/demo.log" 2>&1
+        --eval-num-steps=20 --overwrite > "$LOGS/demo.log" 2>&1
       echo "demo exit $?"; grep -E "^\[V\]|error" "$LOGS/demo.log" | tail -4; grep -E "^\[T\] step +599" "$LOGS/demo.log" ;;
     rehearse)  # issue 5's 24 GB rehearsal (1.5B, 3B, 7B bf16 and FP8 under --memory-limit=24GiB)
       bench/rehearse_24gb.sh 2>&1 | tail -12 ;;

@@ -19,7 +19,15 @@ namespace qtrain {
 
 namespace fs = std::filesystem;
 
+// An ifstream opens a directory without complaint and reads nothing from it; say what it is instead
+// of letting the empty text fail later as "not valid JSON".
+static void check_not_directory(const std::string& path) {
+    std::error_code ec;
+    QT_CHECK(!fs::is_directory(path, ec), "'", path, "' is a directory, not a file");
+}
+
 std::string read_text_file(const std::string& path) {
+    check_not_directory(path);
     std::ifstream in(path, std::ios::binary);
     QT_CHECK(in.good(), "cannot open '", path, "' for reading");
     std::ostringstream s;
@@ -28,6 +36,7 @@ std::string read_text_file(const std::string& path) {
 }
 
 std::vector<uint8_t> read_binary_file(const std::string& path) {
+    check_not_directory(path);
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     QT_CHECK(in.good(), "cannot open '", path, "' for reading");
     std::streamsize n = in.tellg();
@@ -76,8 +85,17 @@ std::vector<std::string> expand_glob(const std::string& pattern, const std::stri
     }
     globfree(&g);
     std::sort(files.begin(), files.end());
-    files.erase(std::remove_if(files.begin(), files.end(), [](const std::string& f) { return fs::is_directory(f); }),
+    std::string directory;  // a match that is a directory, for the message
+    files.erase(std::remove_if(files.begin(), files.end(),
+                               [&](const std::string& f) {
+                                   const bool dir = fs::is_directory(f);
+                                   if (dir && directory.empty()) directory = f;
+                                   return dir;
+                               }),
                 files.end());
+    if (files.empty() && !directory.empty())
+        throw_error(cat(what, ": '", directory, "' is a directory, not a file", directory == pattern ? "" : cat(" (it matches '", pattern, "')"),
+                        ": name the files in it, e.g. '", (fs::path(directory) / "*").string(), "' (quoted)"));
     QT_CHECK(!files.empty(), what, ": no file matches '", pattern, "'");
     return files;
 }

@@ -3,6 +3,8 @@
 // full disk never leaves a file that looks complete.
 #include "io/token_file.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -65,6 +67,21 @@ TokenFile::TokenFile(const std::string& path) : path_(path), file_(path, "token 
 
 TokenFile::~TokenFile() = default;
 TokenFile::TokenFile(TokenFile&& other) noexcept = default;
+
+bool TokenFile::any_trained(int64_t begin, int64_t end) const {
+    begin = std::max<int64_t>(begin, 0);
+    end = std::min(end, header_.num_tokens);
+    if (begin >= end) return false;
+    if (!masks_) return true;
+    int64_t i = begin;
+    for (; i < end && (i & 7); ++i)
+        if (mask(i)) return true;
+    for (; i + 8 <= end; i += 8)  // whole bytes: a zero byte is eight masked tokens
+        if (masks_[i >> 3]) return true;
+    for (; i < end; ++i)
+        if (mask(i)) return true;
+    return false;
+}
 
 void TokenFile::validate_tokens(int vocab_size, const std::string& what) const {
     for (int64_t i = 0; i < header_.num_tokens; ++i) {

@@ -40,6 +40,8 @@ public:
     bool mask(int64_t i) const {
         return !masks_ || ((masks_[i >> 3] >> (i & 7)) & 1);
     }
+    // Whether any token in [begin, end) has mask bit 1 (always, without masks); stops at the first.
+    bool any_trained(int64_t begin, int64_t end) const;
     // Checks every token is in [0, vocab_size); throws naming the file, the position, the token
     // and the limit (`what` says where the limit comes from, e.g. "the model's vocab_size").
     void validate_tokens(int vocab_size, const std::string& what) const;

@@ -75,6 +75,7 @@ bool DocumentReader::open_next_file() {
     in_ = std::make_unique<std::ifstream>(path, std::ios::binary);
     QT_CHECK(in_->good(), "cannot open input '", path, "'");
     jsonl_ = is_jsonl(path);
+    text_files_ += jsonl_ ? 0 : 1;
     file_pos_ = 0;
     line_no_ = 0;
     pending_.clear();
@@ -116,6 +117,7 @@ void DocumentReader::take_text_documents(std::vector<Document>& out, bool at_end
         for (std::size_t hit; (hit = pending_.find(sep, consumed)) != std::string::npos;) {
             emit(pending_.substr(consumed, hit - consumed), pending_offset_ + consumed);
             consumed = hit + sep.size();
+            ++separator_hits_;
         }
     } else {
         for (std::size_t nl; (nl = pending_.find('\n', consumed)) != std::string::npos;) {

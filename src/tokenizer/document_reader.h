@@ -44,6 +44,11 @@ public:
     uint64_t total_bytes() const { return total_bytes_; }  // all input files
     uint64_t bytes_read() const { return done_bytes_ + file_pos_; }
     bool has_prompts() const { return !options_.prompt_field.empty(); }
+    // A literal --doc-separator: how often it was found so far, and in how many text files it was
+    // looked for (a literal that never occurs is a typo of a keyword more often than not).
+    bool literal_separator() const { return !literal_separator_.empty(); }
+    uint64_t separator_hits() const { return separator_hits_; }
+    uint64_t text_files() const { return text_files_; }
 
 private:
     bool open_next_file();
@@ -56,6 +61,7 @@ private:
     DocumentReaderOptions options_;
     std::string literal_separator_;
     uint64_t total_bytes_ = 0, done_bytes_ = 0;
+    uint64_t separator_hits_ = 0, text_files_ = 0;
 
     std::size_t next_file_ = 0;
     std::unique_ptr<std::ifstream> in_;

@@ -111,19 +111,28 @@ std::string checkpoint_step_dir(const std::string& root, int step) {
     return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
 }
 
-std::vector<std::string> list_complete_checkpoints(const std::string& root) {
+namespace {
+
+// step_XXXXXXXX directories under `root` (with a state.json only when `complete`), newest first.
+std::vector<std::string> step_dirs(const std::string& root, bool complete) {
     std::vector<std::pair<long, std::string>> found;
     std::error_code ec;
     if (!fs::is_directory(root, ec)) return {};
     for (const auto& entry : fs::directory_iterator(root, ec)) {
         const auto step = step_of(entry.path().filename().string());
-        if (step && fs::exists(entry.path() / kStateFile, ec)) found.emplace_back(*step, entry.path().string());
+        if (!step || !fs::is_directory(entry.path(), ec)) continue;
+        if (!complete || fs::exists(entry.path() / kStateFile, ec)) found.emplace_back(*step, entry.path().string());
     }
     std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<std::string> dirs;
     for (auto& f : found) dirs.push_back(std::move(f.second));
     return dirs;
 }
+
+}  // namespace
+
+std::vector<std::string> list_complete_checkpoints(const std::string& root) { return step_dirs(root, true); }
+std::vector<std::string> list_checkpoint_dirs(const std::string& root) { return step_dirs(root, false); }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& root) {
     std::vector<std::string> all = list_complete_checkpoints(root);
@@ -242,12 +251,17 @@ bool verify_checkpoint(const std::string& dir) {
 
 ResumePoint find_resume_point(const std::string& root,
                               const std::function<void(const std::string& dir, const std::string& error)>& rejected) {
-    const std::vector<std::string> dirs = list_complete_checkpoints(root);
-    QT_CHECK(!dirs.empty(), "--continue: no complete checkpoint in '", root, "'");
+    const std::vector<std::string> dirs = list_checkpoint_dirs(root);
+    QT_CHECK(!dirs.empty(), "--continue: no checkpoint in '", root, "'");
     ResumePoint r;
     std::string newest_error;
     for (const std::string& dir : dirs) {
         try {
+            // rank 0 writes state.json last and renames the whole directory into place, so a step
+            // directory without one lost it afterwards (deleted by hand, or a copy that left it out)
+            QT_CHECK(fs::exists(fs::path(dir) / kStateFile), (fs::path(dir) / kStateFile).string(),
+                     " is missing (deleted, or left out of a copy): without it the checkpoint's step, data position "
+                     "and options are unknown");
             r.verified = verify_checkpoint(dir);
             r.state = read_checkpoint_state(dir);
             r.dir = dir;
@@ -258,7 +272,7 @@ ResumePoint find_resume_point(const std::string& root,
             ++r.skipped;
         }
     }
-    throw_error(cat("--continue: none of the ", dirs.size(), " complete checkpoint(s) in '", root,
+    throw_error(cat("--continue: none of the ", dirs.size(), " checkpoint(s) in '", root,
                     "' is usable (the newest: ", newest_error, "); remove or restore them, or start "
                     "without --continue"));
 }

@@ -51,8 +51,9 @@ std::string checkpoint_step_dir(const std::string& root, int step);
 std::vector<std::string> list_complete_checkpoints(const std::string& root);
 // The complete checkpoint with the highest step under `root`, if any.
 std::optional<std::string> find_latest_checkpoint(const std::string& root);
-// Every complete checkpoint under `root`, newest first.
-std::vector<std::string> list_complete_checkpoints(const std::string& root);
+// Every step_XXXXXXXX directory under `root`, complete or not (a state.json deleted by hand), newest
+// first: what --continue looks at, so that an incomplete newer one is reported, never silently passed.
+std::vector<std::string> list_checkpoint_dirs(const std::string& root);
 
 // Writes model state + state.json (with the checksums of the model's files) atomically; returns
 // the final directory. Collective over `ranks` (every rank calls it with its own model, the same
@@ -74,14 +75,15 @@ CheckpointState read_checkpoint_state(const std::string& dir);
 // checkpoint written before qtrain recorded checksums.
 bool verify_checkpoint(const std::string& dir);
 
-// Where --continue resumes: the newest complete checkpoint that verifies and whose state.json
-// reads. Each newer one that does not is passed to `rejected(dir, error)` (as it is found:
-// verifying a large checkpoint takes minutes) and skipped. Throws when none is left.
+// Where --continue resumes: the newest checkpoint directory (list_checkpoint_dirs) that has a
+// state.json, verifies and whose state.json reads. Each newer one that does not (state.json missing
+// included) is passed to `rejected(dir, error)` (as it is found: verifying a large checkpoint takes
+// minutes) and skipped. Throws when none is left.
 struct ResumePoint {
     std::string dir;
     CheckpointState state;
     bool verified = false;  // false: written before checksums, loaded unverified
-    int skipped = 0;        // newer complete checkpoints rejected
+    int skipped = 0;        // newer checkpoint directories rejected
 };
 ResumePoint find_resume_point(const std::string& root,
                               const std::function<void(const std::string& dir, const std::string& error)>& rejected);

@@ -9,6 +9,8 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
                        bool shuffle, int model_vocab, const std::string& what)
     : batch_size_(batch_size), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
     QT_CHECK(!files.empty(), what, ": no token files");
+    bool any_trained = false;
+    std::vector<std::string> masked_files;
     for (std::size_t f = 0; f < files.size(); ++f) {
         auto tf = std::make_unique<TokenFile>(files[f]);
         const auto& h = tf->header();
@@ -17,11 +19,24 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
         tf->validate_tokens(model_vocab, "the model's vocab_size");
         total_tokens_ += tf->size();
         const int64_t n_chunks = tf->size() > 0 ? (tf->size() - 1) / seq_len : 0;
+        // the chunks' targets are tokens 1 .. n_chunks * seq_len of the file
+        any_trained = any_trained || tf->any_trained(1, n_chunks * seq_len + 1);
+        if (tf->has_masks()) masked_files.push_back(files[f]);
         for (int64_t c = 0; c < n_chunks; ++c) chunks_.push_back({static_cast<int32_t>(f), c * seq_len});
         files_.push_back(std::move(tf));
     }
     QT_CHECK(!chunks_.empty(), what, ": the token files hold ", total_tokens_, " tokens, too few for one sequence of --seq-len=",
              seq_len, " (+1 for the shifted target)");
+    // Every target masked: a run would go to the end learning nothing and export the model it started with.
+    if (!any_trained) {
+        std::string list;
+        for (std::size_t i = 0; i < masked_files.size() && i < 4; ++i) list += cat(i ? ", '" : "'", masked_files[i], "'");
+        if (masked_files.size() > 4) list += cat(", ... (", masked_files.size(), " files)");
+        throw_error(cat(what, ": every target token of ", list, " is masked (mask bit 0: no loss), so there is nothing ",
+                        what == "--eval-file" ? "to evaluate" : "to train on",
+                        ". Were they tokenized with the response field as the prompt (tokenize --prompt-field / "
+                        "--response-field)? Re-tokenize, or give files with trained tokens"));
+    }
     build_order();
 }
 

@@ -218,7 +218,8 @@ void Logger::log_resume(int step, const std::string& path, int skipped, bool ver
                     "unverified\n", path.c_str());
     if (skipped)
         std::printf("[Resume] from %s at step %d: the previous complete checkpoint (%d newer one%s unusable, "
-                    "see above)\n\n", path.c_str(), step, skipped, skipped == 1 ? " is" : "s are");
+                    "see above, and replaced when this run writes a checkpoint of %s step)\n\n",
+                    path.c_str(), step, skipped, skipped == 1 ? " is" : "s are", skipped == 1 ? "its" : "their");
     else
         std::printf("[Resume] from %s at step %d\n\n", path.c_str(), step);
     std::fflush(stdout);

@@ -254,8 +254,8 @@ std::vector<OptionSpec> make_table() {
             "With --continue: resume even though options that change the run differ from the checkpoint's (each "
             "difference is printed and logged), e.g. a lower --learning-rate after a divergence"),
         opt(kOutput, "overwrite", &T::overwrite, R::Invocation,
-            "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) or, with "
-            "--continue and no checkpoint, --out-dir holds another run's log or model (replaced)"),
+            "Start from step 0 even though --checkpoint-dir holds another run's checkpoints (they are removed) or "
+            "--out-dir / --log-file hold another run's model or log (replaced); without it such a start is refused"),
         opt(kOutput, "out-dir", &T::out_dir, R::MayChange,
             "Where the final model.safetensors and config.json go (and the tokenizer files)"),
         opt(kOutput, "export-checkpoint", &T::export_checkpoint, R::NotRecorded,

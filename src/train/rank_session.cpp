@@ -185,6 +185,12 @@ void RankSession::start() {
     s.schedule.cooldown_steps = o_.cooldown;
     s.schedule.final_lr_fraction = o_.final_lr_fraction;
     s.schedule.decay = parse_lr_decay(o_.lr_schedule);
+    if (lead_ && o_.steps > 0 && o_.warmup_steps() > o_.steps)
+        s.log->message(fmt::format("note: --warmup={} is longer than --steps={}: the learning rate only rises, to "
+                                   "{:.3g} ({:.0f}% of --learning-rate={:g}) at the last step, and never decays",
+                                   o_.warmup_steps(), o_.steps, s.schedule.at(o_.steps - 1),
+                                   100.0 * s.schedule.at(o_.steps - 1) / std::max(o_.learning_rate, 1e-30f),
+                                   o_.learning_rate));
     s.last_checkpoint = s.resume_dir;
     s.last_checkpoint_step = step_;
 }

@@ -38,11 +38,32 @@ void probe_writable_dir(const std::string& dir, const char* flag) {
              ": ", err ? std::strerror(err) : "unknown error");
 }
 
+namespace {
+
+// Whether a JSONL log records any training: a step, an evaluation or a finished run. A log that
+// stops at its set-up events (a run refused for its data, say) holds nothing to lose, and treating
+// it as a run's output would refuse the corrected command that follows.
+bool log_records_training(const std::string& path) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.find("\"log\":\"step\"") == std::string::npos && line.find("\"log\":\"eval\"") == std::string::npos &&
+            line.find("\"log\":\"done\"") == std::string::npos)
+            continue;
+        const auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j.contains("log") && j["log"].is_string()) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
 std::vector<std::string> existing_run_output(const TrainOptions& o) {
     std::vector<std::string> found;
     std::error_code ec;
-    for (const std::string& path : {o.log_path(), (fs::path(o.out_dir) / "model.safetensors").string()})
-        if (fs::is_regular_file(path, ec) && fs::file_size(path, ec) > 0) found.push_back(path);
+    if (fs::is_regular_file(o.log_path(), ec) && log_records_training(o.log_path())) found.push_back(o.log_path());
+    const std::string model = (fs::path(o.out_dir) / "model.safetensors").string();
+    if (fs::is_regular_file(model, ec) && fs::file_size(model, ec) > 0) found.push_back(model);
     return found;
 }
 

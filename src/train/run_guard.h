@@ -15,7 +15,9 @@ struct TrainOptions;
 // ancestor must be a directory in which a file can be made. Nothing is created (a run that never
 // checkpoints leaves no empty --checkpoint-dir behind); the probe file is removed at once.
 void probe_writable_dir(const std::string& dir, const char* flag);
-// The files of a finished or running run in --out-dir / --log-file that a fresh start would replace.
+// The files of a finished or running run in --out-dir / --log-file that a fresh start would replace:
+// a model.safetensors, and a log that records training (a step, an evaluation, the end), not one
+// that stops at its set-up lines.
 std::vector<std::string> existing_run_output(const TrainOptions& o);
 // Whether the JSONL log at `path` was written by this same run (its options event matches in every
 // option that changes the run, and the checkpoint directory is the same): a job restarted with

@@ -40,10 +40,12 @@ ResumePoint find_checkpoint_to_resume(const TrainOptions& o, RunStart& start) {
 // run it meant to resume. Returns whether the log is this run's own (then appended to).
 bool check_fresh_continue(const TrainOptions& o, const std::string& device, const ModelConfig& cfg) {
     std::vector<std::string> existing = existing_run_output(o);
+    std::error_code ec;
     bool own_log = false;
-    if (!existing.empty() && existing.front() == o.log_path() && log_is_of_this_run(o.log_path(), o, device, cfg)) {
+    if (fs::is_regular_file(o.log_path(), ec) && fs::file_size(o.log_path(), ec) > 0 &&
+        log_is_of_this_run(o.log_path(), o, device, cfg)) {
         own_log = true;  // this run's own log: it restarts before its first checkpoint
-        existing.erase(existing.begin());
+        if (!existing.empty() && existing.front() == o.log_path()) existing.erase(existing.begin());
         if (existing.empty())
             std::printf("[Resume] no checkpoint in '%s' yet: this run starts from step 0, appending to its log %s\n",
                         o.checkpoint_dir.c_str(), o.log_path().c_str());
@@ -57,6 +59,21 @@ bool check_fresh_continue(const TrainOptions& o, const std::string& device, cons
                      : " another run's output, which starting from step 0 would replace",
              ". Check --checkpoint-dir, or add --overwrite to start from step 0 anyway");
     return own_log;
+}
+
+// A fresh run (no --continue) into an --out-dir / --log-file that holds another run's model or log
+// (the default output/ is the easiest way to lose one) is refused before any work, unless --overwrite.
+void check_fresh_output(const TrainOptions& o) {
+    const std::vector<std::string> existing = existing_run_output(o);
+    if (existing.empty()) return;
+    std::string list;
+    for (const auto& path : existing)
+        list += cat(list.empty() ? "'" : ", '", path, path == o.log_path() ? "' (the log, --log-file)" : "' (the model, --out-dir)");
+    QT_CHECK(o.overwrite, "this fresh run would replace the output of an earlier run: ", list,
+             ". Choose another --out-dir", o.log_file.empty() ? "" : " / --log-file",
+             ", add --continue to resume that run from its checkpoints, or add --overwrite to replace ",
+             existing.size() == 1 ? "it" : "them");
+    std::printf("[Setup] --overwrite: replacing %s\n", list.c_str());
 }
 
 }  // namespace
@@ -94,19 +111,24 @@ void check_resume_point(RunStart& start, const TrainOptions& o, const std::strin
 RunStart decide_run_start(const TrainOptions& o, const std::string& device, const ModelConfig& cfg, int world,
                           const std::string& ranks_source) {
     RunStart start;
-    if (o.continue_from_checkpoint && !list_complete_checkpoints(o.checkpoint_dir).empty()) {
+    const std::vector<std::string> checkpoints = list_checkpoint_dirs(o.checkpoint_dir);
+    if (o.continue_from_checkpoint && !checkpoints.empty()) {
         start.resume = find_checkpoint_to_resume(o, start);
         check_resume_point(start, o, device, cfg, world, ranks_source);
         start.append_log = true;
     } else if (o.continue_from_checkpoint) {
         start.append_log = check_fresh_continue(o, device, cfg);
-    } else if (const auto old = find_latest_checkpoint(o.checkpoint_dir)) {
-        // a fresh run's checkpoints would mix with another run's, and --continue would pick the newest
-        QT_CHECK(o.overwrite, "--checkpoint-dir '", o.checkpoint_dir, "' holds checkpoints of another run (newest: ",
-                 *old, "): add --continue to resume it, choose another --checkpoint-dir, or add --overwrite to "
-                 "remove them and start from step 0");
-        for (const auto& dir : list_complete_checkpoints(o.checkpoint_dir)) fs::remove_all(dir);
-        std::printf("[Setup] --overwrite: removed the checkpoints in '%s'\n", o.checkpoint_dir.c_str());
+    } else {
+        // A fresh run. Its checkpoints would mix with another run's (and --continue would pick the
+        // newest), and its model and log would replace that run's: both refused unless --overwrite.
+        if (!checkpoints.empty()) {
+            QT_CHECK(o.overwrite, "--checkpoint-dir '", o.checkpoint_dir, "' holds checkpoints of another run (newest: ",
+                     checkpoints.front(), "): add --continue to resume it, choose another --checkpoint-dir, or add "
+                     "--overwrite to remove them and start from step 0");
+            for (const auto& dir : checkpoints) fs::remove_all(dir);
+            std::printf("[Setup] --overwrite: removed the checkpoints in '%s'\n", o.checkpoint_dir.c_str());
+        }
+        check_fresh_output(o);
     }
     return start;
 }

@@ -16,6 +16,28 @@ namespace qtrain {
 
 namespace {
 
+// ">= 0", said plainly: CLI::NonNegativeNumber names its range as 0 to the largest double (309 digits).
+CLI::Validator non_negative_check() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(value, v)) return cat("expected a number, got '", value, "'");
+            return v >= 0 ? std::string() : cat("must be >= 0, got ", value);
+        },
+        "NONNEGATIVE");
+}
+
+CLI::Validator unsigned_check() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            const auto first = value.find_first_not_of(" \t");
+            return first != std::string::npos && value[first] == '-'
+                       ? cat("must be a non-negative integer (0 to 18446744073709551615), got ", value)
+                       : std::string();
+        },
+        "");
+}
+
 // Registers every flag of the option table (option_table.h), each in its --help group, in the
 // table's order. The member's type picks the CLI11 call, so --help shows the same type names
 // (INT, FLOAT, TEXT, UINT) and captured defaults as a hand-written registration would.
@@ -36,7 +58,15 @@ void add_flags(CLI::App& app, TrainOptions& o) {
             spec.member);
         if (!spec.check.choices.empty()) opt->check(CLI::IsMember(spec.check.choices));
         if (spec.check.range) opt->check(CLI::Range(spec.check.range->first, spec.check.range->second));
-        if (spec.check.non_negative) opt->check(CLI::NonNegativeNumber);
+        if (spec.check.non_negative) opt->check(non_negative_check());
+        // CLI11 converts "-1" to an unsigned field as 2^64 - 1 without a word (--seed=-1)
+        const bool is_unsigned = std::visit(
+            [&](auto member) {
+                using F = std::decay_t<decltype(o.*member)>;
+                return std::is_unsigned_v<F> && !std::is_same_v<F, bool>;
+            },
+            spec.member);
+        if (is_unsigned) opt->check(unsigned_check());
     }
 }
 

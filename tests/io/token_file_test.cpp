@@ -195,6 +195,28 @@ TEST(TokenFile, ValidateTokens) {
     EXPECT_ERROR(g.validate_tokens(10, "vocab"), d.file("neg.bin"), "token -7", "index 1");
 }
 
+// any_trained answers for exactly [begin, end): every single trained position of a 70-token file
+// (bits across byte boundaries, partial first and last bytes) against the per-token answer.
+TEST(TokenFile, AnyTrainedLooksAtExactlyTheRange) {
+    TempDir d;
+    const int n = 70;
+    const std::vector<int32_t> tokens(n, 3);
+    for (int trained : {-1, 0, 7, 8, 9, 15, 16, 63, 69}) {
+        std::vector<uint8_t> mask(n, 0);
+        if (trained >= 0) mask[trained] = 1;
+        const std::string path = d / "m.bin";
+        write_token_file(path, tokens, 10, &mask);
+        const TokenFile f(path);
+        for (int begin = 0; begin <= n; ++begin)
+            for (int end = begin; end <= n + 3; ++end)
+                ASSERT_EQ(f.any_trained(begin, end), trained >= begin && trained < std::min(end, n))
+                    << "trained " << trained << " range [" << begin << ", " << end << ")";
+    }
+    write_token_file(d / "plain.bin", tokens, 10);
+    EXPECT_TRUE(TokenFile(d / "plain.bin").any_trained(1, 2)) << "without masks every token is trained";
+    EXPECT_FALSE(TokenFile(d / "plain.bin").any_trained(5, 5));
+}
+
 TEST(TokenFileWriter, RejectsBadInput) {
     TempDir d;
     const std::string p = d.file("w.bin");

@@ -274,7 +274,7 @@ def main():
              f"--steps={TRAIN_STEPS}", f"--batch-size={B}", f"--seq-len={T}", "--grad-accumulation=1",
              "--model-dtype=fp32", f"--learning-rate={LR}", "--warmup=0", "--final-lr-fraction=1.0",
              f"--weight-decay={WEIGHT_DECAY}", f"--grad-clip={CLIP}", "--beta-1=0.9", "--beta-2=0.95",
-             "--adam-epsilon=1e-8", "--eval-every-n-steps=0", f"--out-dir={outdir}",
+             "--adam-epsilon=1e-8", "--eval-every-n-steps=0", f"--out-dir={outdir}", "--overwrite",  # scratch
              f"--checkpoint-dir={os.path.join(d, 'ckpt')}"])
         with open(os.path.join(outdir, "log.jsonl")) as f:
             events = [json.loads(line) for line in f]

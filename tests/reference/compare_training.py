@@ -91,7 +91,7 @@ def main():
            "--grad-accumulation=1", f"--learning-rate={a.lr}", f"--warmup={a.warmup}",
            f"--final-lr-fraction={final_frac}", f"--weight-decay={wd}", f"--grad-clip={clip}", "--model-dtype=bf16",
            f"--eval-every-n-steps={a.steps}", "--eval-num-steps=0", f"--seed={seed}", f"--out-dir={out}",
-           f"--checkpoint-dir={os.path.join(a.work, 'ckpt')}"] + a.extra.split()
+           f"--checkpoint-dir={os.path.join(a.work, 'ckpt')}", "--overwrite"] + a.extra.split()  # a scratch dir
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout[-3000:], r.stderr[-3000:])

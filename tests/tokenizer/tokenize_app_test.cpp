@@ -200,6 +200,72 @@ TEST_F(TokenizeApp, ClearErrors) {
     EXPECT_NE(r.output.find("tiny-shakespeare"), std::string::npos) << r.output;
 }
 
+// Runs that would leave no training data are errors naming the input and the count, and write
+// nothing: the token files of an earlier run in --out-dir stay as they were (issue 29).
+TEST_F(TokenizeApp, NoTrainingDataIsAnErrorThatWritesNothing) {
+    write_file(in_.file("good.txt"), "hello\n\nworld\n\nagain\n");
+    ASSERT_EQ(run_tokenize(args("--input=" + in_.file("good.txt") + " --doc-separator=blank-line")).exit_code, 0);
+    const auto before = tokens_of(TokenFile(out_.file("train.bin")));
+
+    write_file(in_.file("empty.txt"), "");
+    RunResult r = run_tokenize(args("--input=" + in_.file("empty.txt")));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("no documents in --input (1 file, 0 bytes): the input is empty"), std::string::npos)
+        << r.output;
+
+    write_file(in_.file("blank.jsonl"), "\n\n");
+    r = run_tokenize(args("--input=" + in_.file("blank.jsonl")));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("no documents in --input (1 file, 2 bytes)"), std::string::npos) << r.output;
+
+    r = run_tokenize(args("--input=" + in_.file("good.txt") + " --doc-separator=blank-line --eval-documents=3"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--eval-documents=3 took all 3 documents"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("leaving none for train.bin"), std::string::npos) << r.output;
+    r = run_tokenize(args("--input=" + in_.file("good.txt") + " --doc-separator=blank-line --eval-documents=50"));
+    EXPECT_NE(r.output.find("--eval-documents=50 took all 3 documents"), std::string::npos) << r.output;
+    r = run_tokenize(args("--input=" + in_.file("good.txt") + " --doc-separator=blank-line --eval-fraction=1"));
+    EXPECT_NE(r.output.find("--eval-fraction=1 took all 3 documents"), std::string::npos) << r.output;
+
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), before);
+    EXPECT_FALSE(fs::exists(out_.file("eval.bin")));
+    // one fewer is fine
+    r = run_tokenize(args("--input=" + in_.file("good.txt") + " --doc-separator=blank-line --eval-documents=2"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), expected({"again"}));
+}
+
+// A literal --doc-separator that never occurs (a typo of a keyword: blankline) would make each file
+// one document; it is an error naming the keywords.
+TEST_F(TokenizeApp, ALiteralSeparatorThatNeverOccursIsAnError) {
+    write_file(in_.file("a.txt"), "one\n\ntwo\n\nthree\n");
+    write_file(in_.file("b.txt"), "four\n\nfive\n");
+    for (const char* typo : {"blankline", "lines"}) {
+        const RunResult r = run_tokenize(args("--input='" + in_.str() + "/*.txt' --doc-separator=" + typo));
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_NE(r.output.find(fmt::format("--doc-separator='{}' never occurs in the 2 text files", typo)),
+                  std::string::npos)
+            << r.output;
+        EXPECT_NE(r.output.find("the keywords are none (a file is a document), line and blank-line"), std::string::npos)
+            << r.output;
+        EXPECT_FALSE(fs::exists(out_.file("train.bin")));
+    }
+    // a literal found in one file of the two is used as it is
+    write_file(in_.file("b.txt"), "four ## five");
+    const RunResult ok = run_tokenize(args("--input='" + in_.str() + "/*.txt' '--doc-separator= ## '"));
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
+    EXPECT_EQ(tokens_of(TokenFile(out_.file("train.bin"))), expected({"one\n\ntwo\n\nthree\n", "four", "five"}));
+}
+
+TEST_F(TokenizeApp, ADirectoryAsInputIsNamedAsOne) {
+    fs::create_directories(in_.file("texts"));
+    const RunResult r = run_tokenize(args("--input=" + in_.file("texts")));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--input: '" + in_.file("texts") + "' is a directory, not a file"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("no file matches"), std::string::npos) << r.output;
+}
+
 TEST_F(TokenizeApp, NamedDatasetFromTheDownloadDirectoryOrAClearError) {
     // Without the file and without curl: the error names the URL and where to put the file.
     const RunResult r =

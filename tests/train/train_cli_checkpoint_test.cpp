@@ -117,6 +117,39 @@ TEST(TrainCliCheckpoint, TruncatedNewestCheckpointFallsBackToThePreviousOne) {
     expect_resumed_losses_match(f, full, 5);
 }
 
+// The newest checkpoint lost its state.json (deleted by hand, left out of a copy): it used to be passed
+// over without a word, an older one resumed and the newer one overwritten. Now it is named with the
+// reason, logged as rejected, and the output says it will be replaced (issue 29).
+TEST(TrainCliCheckpoint, NewestCheckpointWithoutStateJsonIsNamedAndSkipped) {
+    Fixture f;
+    const auto full = full_and_part_runs(f);
+    ASSERT_EQ(full.size(), 12u);
+    const std::string newest = f.dir / "part-ckpt/step_00000010";
+    fs::remove(newest + "/state.json");
+
+    auto r = run_command(resume_cmd(f));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(Contains(r.output, "[Resume] cannot resume from " + newest + ": " + newest + "/state.json is missing"))
+        << r.output;
+    EXPECT_TRUE(Contains(r.output, "[Resume] from " + (f.dir / "part-ckpt/step_00000005") + " at step 5")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "replaced when this run writes a checkpoint of its step")) << r.output;
+    expect_resumed_losses_match(f, full, 5);
+    const auto rejected = events(f.dir / "resumed.jsonl", "checkpoint_rejected");
+    ASSERT_EQ(rejected.size(), 1u);
+    EXPECT_EQ(rejected[0]["path"], newest);
+    // the resumed run wrote step 10 again: a complete checkpoint now
+    EXPECT_TRUE(fs::exists(newest + "/state.json"));
+
+    // every checkpoint without its state.json: an error, not a silent start from step 0
+    fs::remove(newest + "/state.json");
+    fs::remove(f.dir / "part-ckpt/step_00000005/state.json");
+    r = run_command(resume_cmd(f));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, "error: --continue: none of the 2 checkpoint(s)")) << r.output;
+    EXPECT_TRUE(Contains(r.output, "state.json is missing")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "[T] step")) << r.output;
+}
+
 // Nothing usable left: a clear error naming the files, exit code 1, and no silent start from step 0.
 TEST(TrainCliCheckpoint, AllCheckpointsCorruptIsAClearError) {
     Fixture f;
@@ -126,7 +159,7 @@ TEST(TrainCliCheckpoint, AllCheckpointsCorruptIsAClearError) {
 
     auto r = run_command(resume_cmd(f));
     EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_TRUE(Contains(r.output, "error: --continue: none of the 2 complete checkpoint(s)"));
+    EXPECT_TRUE(Contains(r.output, "error: --continue: none of the 2 checkpoint(s)"));
     EXPECT_TRUE(Contains(r.output, f.dir / "part-ckpt/step_00000010/model.safetensors"));
     EXPECT_TRUE(Contains(r.output, f.dir / "part-ckpt/step_00000005/optimizer.safetensors"));
     EXPECT_FALSE(Contains(r.output, "internal error"));
