@@ -68,7 +68,8 @@ std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions&
 }
 
 ModelCommunicatorFactory model_communicator_factory(const std::string& device, const ModelOptions& options, int world,
-                                                    const std::vector<int>& devices, bool mpi) {
+                                                    const std::vector<int>& devices, bool mpi,
+                                                    const comm::WaitBound& init_bound) {
     if (device != "cuda" || world <= 1) return {};
 #ifdef QTRAIN_HAVE_CUDA
     if (options.memcpy_all_gather) {
@@ -82,15 +83,18 @@ ModelCommunicatorFactory model_communicator_factory(const std::string& device, c
     }
 #ifdef QTRAIN_HAVE_NCCL
     if (mpi)
-        return [](comm::Communicator& host, int device_index) -> std::unique_ptr<comm::Communicator> {
-            comm::NcclId id;
-            if (host.rank() == 0) id = comm::nccl_unique_id();
-            host.broadcast(id.bytes.data(), id.bytes.size(), DType::U8, 0);
-            return comm::make_nccl_communicator(id, host.rank(), host.world(), device_index);
+        return [init_bound](comm::Communicator& host, int device_index) -> std::unique_ptr<comm::Communicator> {
+            // the communicator's id and its bounded creation's probe id, both from rank 0
+            comm::NcclId ids[2];
+            comm::NcclInitWait wait{init_bound, {}};
+            if (host.rank() == 0) ids[0] = comm::nccl_unique_id(), ids[1] = comm::nccl_unique_id();
+            host.broadcast(ids, sizeof ids, DType::U8, 0);
+            wait.probe_id = ids[1];
+            return comm::make_nccl_communicator(ids[0], host.rank(), host.world(), device_index, wait);
         };
     std::shared_ptr<comm::NcclThreadsWorld> nccl;
     try {
-        nccl = std::make_shared<comm::NcclThreadsWorld>(devices);
+        nccl = std::make_shared<comm::NcclThreadsWorld>(devices, init_bound);
     } catch (const std::exception& e) {
         throw_error(cat("--gpus=", world, ": ", e.what(), " (--gpu-ids=0,0 and the like need --memcpy-all-gather)"));
     }
@@ -98,12 +102,12 @@ ModelCommunicatorFactory model_communicator_factory(const std::string& device, c
         return comm::make_nccl_communicator(*nccl, host.rank());
     };
 #else
-    (void)devices, (void)mpi;
+    (void)devices, (void)mpi, (void)init_bound;
     throw_error(cat("--gpus=", world, " on the GPU needs NCCL, which this build has not found (scripts/setup.sh), or "
                     "--memcpy-all-gather (the copy-engine communicator, threads mode)"));
 #endif
 #else
-    (void)options, (void)devices, (void)mpi;
+    (void)options, (void)devices, (void)mpi, (void)init_bound;
     return {};
 #endif
 }

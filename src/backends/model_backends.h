@@ -10,6 +10,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/wait_bound.h"
 #include "model/imodel.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
@@ -41,9 +42,11 @@ using ModelCommunicatorFactory =
 // `mpi`: one process per rank). The CPU model: empty (it shares the host communicator). The GPU model:
 // with --memcpy-all-gather the copy-engine communicator (threads mode only; several ranks may share a
 // GPU); else NCCL (threads mode: one process's communicators, two ranks on one GPU refused here,
-// before any rank starts; MPI mode: rank 0's unique id broadcast over the host communicator).
+// before any rank starts; MPI mode: rank 0's unique ids broadcast over the host communicator), whose
+// creation gives up after `init_bound` when the other ranks do not all come (comm/cuda/nccl_communicator.h).
 ModelCommunicatorFactory model_communicator_factory(const std::string& device, const ModelOptions& options, int world,
-                                                    const std::vector<int>& devices, bool mpi);
+                                                    const std::vector<int>& devices, bool mpi,
+                                                    const comm::WaitBound& init_bound = {});
 // Human description of the device (and, on the GPU, the attention kernels chosen for cfg and opts) and
 // its peak matmul rate for `opts.matmul_dtype`.
 std::string describe_device(const std::string& device, const ModelConfig& cfg, const ModelOptions& opts,

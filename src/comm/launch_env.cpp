@@ -96,17 +96,24 @@ std::optional<LaunchEnv> detect_launch_env(const Lookup& lookup) {
         // Rank 0 runs on the first host of the step's node list (srun's block distribution, its default;
         // with another distribution the user sets MASTER_ADDR). The port: MASTER_PORT, else one derived
         // from the job id, so two jobs sharing a node do not meet on the same port.
-        const char* nodes = lookup("SLURM_STEP_NODELIST");
-        if (!nodes) nodes = lookup("SLURM_JOB_NODELIST");
-        if (!nodes) nodes = lookup("SLURM_NODELIST");
-        if (const char* addr = lookup("MASTER_ADDR"); addr && *addr) l.master_addr = addr;
-        else if (nodes && *nodes) l.master_addr = first_slurm_host(nodes);
-        else require(lookup, s, "MASTER_ADDR", "SLURM_PROCID (and no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST to take the first host of)");
+        const char* nodes_name = "SLURM_STEP_NODELIST";
+        const char* nodes = lookup(nodes_name);
+        if (!nodes) nodes = lookup(nodes_name = "SLURM_JOB_NODELIST");
+        if (!nodes) nodes = lookup(nodes_name = "SLURM_NODELIST");
+        if (const char* addr = lookup("MASTER_ADDR"); addr && *addr) {
+            l.master_addr = addr;
+        } else if (nodes && *nodes) {
+            l.master_addr = first_slurm_host(nodes);
+            l.addr_from = cat("the first host of ", nodes_name);
+        } else {
+            require(lookup, s, "MASTER_ADDR", "SLURM_PROCID (and no SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST to take the first host of)");
+        }
         if (const char* port = lookup("MASTER_PORT"); port && *port) {
             l.master_port = parse_int(s, "MASTER_PORT", port, 1, 65535);
         } else {
             const char* job = lookup("SLURM_JOB_ID");
             l.master_port = 20000 + (job ? parse_int(s, "SLURM_JOB_ID", job, 0, kMaxInt) % 20000 : 9500);
+            l.port_from = job ? "20000 + SLURM_JOB_ID % 20000" : "the default port";
         }
         check_ranks(l, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
         if (const char* job = lookup("SLURM_JOB_ID")) {

@@ -29,6 +29,8 @@ struct LaunchEnv {
     int local_world = 0;     // LOCAL_WORLD_SIZE when set, else 0 (unknown; Slurm's per-node counts vary)
     std::string master_addr; // MASTER_ADDR: where rank 0 listens (a host name or an IP address)
     int master_port = 0;     // MASTER_PORT, 1..65535
+    std::string addr_from = "MASTER_ADDR";  // where master_addr and master_port came from, for messages:
+    std::string port_from = "MASTER_PORT";  // the variables, or what Slurm's were derived from
     std::string run_token;   // TORCHELASTIC_RUN_ID or SLURM_JOB_ID.SLURM_STEP_ID (or QTRAIN_RUN_TOKEN, which
                              // overrides both): tells two runs on one port apart; empty when none is set
 };

@@ -175,6 +175,13 @@ std::vector<OptionSpec> make_table() {
             "so, aborts its communicators and exits, and every rank does the same. 0 = never. Loading, checkpoints and "
             "the export are not timed",
             non_negative()),
+        opt(kMultiGpu, "rendezvous-timeout", &T::rendezvous_timeout, R::MayChange,
+            "Seconds a rank started by torchrun's or Slurm's variables waits for the others to join at "
+            "MASTER_ADDR:MASTER_PORT, and any rank for the GPU communicator (NCCL) to be created, before it gives up "
+            "naming the ranks that never came; never longer than --comm-timeout when that is set. Each rank says at "
+            "once what it waits for and every 10 s how far it got. 0 = no limit. torchrun's own rendezvous waits "
+            "600 s too",
+            non_negative()),
 
         // Performance and memory
         opt(kPerf, "use-cuda-graphs", &T::use_cuda_graphs, R::MayChange,

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "train/output_tokenizer.h"
 #include "train/rank_devices.h"
+#include "train/rendezvous_bound.h"
 #include "train/run_guard.h"
 
 namespace qtrain {
@@ -80,7 +81,8 @@ RunContext make_run_context(const TrainOptions& options, const std::string& comm
     } else {
         std::vector<int> devices;  // each rank's GPU (threads mode: all in this process)
         for (int r = 0; r < world; ++r) devices.push_back(rank_device_index(ctx.gpu_ids, r, ctx.mpi_local_rank));
-        ctx.model_communicator = model_communicator_factory(device, ctx.model_options, world, devices, host);
+        ctx.model_communicator =
+            model_communicator_factory(device, ctx.model_options, world, devices, host, rendezvous_bound(o));
     }
     ctx.test_fault = read_test_fault();
     return ctx;

@@ -43,6 +43,7 @@ struct TrainOptions {
     // multi-GPU / sharding
     int gpus = 1;
     double comm_timeout = 600;      // --comm-timeout seconds (0: off), progress_watchdog.h
+    double rendezvous_timeout = 600; // --rendezvous-timeout seconds (0: none), train/rendezvous_bound.h
     std::string gpu_ids;            // "0,1,...": the CUDA device of each rank; "" = rank_devices.h's default
     bool shard_weights = false, shard_gradients = false;
     int zero_level = 1;

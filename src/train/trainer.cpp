@@ -1,9 +1,8 @@
 #include "train/trainer.h"
 
-#include <atomic>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "comm/mpi_launch.h"
@@ -12,8 +11,10 @@
 #include "comm/tcp/tcp_communicator.h"
 #include "train/checkpoint_export.h"
 #include "train/plan_check.h"
+#include "train/rendezvous_bound.h"
 #include "train/run_context.h"
 #include "train/session.h"
+#include "train/stop_signals.h"
 
 #if QTRAIN_HAVE_MPI
 #include "comm/mpi/mpi_communicator.h"
@@ -23,24 +24,26 @@ namespace qtrain {
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-// SIGINT/SIGTERM finish the current step on every rank (they agree on it, step_agreement.h) and
-// write a checkpoint; the handlers are this process's while it trains.
-struct StopSignals {
-    using Handler = void (*)(int);
-    Handler old_int, old_term;
-    StopSignals() {
-        g_stop_signal.store(0);
-        old_int = std::signal(SIGINT, on_stop_signal);
-        old_term = std::signal(SIGTERM, on_stop_signal);
+// The rendezvous's bound and its lines on stderr (the only output every rank has: the others' stdout
+// is /dev/null), every 10 s; QTRAIN_RENDEZVOUS_PROGRESS_SECONDS changes that interval (tests).
+comm::TcpOptions rendezvous_options(const TrainOptions& o) {
+    comm::TcpOptions t;
+    const comm::WaitBound bound = rendezvous_bound(o);
+    t.connect_timeout = bound.duration();
+    t.timeout_setting = bound.setting;
+    t.progress = [](const std::string& line) {
+        std::fprintf(stderr, "%s\n", line.c_str());
+        std::fflush(stderr);
+    };
+    if (const char* s = std::getenv("QTRAIN_RENDEZVOUS_PROGRESS_SECONDS"); s && *s) {
+        char* end = nullptr;
+        const double seconds = std::strtod(s, &end);
+        QT_CHECK(end && *end == '\0' && seconds > 0 && seconds < 1e6, "QTRAIN_RENDEZVOUS_PROGRESS_SECONDS='", s,
+                 "' is not a number of seconds > 0");
+        t.progress_interval = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
     }
-    ~StopSignals() {
-        std::signal(SIGINT, old_int);
-        std::signal(SIGTERM, old_term);
-    }
-};
+    return t;
+}
 
 }  // namespace
 
@@ -79,7 +82,9 @@ int Trainer::run() {
 int Trainer::run_tcp_rank(const comm::LaunchEnv& env) {
     // Only rank 0 speaks: the others' stdout is quiet; their errors still reach stderr, named by rank.
     if (env.rank != 0) QT_CHECK(std::freopen("/dev/null", "w", stdout), "cannot silence the stdout of rank ", env.rank);
-    std::unique_ptr<comm::Communicator> host = comm::make_tcp_communicator(env);
+    // The options are parsed (each value checked by the CLI) but not yet validated: that runs inside
+    // the rank, after the rendezvous, so that a bad flag on one rank fails every rank naming it.
+    std::unique_ptr<comm::Communicator> host = comm::make_tcp_communicator(env, rendezvous_options(opt_));
     const ProcessLaunch launch{env.source == "slurm" ? "Slurm mode" : "torchrun mode",
                                cat(env.source == "slurm" ? "SLURM_NTASKS=" : "WORLD_SIZE=", env.world), env.local_rank};
     try {
@@ -97,8 +102,9 @@ int Trainer::prepare_and_run(comm::Communicator* host, const ProcessLaunch* laun
         print_plan_only(ctx.plan, ctx.source.config, ctx.model_options, ctx.device);
         return 0;
     }
-    StopSignals signals;
-    ctx.stop_signal = &g_stop_signal;
+    const bool mpirun = launch && launch->mode == "MPI mode";
+    StopSignals signals(mpirun ? host->rank() : -1, mpirun ? host->world() : 1);
+    ctx.stop_signal = StopSignals::flag();
     return TrainingSession(std::move(ctx), host).run();
 }
 

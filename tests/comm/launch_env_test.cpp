@@ -51,6 +51,7 @@ TEST(CommLaunchEnv, ReadsTorchrunsVariables) {
     EXPECT_EQ(l->local_world, 4);
     EXPECT_EQ(l->master_addr, "node-a");
     EXPECT_EQ(l->master_port, 29500);
+    EXPECT_EQ(l->addr_from + ":" + l->port_from, "MASTER_ADDR:MASTER_PORT");  // named in the rendezvous's lines
     EXPECT_EQ(l->run_token, "job7");
     EXPECT_EQ(detect(with(kTorchrun, "QTRAIN_RUN_TOKEN", "mine"))->run_token, "mine");
     EXPECT_EQ(detect(with(kTorchrun, "LOCAL_WORLD_SIZE", nullptr))->local_world, 0);
@@ -88,6 +89,12 @@ TEST(CommLaunchEnv, SlurmMasterFromTheNodeListAndPortFromTheJob) {
     ASSERT_TRUE(l.has_value());
     EXPECT_EQ(l->master_addr, "gpu007");  // the step's list wins over the job's
     EXPECT_EQ(l->master_port, 20000 + 1234567 % 20000);
+    // where they came from, for the rendezvous's lines and errors
+    EXPECT_EQ(l->addr_from, "the first host of SLURM_STEP_NODELIST");
+    EXPECT_EQ(l->port_from, "20000 + SLURM_JOB_ID % 20000");
+    EXPECT_EQ(detect(with(slurm, "SLURM_STEP_NODELIST", nullptr))->addr_from, "the first host of SLURM_JOB_NODELIST");
+    EXPECT_EQ(detect(with(slurm, "MASTER_PORT", "4000"))->port_from, "MASTER_PORT");
+    EXPECT_EQ(detect(with(slurm, "MASTER_ADDR", "10.1.1.1"))->addr_from, "MASTER_ADDR");
     EXPECT_EQ(detect(with(slurm, "SLURM_STEP_NODELIST", nullptr))->master_addr, "other1");
     EXPECT_EQ(detect(with(with(slurm, "MASTER_ADDR", "10.1.1.1"), "MASTER_PORT", "4000"))->master_addr, "10.1.1.1");
     EXPECT_EQ(detect(with(slurm, "MASTER_PORT", "4000"))->master_port, 4000);

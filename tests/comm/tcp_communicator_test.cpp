@@ -16,30 +16,13 @@
 #include "comm/tcp/socket.h"
 #include "comm/tcp/tcp_communicator.h"
 #include "core/error.h"
+#include "tcp_test_util.h"
 
 namespace qtrain::test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using comm::TcpOptions;
-
-// A port nothing listens on now: the kernel's pick for port 0 (the race with another program taking
-// it before rank 0 binds is negligible on a test machine).
-int free_port() {
-    comm::tcp::Socket s = comm::tcp::listen_on("127.0.0.1", 0, 1);
-    return comm::tcp::local_port(s);
-}
-
-comm::LaunchEnv launch(int rank, int world, int port, const std::string& token = "t") {
-    comm::LaunchEnv l;
-    l.source = "test";
-    l.rank = rank;
-    l.world = world;
-    l.master_addr = "127.0.0.1";
-    l.master_port = port;
-    l.run_token = token;
-    return l;
-}
 
 TcpOptions quick(int connect_ms = 10000, int io_ms = 20000) {
     return TcpOptions{std::chrono::milliseconds(connect_ms), std::chrono::milliseconds(io_ms)};

@@ -45,7 +45,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "host-memory-limit", "recompute-swiglu", "recompute-norm", "recompute-qkv", "recompute-ffn", "recompute-att",
         "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
-        "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
+        "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
         "attention", "gemm-autotune"};
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
     const Names kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
@@ -83,6 +83,9 @@ TEST(OptionTable, TheCliAppliesTheTablesChecks) {
     EXPECT_ERROR(train_options_from_args({"--zero-level=0"}), "--zero-level");
     EXPECT_EQ(train_options_from_args({"--comm-timeout=0"}).comm_timeout, 0.0);
     EXPECT_ERROR(train_options_from_args({"--comm-timeout=-1"}), "--comm-timeout");
+    EXPECT_EQ(train_options_from_args({"--rendezvous-timeout=2.5"}).rendezvous_timeout, 2.5);
+    EXPECT_EQ(train_options_from_args({"--rendezvous-timeout=0"}).rendezvous_timeout, 0.0);
+    EXPECT_ERROR(train_options_from_args({"--rendezvous-timeout=-1"}), "--rendezvous-timeout");
     // the aliases
     EXPECT_EQ(train_options_from_args({"--batch=16"}).batch_size, 16);
     EXPECT_FLOAT_EQ(train_options_from_args({"--lr=0.5"}).learning_rate, 0.5f);
@@ -131,6 +134,8 @@ TEST(OptionTable, DescribeCoversEveryFlagOfHelp) {
     EXPECT_EQ(by_flag["seed"].type, "int");
     EXPECT_EQ(by_flag["seed"].default_value, "42");
     EXPECT_EQ(by_flag["comm-timeout"].default_value, "600");
+    EXPECT_EQ(by_flag["rendezvous-timeout"].default_value, "600");  // torchrun's rendezvous default
+    EXPECT_EQ(by_flag["rendezvous-timeout"].resume, "may-change");
     EXPECT_EQ(by_flag["beta-2"].default_value, "0.95");
     EXPECT_EQ(by_flag["continue"].python, "continue_from_checkpoint");  // `continue` is a Python keyword
     EXPECT_EQ(by_flag["continue"].resume, "invocation");

@@ -34,8 +34,8 @@ const char* const kOldDefaultJson =
     R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,)"
     R"("param-grad-dtype":"fp32","persistent-quants":false,"plan-only":false,"recompute-att":false,)"
     R"("recompute-block":false,"recompute-ffn":false,"recompute-norm":false,"recompute-qkv":false,)"
-    R"("recompute-swiglu":false,"seed":42,"seq-len":1024,"shard-gradients":false,"shard-weights":false,)"
-    R"("steps":1000,"tokenizer":"","train-file":"","use-cuda-graphs":false,"warmup":-1,)"
+    R"("recompute-swiglu":false,"rendezvous-timeout":600.0,"seed":42,"seq-len":1024,"shard-gradients":false,)"
+    R"("shard-weights":false,"steps":1000,"tokenizer":"","train-file":"","use-cuda-graphs":false,"warmup":-1,)"
     R"("weight-decay":0.10000000149011612,"write-combined":false,"zero-level":1})";
 
 // Its keys: every flag but --export-checkpoint (which exports and exits, so no run records it).
@@ -49,8 +49,8 @@ const std::set<std::string> kOldKeys = {
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",
     "opt-v-dtype", "out-dir", "overwrite", "param-grad-dtype", "persistent-quants", "plan-only",
     "recompute-att", "recompute-block", "recompute-ffn", "recompute-norm", "recompute-qkv", "recompute-swiglu",
-    "seed", "seq-len", "shard-gradients", "shard-weights", "steps", "tokenizer", "train-file",
-    "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};
+    "rendezvous-timeout", "seed", "seq-len", "shard-gradients", "shard-weights", "steps", "tokenizer",
+    "train-file", "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};
 
 // A value unlike the default, for each member type (the JSON does not check choices or ranges).
 void change(TrainOptions& o, const OptionMember& member) {

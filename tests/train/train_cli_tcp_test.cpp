@@ -1,10 +1,13 @@
 // torchrun-style launch through `train` (issue 19, many nodes; here on loopback): two processes with
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set meet over the TCP communicator and train
 // exactly as threads mode does with --gpus=2 (the same sums in the same order: the same bits); a rank
-// that fails ends both with its error, within the timeout.
+// that fails ends both with its error, within the timeout. A rank whose peers never come says at once
+// what it waits for, then how far it got, and gives up after --rendezvous-timeout (issue 29).
 #include <gtest/gtest.h>
+#include <netdb.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 
 #include "comm/tcp/socket.h"
@@ -95,4 +98,86 @@ TEST(TrainCliTcp, AHangingRankIsEndedByTheCommTimeout) {
     EXPECT_TRUE(Contains(rank1, "--comm-timeout=2")) << rank1;
     EXPECT_LT(seconds, 60.0) << r.output;
     EXPECT_EQ(step_losses(f.dir / "hang/log.jsonl").size(), 2u);
+}
+
+namespace {
+
+struct Timed {
+    RunResult result;
+    double seconds;
+};
+// `cmd` with only its stderr kept (a rank > 0 has its stdout on /dev/null: whatever it must say goes to
+// stderr), timed.
+Timed stderr_of(const std::string& cmd) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = run_command("sh -c '" + kLimit + cmd + " 2>&1 >/dev/null'");
+    return {r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+std::string torchrun_env(int rank, int world, const std::string& addr, int port) {
+    return "env QTRAIN_RENDEZVOUS_PROGRESS_SECONDS=0.5 MASTER_ADDR=" + addr + " MASTER_PORT=" + std::to_string(port) +
+           " WORLD_SIZE=" + std::to_string(world) + " RANK=" + std::to_string(rank) +
+           " LOCAL_RANK=" + std::to_string(rank) + " ";
+}
+
+}  // namespace
+
+// The issue's cases: rank 0 of 2 started alone, rank 1 of 2 alone, and rank 1 pointed at an address
+// where nobody listens. Each says at once what it waits for (on stderr), then a line per progress
+// interval (0.5 s here, 10 s by default), and gives up after --rendezvous-timeout naming what never came.
+TEST(TrainCliTcp, ARankAloneSaysWhatItWaitsForAndGivesUpAfterTheRendezvousTimeout) {
+    Fixture f;
+    const int port = free_port();
+    const std::string p = std::to_string(port);
+    const auto r0 = stderr_of(torchrun_env(0, 2, "127.0.0.1", port) + f.base_cmd("r0") + " --rendezvous-timeout=2");
+    const std::string& o0 = r0.result.output;
+    EXPECT_NE(r0.result.exit_code, 0) << o0;
+    EXPECT_NE(r0.result.exit_code, 124) << "hung:\n" << o0;
+    EXPECT_TRUE(Contains(o0, "rank 0 of 2: listening on 127.0.0.1:" + p +
+                                 " (MASTER_ADDR:MASTER_PORT); waiting for rank 1 for up to 2 s (--rendezvous-timeout=2)"))
+        << o0;
+    EXPECT_TRUE(Contains(o0, "no rank joined; still waiting for rank 1 (gives up at 2 s)")) << o0;
+    EXPECT_TRUE(Contains(o0, "for rank 1 of world 2, which never connected")) << o0;
+    EXPECT_TRUE(Contains(o0, "the wait is bounded by --rendezvous-timeout=2")) << o0;
+    EXPECT_LT(r0.seconds, 20) << o0;
+
+    for (const std::string addr : {"127.0.0.1", "127.0.0.2"}) {
+        SCOPED_TRACE(addr);
+        const std::string target = "rank 0 at " + addr + ":" + p + " (MASTER_ADDR:MASTER_PORT)";
+        const auto r1 = stderr_of(torchrun_env(1, 2, addr, port) + f.base_cmd("r1") + " --rendezvous-timeout=2");
+        const std::string& o1 = r1.result.output;
+        EXPECT_NE(r1.result.exit_code, 0) << o1;
+        EXPECT_NE(r1.result.exit_code, 124) << "hung:\n" << o1;
+        EXPECT_TRUE(Contains(o1, "rank 1 of 2: connecting to " + target + " for up to 2 s (--rendezvous-timeout=2)"))
+            << o1;
+        EXPECT_TRUE(Contains(o1, ": no answer from " + target + " yet (Connection refused); still trying")) << o1;
+        EXPECT_TRUE(Contains(o1, "rank 1 of 2 could not connect to " + target + " within ")) << o1;
+        EXPECT_LT(r1.seconds, 20) << o1;
+    }
+    EXPECT_FALSE(std::filesystem::exists(f.dir / "r0/log.jsonl"));
+}
+
+// --comm-timeout says how long a silent peer may stall the job: a missing one too.
+TEST(TrainCliTcp, TheCommTimeoutCapsTheRendezvousTimeout) {
+    Fixture f;
+    const auto r = stderr_of(torchrun_env(0, 2, "127.0.0.1", free_port()) + f.base_cmd("cap") + " --comm-timeout=1");
+    EXPECT_NE(r.result.exit_code, 0) << r.result.output;
+    EXPECT_TRUE(Contains(r.result.output, "for up to 1 s (--comm-timeout=1, which caps --rendezvous-timeout=600)"))
+        << r.result.output;
+    EXPECT_TRUE(Contains(r.result.output, "the wait is bounded by --comm-timeout=1")) << r.result.output;
+    EXPECT_LT(r.seconds, 15) << r.result.output;
+}
+
+// A MASTER_ADDR no resolver knows is a typo, not a host still booting: an error at once, not after
+// the whole timeout (600 s by default).
+TEST(TrainCliTcp, AMasterAddrThatDoesNotResolveIsAnErrorAtOnce) {
+    addrinfo* ai = nullptr;
+    const int rc = getaddrinfo("no-such-host.invalid", "80", nullptr, &ai);
+    if (ai) freeaddrinfo(ai);
+    if (rc == EAI_AGAIN) GTEST_SKIP() << "no resolver answers on this machine (EAI_AGAIN is retried, by design)";
+    Fixture f;
+    const auto r = stderr_of(torchrun_env(1, 2, "no-such-host.invalid", free_port()) + f.base_cmd("dns"));
+    EXPECT_NE(r.result.exit_code, 0) << r.result.output;
+    EXPECT_TRUE(Contains(r.result.output, "rank 0's address MASTER_ADDR=no-such-host.invalid does not resolve"))
+        << r.result.output;
+    EXPECT_LT(r.seconds, 15) << r.result.output;
 }

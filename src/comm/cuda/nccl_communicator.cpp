@@ -4,8 +4,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
+#include <thread>
+#include <utility>
 
 #include "comm/block_layout.h"
 #include "comm/cuda/cuda_call.h"
@@ -27,6 +30,43 @@ void check_nccl(ncclResult_t result, const std::string& who, const char* what, n
                     ")"));
 }
 
+ncclUniqueId to_nccl(const NcclId& id) {
+    ncclUniqueId uid;
+    std::memcpy(&uid, id.bytes.data(), sizeof uid);
+    return uid;
+}
+
+// The probe of a bounded creation (nccl_communicator.h): a nonblocking communicator on wait.probe_id,
+// polled until complete; aborted when NCCL reports an error or the bound passes, and either is thrown
+// naming this rank (`name`), the bound and the setting behind it. The caller owns what it returns.
+ncclComm_t join_probe(const NcclInitWait& wait, int rank, int world, const std::string& name) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t probe = nullptr;
+    const auto deadline = std::chrono::steady_clock::now() + wait.bound.duration();
+    ncclResult_t state = ncclCommInitRankConfig(&probe, world, to_nccl(wait.probe_id), rank, &config);
+    while (state == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        const ncclResult_t query = ncclCommGetAsyncError(probe, &state);
+        if (query != ncclSuccess) state = query;
+    }
+    if (state == ncclSuccess) return probe;
+    const std::string nccl_says = ncclGetLastError(probe);
+    if (probe) ncclCommAbort(probe);  // the documented way out of a nonblocking creation, done or not
+    if (state == ncclInProgress)
+        throw Error(cat(name, ": the other ranks did not all join the communicator's creation within ",
+                        wait.bound.seconds, " s (", wait.bound.setting, "): a rank failed or was never started, or "
+                        "the ranks cannot reach each other over NCCL's network (NCCL_SOCKET_IFNAME; NCCL_DEBUG=WARN "
+                        "says more)"));
+    throw Error(cat(name, ": ncclCommInitRankConfig failed: ", ncclGetErrorString(state), " (NCCL: ", nccl_says,
+                    "; every rank needs its own GPU and the same id)"));
+#else
+    (void)wait, (void)rank, (void)world, (void)name;
+    return nullptr;  // no nonblocking creation before NCCL 2.14: unbounded, as ncclCommInitRank is
+#endif
+}
+
 }  // namespace
 
 NcclId nccl_unique_id() {
@@ -39,7 +79,7 @@ NcclId nccl_unique_id() {
 
 // ---- NcclThreadsWorld ----
 
-NcclThreadsWorld::NcclThreadsWorld(std::vector<int> devices) : devices_(std::move(devices)) {
+NcclThreadsWorld::NcclThreadsWorld(std::vector<int> devices, const WaitBound& bound) : devices_(std::move(devices)) {
     const int n = world();
     QT_CHECK(n >= 1, "NCCL threads world: needs at least one rank's device");
     for (int r = 0; r < n; ++r) {
@@ -54,6 +94,8 @@ NcclThreadsWorld::NcclThreadsWorld(std::vector<int> devices) : devices_(std::mov
         QT_CHECK(devices_[r] < visible, "NCCL threads world: rank ", r, "'s CUDA device ", devices_[r],
                  " does not exist (this process sees ", visible, ")");
     id_ = nccl_unique_id();
+    wait_.bound = bound;
+    if (bound.bounded() && n > 1) wait_.probe_id = nccl_unique_id();
     claimed_.assign(static_cast<std::size_t>(n), false);
 }
 
@@ -135,7 +177,7 @@ struct NcclState {
     }
 };
 
-NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int world, int device) {
+NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int world, int device, const NcclInitWait& wait) {
     QT_CHECK(world >= 1 && rank >= 0 && rank < world, "NCCL communicator: rank ", rank, " is not in a world of ",
              world);
     const int visible = visible_cuda_devices();
@@ -143,15 +185,23 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int world, int de
              " does not exist (this process sees ", visible, ")");
     state_ = std::make_unique<NcclState>(rank, world, device);
     DeviceScope scope(device);
-    ncclUniqueId uid;
-    std::memcpy(&uid, id.bytes.data(), sizeof uid);
+    // With a bound, first every rank's probe (or an error naming the bound); aborted if what follows
+    // throws, destroyed once the real communicator exists.
+    struct Probe {
+        ncclComm_t comm = nullptr;
+        ~Probe() {
+            if (comm) ncclCommAbort(comm);
+        }
+    } probe;
+    if (wait.bound.bounded() && world > 1) probe.comm = join_probe(wait, rank, world, state_->name);
     // ncclCommInitRank binds the communicator to the current device.
-    const ncclResult_t init = ncclCommInitRank(&state_->comm, world, uid, rank);
+    const ncclResult_t init = ncclCommInitRank(&state_->comm, world, to_nccl(id), rank);
     if (init != ncclSuccess) {
         state_->comm = nullptr;
         throw Error(cat(state_->name, ": ncclCommInitRank failed: ", ncclGetErrorString(init), " (NCCL: ",
                         ncclGetLastError(nullptr), "; every rank needs its own GPU and the same id)"));
     }
+    if (probe.comm) ncclCommDestroy(std::exchange(probe.comm, nullptr));  // nonblocking: finishes on its own
     QT_COMM_CUDA(cudaStreamCreateWithFlags(&state_->barrier_stream, cudaStreamNonBlocking));
     QT_COMM_CUDA(cudaMalloc(&state_->barrier_value, sizeof(float)));
     QT_COMM_CUDA(cudaMemset(state_->barrier_value, 0, sizeof(float)));
@@ -264,13 +314,14 @@ void NcclCommunicator::do_barrier() {
     QT_COMM_CUDA(cudaStreamSynchronize(s.barrier_stream));
 }
 
-std::unique_ptr<NcclCommunicator> make_nccl_communicator(const NcclId& id, int rank, int world, int device) {
-    return std::make_unique<NcclCommunicator>(id, rank, world, device);
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(const NcclId& id, int rank, int world, int device,
+                                                         const NcclInitWait& wait) {
+    return std::make_unique<NcclCommunicator>(id, rank, world, device, wait);
 }
 
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(NcclThreadsWorld& world, int rank) {
     world.claim(rank);
-    return std::make_unique<NcclCommunicator>(world.id(), rank, world.world(), world.device(rank));
+    return std::make_unique<NcclCommunicator>(world.id(), rank, world.world(), world.device(rank), world.init_wait());
 }
 
 }  // namespace qtrain::comm

@@ -28,8 +28,22 @@
 //
 // Failures: every NCCL call is checked (the error names the collective, the rank and device, and
 // NCCL's message). Like MPI's, a rank that fails or never calls leaves the others waiting inside NCCL
-// (on the GPU, or in ncclCommInitRank); NcclThreadsWorld checks the devices before any rank starts,
-// and the destructor aborts the communicator (ncclCommAbort) when it runs during an exception.
+// on the GPU (the trainer's --comm-timeout watchdog ends that); NcclThreadsWorld checks the devices
+// before any rank starts, and the destructor aborts the communicator (ncclCommAbort) when it runs
+// during an exception.
+//
+// Creation within a bound (NcclInitWait): ncclCommInitRank waits forever for a rank that never calls
+// it. NCCL's way out is a nonblocking communicator (config.blocking = 0: ncclCommInitRankConfig returns
+// at once, ncclCommGetAsyncError says when it is done, ncclCommAbort cancels it). But blocking is a
+// property of the communicator for life, and on a nonblocking one every later collective may return
+// ncclInProgress before it is even queued on the stream (NCCL 2.28 queues each group from a thread of
+// its own), which the sums here (a kernel queued right after the NCCL calls) and CUDA graph capture
+// cannot have. So, with a bound, each rank first joins a nonblocking *probe* communicator on a second
+// id, polled until it is complete or the bound passes (then aborted, and an error names this rank, its
+// device, the bound and the flag that set it); only then the real, blocking one, which every rank
+// reaches at once now. The probe is destroyed once the real one exists (earlier could cut a peer that
+// is still finishing its probe). The cost is a second communicator creation (NCCL 2.28 connects the
+// peers lazily, at the first collective, so creation is mostly the bootstrap).
 #pragma once
 
 #include <array>
@@ -40,6 +54,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/wait_bound.h"
 
 namespace qtrain::comm {
 
@@ -51,23 +66,32 @@ struct NcclId {
 // A fresh id (ncclGetUniqueId): made once, by one rank, and given to every rank of the communicator.
 NcclId nccl_unique_id();
 
+// How long creating a communicator may wait for the other ranks (see the top of this file).
+struct NcclInitWait {
+    WaitBound bound;  // not bounded: a plain ncclCommInitRank, as without it
+    NcclId probe_id;  // when bounded and world > 1: a second nccl_unique_id(), the same on every rank
+};
+
 // Threads mode: the devices of the ranks (rank r on devices[r]) and their shared id. The constructor
 // refuses two ranks on one device (NCCL cannot run them: use the copy-engine backend to put several
 // ranks on one GPU) and devices this process cannot see, before any rank starts, so no rank is left
 // waiting in ncclCommInitRank for one that was refused.
 class NcclThreadsWorld {
 public:
-    explicit NcclThreadsWorld(std::vector<int> devices);
+    // `bound`: how long each rank's communicator creation may wait for the others.
+    explicit NcclThreadsWorld(std::vector<int> devices, const WaitBound& bound = {});
 
     int world() const { return static_cast<int>(devices_.size()); }
     int device(int rank) const;
     const NcclId& id() const { return id_; }
+    const NcclInitWait& init_wait() const { return wait_; }
     // Records that rank `rank`'s communicator exists; a second one for the same rank is an error.
     void claim(int rank);
 
 private:
     std::vector<int> devices_;
     NcclId id_;
+    NcclInitWait wait_;
     std::mutex mutex_;
     std::vector<bool> claimed_;
 };
@@ -77,8 +101,9 @@ struct NcclState;  // nccl_communicator.cpp
 class NcclCommunicator final : public Communicator {
 public:
     // Rank `rank` of `world` on CUDA device `device`: ncclCommInitRank, which returns once every rank
-    // has called it (so in threads mode each rank constructs its own on its own thread).
-    NcclCommunicator(const NcclId& id, int rank, int world, int device);
+    // has called it (so in threads mode each rank constructs its own on its own thread); with a bound
+    // in `wait`, an error instead when the others have not all come within it.
+    NcclCommunicator(const NcclId& id, int rank, int world, int device, const NcclInitWait& wait = {});
     ~NcclCommunicator() override;
 
     int rank() const override;
@@ -111,7 +136,8 @@ private:
     std::unique_ptr<NcclState> state_;
 };
 
-std::unique_ptr<NcclCommunicator> make_nccl_communicator(const NcclId& id, int rank, int world, int device);
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(const NcclId& id, int rank, int world, int device,
+                                                         const NcclInitWait& wait = {});
 // Threads mode: claims rank `rank` of `world` and makes its communicator on world.device(rank). Call
 // it on the rank's own thread (it waits for every rank's).
 std::unique_ptr<NcclCommunicator> make_nccl_communicator(NcclThreadsWorld& world, int rank);

@@ -1,6 +1,7 @@
 #include "comm/mpi/mpi_communicator.h"
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "comm/even_split.h"
+#include "comm/peer_watch.h"
 #include "comm/rank_order_sum.h"
 #include "core/error.h"
 
@@ -204,6 +206,27 @@ void MpiCommunicator::do_broadcast(void* buffer, std::size_t count, DType dtype,
 
 void MpiCommunicator::do_barrier() { state_->check(MPI_Barrier(state_->comm), "MPI_Barrier"); }
 
+namespace {
+
+// The other ranks on this host, by their processes: every rank's host name and pid, gathered.
+std::vector<PeerWatch::Peer> local_peers(Communicator& comm) {
+    struct Process {
+        char host[256];
+        long long pid;
+    } mine{};
+    gethostname(mine.host, sizeof mine.host - 1);
+    mine.pid = getpid();
+    std::vector<Process> all(static_cast<std::size_t>(comm.world()));
+    comm.all_gather(&mine, all.data(), sizeof mine, DType::U8);
+    std::vector<PeerWatch::Peer> peers;
+    for (int q = 0; q < comm.world(); ++q)
+        if (q != comm.rank() && std::strncmp(all[q].host, mine.host, sizeof mine.host) == 0)
+            peers.push_back({q, static_cast<long>(all[q].pid)});
+    return peers;
+}
+
+}  // namespace
+
 int run_mpi_rank(const RankFunction& fn) {
     std::unique_ptr<MpiCommunicator> comm;
     try {
@@ -211,13 +234,23 @@ int run_mpi_rank(const RankFunction& fn) {
     } catch (const std::exception& e) {
         abort_job(cat("could not start the MPI communicator: ", e.what()));
     }
+    std::unique_ptr<PeerWatch> watch;
     try {
+        watch = std::make_unique<PeerWatch>(cat("rank ", comm->rank(), " of ", comm->world()), local_peers(*comm),
+                                            [](const std::string& line) {
+                                                std::fprintf(stderr, "qtrain: %s\n", line.c_str());
+                                                std::fflush(stderr);
+                                            });
         fn(*comm);
+        // Ranks leave at slightly different times: none may leave before every watch knows that is fine.
+        watch->finishing();
+        comm->barrier();
     } catch (const std::exception& e) {
         comm->abort(e.what());
     } catch (...) {
         comm->abort("an exception that is not a std::exception");
     }
+    watch.reset();
     comm.reset();  // finalises MPI
     return 0;
 }

@@ -60,7 +60,9 @@ private:
 
 // Runs fn as this process's rank of the mpirun job: makes the communicator, calls fn, finalises MPI and
 // returns 0. If anything throws, prints the error naming this rank and ends every rank (MPI_Abort), so
-// a failing rank never leaves its peers waiting.
+// a failing rank never leaves its peers waiting. Meanwhile a PeerWatch (comm/peer_watch.h) names a
+// rank on this host whose process ends without a word (SIGKILL, the OOM killer), which OpenMPI reports
+// only in its own terms; at the normal end every rank tells its watch before a last barrier.
 int run_mpi_rank(const RankFunction& fn);
 
 }  // namespace qtrain::comm

@@ -1,6 +1,7 @@
 #include "comm/tcp/socket.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -121,32 +122,62 @@ Socket accept_until(const Socket& listener, Clock::time_point deadline) {
     return Socket();
 }
 
-Socket connect_until(const std::string& addr, int port, Clock::time_point deadline) {
-    std::string last = "timed out";
-    for (;;) {
-        // Resolved on every attempt: rank 0's host name may only become resolvable once it is up.
-        addrinfo hints{};
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* raw = nullptr;
-        const int rc = getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &raw);
-        std::unique_ptr<addrinfo, AddrInfoDeleter> ai(raw);
-        if (rc != 0) last = cat("cannot resolve '", addr, "': ", gai_strerror(rc));
-        for (addrinfo* a = rc == 0 ? ai.get() : nullptr; a; a = a->ai_next) {
-            Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-            if (!s.valid()) continue;
-            if (::connect(s.fd(), a->ai_addr, a->ai_addrlen) == 0) {
-                set_nodelay(s.fd());
-                return s;
+ConnectAttempt try_connect(const std::string& addr, int port, Clock::time_point until) {
+    ConnectAttempt out;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* raw = nullptr;
+    const int rc = getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &raw);
+    std::unique_ptr<addrinfo, AddrInfoDeleter> ai(raw);
+    if (rc != 0) {
+        out.unresolvable = rc != EAI_AGAIN && rc != EAI_SYSTEM;  // those two may pass on the next attempt
+        out.error = rc == EAI_SYSTEM ? errno_text(errno) : gai_strerror(rc);
+        if (!out.unresolvable) out.error = cat("cannot resolve '", addr, "' yet: ", out.error);
+        return out;
+    }
+    out.error = "no address to try";
+    for (addrinfo* a = ai.get(); a; a = a->ai_next) {
+        Socket s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+        if (!s.valid()) continue;
+        int e = ::connect(s.fd(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+        if (e == EINPROGRESS) {
+            if (!wait_for(s.fd(), POLLOUT, until)) {
+                out.error = "no answer (a firewall, or no such host on the network?)";
+                continue;
             }
-            last = errno_text(errno);
+            socklen_t len = sizeof e;
+            if (getsockopt(s.fd(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
         }
-        if (Clock::now() >= deadline) break;
+        if (e != 0) {
+            out.error = errno_text(e);
+            continue;
+        }
+        // back to blocking like accepted sockets (every send and recv here passes MSG_DONTWAIT anyway)
+        const int flags = fcntl(s.fd(), F_GETFL);
+        if (flags >= 0) fcntl(s.fd(), F_SETFL, flags & ~O_NONBLOCK);
+        set_nodelay(s.fd());
+        out.socket = std::move(s);
+        out.error.clear();
+        return out;
+    }
+    return out;
+}
+
+Socket connect_until(const std::string& addr, int port, Clock::time_point deadline) {
+    for (;;) {
+        // Resolved on every attempt: a resolver that did not answer may answer the next time.
+        ConnectAttempt a = try_connect(addr, port, deadline);
+        if (a.socket.valid()) return std::move(a.socket);
+        QT_CHECK(!a.unresolvable, "tcp: rank 0's address MASTER_ADDR=", addr, " does not resolve (", a.error, ")");
+        if (Clock::now() >= deadline)
+            throw_error(cat("tcp: could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = ", addr, ":", port,
+                            " before the timeout: ", a.error));
         std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, ms_until(deadline))));
     }
-    throw_error(cat("tcp: could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = ", addr, ":", port,
-                    " before the timeout: ", last));
 }
+
+bool readable_before(const Socket& s, Clock::time_point deadline) { return wait_for(s.fd(), POLLIN, deadline); }
 
 void send_all(const Socket& s, const void* data, std::size_t bytes, Clock::time_point deadline, const std::string& who) {
     const auto* p = static_cast<const char*>(data);
@@ -195,7 +226,8 @@ void recv_all(const Socket& s, void* data, std::size_t bytes, Clock::time_point 
 }
 
 std::string seconds_text(Clock::duration d) {
-    return cat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 1000.0, " s");
+    const auto tenths = (std::chrono::duration_cast<std::chrono::milliseconds>(d).count() + 50) / 100;
+    return cat(tenths / 10.0, " s");  // "600 s", "2.5 s": a timeout's few milliseconds over say nothing
 }
 
 }  // namespace qtrain::comm::tcp

@@ -34,8 +34,21 @@ Socket listen_on(const std::string& addr, int port, int backlog);
 int local_port(const Socket& s);
 // The next connection, or an invalid Socket when none came before `deadline`.
 Socket accept_until(const Socket& listener, Clock::time_point deadline);
-// Connects to addr:port, retrying while the listener is not up yet, until `deadline`.
+
+// One attempt to connect to addr:port, waiting for the host's answer until `until` at most (a host
+// that drops the connection request would otherwise hold a blocking connect for minutes).
+struct ConnectAttempt {
+    Socket socket;            // valid when connected
+    std::string error;        // why not ("Connection refused", "no answer ...", the resolver's message)
+    bool unresolvable = false; // the name does not resolve: no retry will change that. A resolver that
+                               // does not answer (EAI_AGAIN) is a failed attempt like a refusal.
+};
+ConnectAttempt try_connect(const std::string& addr, int port, Clock::time_point until);
+// Connects to addr:port, retrying while the listener is not up yet, until `deadline`; an error naming
+// the address when the time is up or the name does not resolve.
 Socket connect_until(const std::string& addr, int port, Clock::time_point deadline);
+// Whether s has data (or its peer closed it) before `deadline`.
+bool readable_before(const Socket& s, Clock::time_point deadline);
 
 // All `bytes`, or an error naming `who`: a closed connection, a reset, or no progress before
 // `deadline`.
@@ -44,7 +57,7 @@ void recv_all(const Socket& s, void* data, std::size_t bytes, Clock::time_point 
 // Like send_all, but never throws (reporting a failure to a peer that may be gone): false if not sent.
 bool try_send_all(const Socket& s, const void* data, std::size_t bytes, Clock::time_point deadline);
 
-// Seconds for messages ("12.5 s").
+// Seconds for messages, to a tenth ("12.5 s").
 std::string seconds_text(Clock::duration d);
 
 }  // namespace qtrain::comm::tcp
