@@ -41,6 +41,10 @@ if ! command -v uv >/dev/null 2>&1 && [ ! -x "$HOME/.local/bin/uv" ]; then
   python3 -m pip install --quiet --user uv 2>/dev/null \
     || python3 -m pip install --quiet --user --break-system-packages uv
 fi
+# (the scripts find uv there on their own; a shell, e.g. the README's Python commands, needs it on PATH)
+if ! command -v uv >/dev/null 2>&1 && [ -x "$HOME/.local/bin/uv" ]; then
+  echo "setup.sh: note: uv is in $HOME/.local/bin, which is not on PATH: export PATH=\"\$HOME/.local/bin:\$PATH\""
+fi
 
 # nvcc is often installed but not on PATH.
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then

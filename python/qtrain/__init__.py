@@ -16,6 +16,7 @@ raises ValueError with the command line's message.
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
@@ -38,7 +39,7 @@ def _cxx_runtime_in_global_scope() -> None:
 _cxx_runtime_in_global_scope()
 
 from . import _qtrain  # noqa: E402
-from ._qtrain import DataLoader, Tokenizer, write_tokens  # noqa: E402
+from ._qtrain import DataLoader, Tokenizer  # noqa: E402
 from .options import describe as describe_options
 from .options import flags
 from .trainer import EvalResult, StepResult, Trainer
@@ -63,6 +64,25 @@ def train(**options: Any) -> int:
     """Runs a whole training job, as `train` with these flags would; returns its exit code (0, or 130
     after Ctrl-C with a checkpoint written). Raises ValueError on bad options or inputs."""
     return _qtrain.run_training(flags(**options))
+
+
+def write_tokens(path: str, tokens, vocab_size: int) -> None:
+    """Writes a 1-D array of token ids as a BIN.TOK file (what `tokenize` writes and `train` reads).
+    `vocab_size` is the tokenizer's (the header's; 0 = unknown). The array is checked as given, before
+    its conversion to int32: an integer dtype (TypeError for float or bool), one dimension, and every id
+    in [0, vocab_size) (or [0, 2**31) with vocab_size 0), else ValueError naming the first one outside."""
+    try:
+        vocab_size = operator.index(vocab_size)  # an int or a numpy integer, never a truncated float
+    except TypeError:
+        raise TypeError(f"write_tokens(): vocab_size must be an integer, got {vocab_size!r}") from None
+    if vocab_size < 0:
+        raise ValueError(f"write_tokens(): vocab_size must be >= 0 (0 = unknown), got {vocab_size}")
+    from ._token_ids import checked_token_ids
+
+    high, high_text = (vocab_size, "the file's vocab_size") if vocab_size > 0 else (2**31, "int32; vocab_size 0 = unknown")
+    ids = checked_token_ids(tokens, "tokens", where="write_tokens()", shape=(None,), shape_text="[n] (1-D)",
+                            high=high, high_text=high_text)
+    _qtrain.write_tokens(str(path), ids, vocab_size)
 
 
 def tokenize(texts, tokenizer: "str | Tokenizer", out: "str | None" = None, vocab_size: "int | None" = None,

@@ -87,29 +87,65 @@ class Trainer:
         """Rows of seq_len tokens one step takes: grad_accumulation x ranks x batch_size."""
         return self._session.rows_per_step
 
+    @property
+    def seq_len(self) -> int:
+        """The run's --seq-len: a row's tokens (step() takes rows of seq_len inputs, or seq_len + 1 tokens)."""
+        return self._session.seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocab_size: token ids are in [0, vocab_size)."""
+        return self._session.vocab_size
+
     def options(self) -> dict:
         """Every option of this run, by flag name (what the log and checkpoints record)."""
         return json.loads(self._session.options_json())
 
     def step(self, inputs=None, targets=None, *, tokens=None, lr: Optional[float] = None) -> StepResult:
         """One optimizer step on the next batches of train_file, or on the tokens given: `inputs` and
-        `targets` int32 arrays of shape [rows_per_step, seq_len] (targets -1: no loss), or `tokens` of
+        `targets` integer arrays of shape [rows_per_step, seq_len] (targets -1: no loss), or `tokens` of
         shape [rows_per_step, seq_len + 1] (inputs tokens[:, :-1], targets tokens[:, 1:]). Row block m
         of rank r is micro-batch m * ranks + r, the data loader's global order. `lr` overrides the
-        built-in schedule for this step (Python schedules). Evaluation and checkpoints follow
-        eval_every_n_steps and ckpt_interval as in the command line."""
+        built-in schedule for this step (Python schedules; a finite number >= 0). Evaluation and
+        checkpoints follow eval_every_n_steps and ckpt_interval as in the command line.
+
+        The arrays are checked as given, before their conversion to int32: an integer dtype (any width,
+        signed or unsigned; not float or bool: TypeError), the shape and every id in [0, vocab_size)
+        (ValueError naming the first one outside and its position); the engine refuses a bad lr. A
+        refused call takes no step."""
         if tokens is not None:
-            import numpy as np
+            import numpy as np  # (numpy is imported when first needed, as before)
 
-            tokens = np.asarray(tokens, dtype=np.int32)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        if inputs is not None or targets is not None:
-            import numpy as np
-
-            inputs = np.ascontiguousarray(inputs, dtype=np.int32)
-            targets = np.ascontiguousarray(targets, dtype=np.int32)
+            if inputs is not None or targets is not None:
+                raise ValueError("step(): give tokens=, or inputs and targets, not both")
+            # the last column is only ever a target, so it may be -1 (no loss) as targets may
+            lowest = np.zeros(self.seq_len + 1, dtype=np.int64)
+            lowest[-1] = -1
+            tokens = self._token_ids(tokens, "tokens", 1, lowest)
+            inputs = np.ascontiguousarray(tokens[:, :-1])
+            targets = np.ascontiguousarray(tokens[:, 1:])
+        elif inputs is not None or targets is not None:
+            if inputs is None or targets is None:
+                raise ValueError("step(): give both inputs and targets, or neither")
+            inputs = self._token_ids(inputs, "inputs", 0, 0)
+            targets = self._token_ids(targets, "targets", 0, -1)
         r = self._session.step(inputs, targets, lr)
         return StepResult(**r)
+
+    def _token_ids(self, value, name: str, extra_column: int, lowest):
+        """A step's array, checked (_token_ids.py): [rows_per_step, seq_len + extra_column] ids in
+        [lowest, vocab_size); returned as C-contiguous int32."""
+        from ._token_ids import checked_token_ids
+
+        rows, cols = self.rows_per_step, self.seq_len + extra_column
+
+        def shape_text() -> str:
+            o = self.options()
+            return (f"[rows, seq_len{' + 1' if extra_column else ''}] = [{rows}, {cols}] (rows = grad_accumulation x "
+                    f"ranks x batch_size = {o['grad-accumulation']} x {self.world} x {o['batch-size']})")
+
+        return checked_token_ids(value, name, where="step()", shape=(rows, cols), shape_text=shape_text,
+                                 high=self.vocab_size, high_text="the model's vocab_size", lowest=lowest)
 
     def evaluate(self) -> EvalResult:
         """The loss on eval_file now (eval_num_steps batches; 0 = all)."""

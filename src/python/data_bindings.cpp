@@ -10,6 +10,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "core/error.h"
 #include "core/files.h"
 #include "io/token_file.h"
 #include "python/bindings.h"
@@ -30,6 +31,7 @@ Array to_array(std::vector<int32_t>&& values, size_t rows, size_t cols) {
     return Array(owned->data(), 2, shape, owner);
 }
 
+// (qtrain.write_tokens checks the array's dtype and range, then calls this with int32: python/qtrain/__init__.py)
 void write_tokens(const std::string& path, nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens,
                   int vocab_size) {
     const int32_t* data = tokens.data();
@@ -43,8 +45,8 @@ void write_tokens(const std::string& path, nb::ndarray<const int32_t, nb::ndim<1
 class PyDataLoader {
 public:
     PyDataLoader(const std::string& files, int batch_size, int seq_len, uint64_t seed, bool shuffle, int vocab_size)
-        : loader_(std::make_unique<DataLoader>(expand_glob(files, "files"), batch_size, seq_len, seed, shuffle,
-                                               vocab_size, "files")),
+        : loader_(std::make_unique<DataLoader>(expand_glob(files, "files"), checked(batch_size, "batch_size"),
+                                               checked(seq_len, "seq_len"), seed, shuffle, vocab_size, "files")),
           batch_(batch_size), seq_(seq_len) {}
     std::tuple<Array, Array> next_batch() {
         std::vector<int32_t> in, tgt;
@@ -55,6 +57,13 @@ public:
     int64_t num_tokens() const { return loader_->num_tokens(); }
 
 private:
+    // The sizes, checked before the loader is made: seq_len 0 divided by zero (the interpreter died of
+    // SIGFPE), a negative batch_size failed in std::vector and batch_size 0 gave empty batches.
+    static int checked(int value, const char* name) {
+        QT_CHECK(value > 0, "DataLoader: ", name, " must be positive, got ", value);
+        return value;
+    }
+
     std::unique_ptr<DataLoader> loader_;  // (held by pointer: its files are not copyable)
     size_t batch_, seq_;
 };
@@ -62,8 +71,10 @@ private:
 }  // namespace
 
 void bind_data(nb::module_& m) {
-    m.def("write_tokens", &write_tokens, nb::arg("path"), nb::arg("tokens"), nb::arg("vocab_size"),
-          "Writes a 1-D int32 array of token ids as a BIN.TOK file (what `tokenize` writes and `train` reads).");
+    // noconvert: no implicit cast to int32 (numpy's astype wraps 2**32 + 5 to 5 and truncates 2.7 to 2)
+    m.def("write_tokens", &write_tokens, nb::arg("path"), nb::arg("tokens").noconvert(), nb::arg("vocab_size"),
+          "Writes a 1-D C-contiguous int32 array of token ids as a BIN.TOK file (what `tokenize` writes and "
+          "`train` reads); qtrain.write_tokens takes any integer array.");
     nb::class_<PyDataLoader>(m, "DataLoader",
                              "The training data loader: chunks of seq_len + 1 tokens of BIN.TOK files, shuffled by "
                              "(seed, epoch); targets are the inputs shifted by one (-1: no loss).")

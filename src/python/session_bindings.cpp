@@ -185,6 +185,7 @@ public:
 
     // (name, shape) of every parameter tensor, in the canonical order (model/parameters.h).
     std::vector<std::pair<std::string, std::vector<int64_t>>> tensors() const {
+        open();
         std::vector<std::pair<std::string, std::vector<int64_t>>> out;
         for (const ParamSpec& s : qwen2_parameters(session_->config())) out.emplace_back(s.name, s.shape);
         return out;
@@ -207,13 +208,41 @@ public:
         return nb::ndarray<nb::numpy, float>(values->data(), shape.size(), shape.data(), owner);
     }
 
-    int next_step() const { return session_->next_step(); }
-    int steps() const { return session_->context().options.steps; }
-    int world() const { return session_->context().world; }
-    std::string device() const { return session_->context().device; }
-    std::string options_json() const { return session_->context().options.to_json(); }
-    nb::dict memory_plan() const { return plan_dict(session_->context().plan); }
+    // (each checks that the session is open: a closed one has no context, and reading it crashed)
+    int next_step() const {
+        open();
+        return session_->next_step();
+    }
+    int steps() const {
+        open();
+        return session_->context().options.steps;
+    }
+    int world() const {
+        open();
+        return session_->context().world;
+    }
+    std::string device() const {
+        open();
+        return session_->context().device;
+    }
+    std::string options_json() const {
+        open();
+        return session_->context().options.to_json();
+    }
+    nb::dict memory_plan() const {
+        open();
+        return plan_dict(session_->context().plan);
+    }
+    int seq_len() const {
+        open();
+        return session_->context().options.seq_len;
+    }
+    int vocab_size() const {
+        open();
+        return session_->config().vocab_size;
+    }
     int64_t rows_per_step() const {
+        open();
         const TrainOptions& o = session_->context().options;
         return static_cast<int64_t>(o.grad_accumulation) * session_->context().world * o.batch_size;
     }
@@ -248,8 +277,10 @@ void bind_session(nb::module_& m) {
              "Opens a run with these `train` flags: plans, allocates, loads, initialises or resumes. "
              "`listener(line)` gets every JSONL log line as it is written.")
         .def("check_listener", &Session::check_listener)
-        .def("step", &Session::step, nb::arg("inputs").none() = nb::none(), nb::arg("targets").none() = nb::none(),
-             nb::arg("lr").none() = nb::none(),
+        // noconvert: nanobind would otherwise cast any array to int32 as numpy's astype does (2**32 + 5
+        // becomes 5, 2.7 becomes 2); qtrain.Trainer.step checks dtype, shape and range first, then converts
+        .def("step", &Session::step, nb::arg("inputs").none().noconvert() = nb::none(),
+             nb::arg("targets").none().noconvert() = nb::none(), nb::arg("lr").none() = nb::none(),
              "One optimizer step; returns loss, grad_norm, lr, ms, tokens, tokens_per_s, applied, evaluated.")
         .def("evaluate", &Session::evaluate, "Evaluates on --eval-file; returns loss and tokens.")
         .def("save_checkpoint", &Session::save_checkpoint, "Writes a checkpoint into --checkpoint-dir; returns it.")
@@ -265,6 +296,8 @@ void bind_session(nb::module_& m) {
         .def_prop_ro("world", &Session::world)
         .def_prop_ro("device", &Session::device)
         .def_prop_ro("rows_per_step", &Session::rows_per_step)
+        .def_prop_ro("seq_len", &Session::seq_len)
+        .def_prop_ro("vocab_size", &Session::vocab_size)
         .def("options_json", &Session::options_json)
         .def("memory_plan", &Session::memory_plan)
         .def("close", &Session::close, "Releases the model and its memory.");

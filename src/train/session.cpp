@@ -1,5 +1,6 @@
 #include "train/session.h"
 
+#include <cmath>
 #include <exception>
 
 #include "core/error.h"
@@ -79,6 +80,10 @@ StepReport TrainingSession::step(const StepTokens* tokens, std::optional<float> 
     QT_CHECK(!tokens || tokens->rows == rows, "a step's tokens must be --grad-accumulation x ranks x --batch-size = ",
              o.grad_accumulation, " x ", ctx_.world, " x ", o.batch_size, " = ", rows, " rows of --seq-len=",
              o.seq_len, " tokens, got ", tokens ? tokens->rows : 0, " rows");
+    // a caller's learning rate (Python schedules; --learning-rate is checked as an option): a negative
+    // one would train by gradient ascent, inf or nan ruin the weights (and the next step blame the flag)
+    QT_CHECK(!lr || (std::isfinite(*lr) && *lr >= 0), "step(): lr must be a finite number >= 0 (as --learning-rate), got ",
+             lr.value_or(0));
     StepReport r = on_ranks<StepReport>([&](RankSession& s) { return s.step(tokens, lr); });
     if (r.ended) ended_ = true;
     return r;

@@ -32,7 +32,8 @@ public:
     const ModelConfig& config() const { return ctx_.source.config; }
     int next_step() const { return next_step_; }
 
-    // RankSession's calls, on every local rank.
+    // RankSession's calls, on every local rank. step() refuses, before any rank starts (the session
+    // stays open), tokens of the wrong row count and an lr that is negative, inf or nan.
     StepReport step(const StepTokens* tokens = nullptr, std::optional<float> lr = std::nullopt);
     EvalResult evaluate();
     std::string save_checkpoint();

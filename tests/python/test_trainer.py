@@ -146,7 +146,7 @@ def test_tokens_from_numpy_equal_the_data_loaders(tmp_path: Path, data: Path):
             t.step(inputs[:2], targets[:2])
         bad = inputs.copy()
         bad[0, 3] = 1000
-        with pytest.raises(ValueError, match=r"inputs\[3\] = 1000 is outside \[0, 1000\)"):
+        with pytest.raises(ValueError, match=r"inputs\[0, 3\] = 1000 is outside \[0, 1000\)"):
             t.step(bad, targets)
         with pytest.raises(ValueError, match="no --train-file"):
             t.step()
