@@ -108,25 +108,30 @@ TEST(CommNccl, EveryGpuARankAsThreads) {
     if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs, found " << n;
     std::vector<int> devices(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) devices[r] = r;
-    comm::NcclThreadsWorld world(devices);
-    std::vector<CheckLog> logs(devices.size());
-    std::vector<std::string> errors(devices.size());
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                CUDA_CHECK(cudaSetDevice(r));
-                auto c = comm::make_nccl_communicator(world, r);
-                logs[r] = check_rank(*c, 42);
-            } catch (const std::exception& e) {
-                errors[r] = e.what();
-            }
-        });
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < n; ++r) {
-        EXPECT_EQ(errors[r], "") << "rank " << r;
-        EXPECT_GE(logs[r].checks, 70) << "rank " << r;
-        for (const auto& f : logs[r].failures) ADD_FAILURE() << f;
+    // unbounded, and bounded (a probe communicator first, issue 29: comm_nccl_init_bound_test.cpp)
+    for (const comm::WaitBound& bound : {comm::WaitBound{}, comm::WaitBound{60, "--rendezvous-timeout=60"}}) {
+        SCOPED_TRACE(bound.bounded() ? "bounded" : "unbounded");
+        comm::NcclThreadsWorld world(devices, bound);
+        std::vector<CheckLog> logs(devices.size());
+        std::vector<std::string> errors(devices.size());
+        std::vector<std::thread> threads;
+        for (int r = 0; r < n; ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    CUDA_CHECK(cudaSetDevice(r));
+                    auto c = comm::make_nccl_communicator(world, r);
+                    logs[r] = check_rank(*c, 42);
+                    c->barrier();
+                } catch (const std::exception& e) {
+                    errors[r] = e.what();
+                }
+            });
+        for (auto& t : threads) t.join();
+        for (int r = 0; r < n; ++r) {
+            EXPECT_EQ(errors[r], "") << "rank " << r;
+            EXPECT_GE(logs[r].checks, 70) << "rank " << r;
+            for (const auto& f : logs[r].failures) ADD_FAILURE() << f;
+        }
     }
 }
 

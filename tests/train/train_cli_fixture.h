@@ -74,6 +74,14 @@ struct Fixture {
     }
 };
 
+// A failed run: exit code 1 with a message that names `what`, no internal error, and no step run.
+inline void expect_refused(const RunResult& r, const std::string& what) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_TRUE(Contains(r.output, what)) << "expected: " << what << "\n" << r.output;
+    EXPECT_FALSE(Contains(r.output, "internal error")) << r.output;
+    EXPECT_FALSE(Contains(r.output, "[T] step")) << "the run started before failing:\n" << r.output;
+}
+
 // The value `field` of every event `kind` of a JSONL log, in order.
 inline std::vector<double> event_values(const std::string& log_path, const std::string& kind, const std::string& field) {
     std::vector<double> values;

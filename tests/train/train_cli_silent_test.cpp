@@ -18,18 +18,6 @@ using namespace qtrain::test;
 using namespace qtrain::test::train_cli;
 namespace fs = std::filesystem;
 
-namespace {
-
-// A failed run: exit code 1 with a message that names `what`, no internal error, and no step run.
-void expect_refused(const RunResult& r, const std::string& what) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_TRUE(Contains(r.output, what)) << "expected: " << what << "\n" << r.output;
-    EXPECT_FALSE(Contains(r.output, "internal error")) << r.output;
-    EXPECT_FALSE(Contains(r.output, "[T] step")) << "the run started before failing:\n" << r.output;
-}
-
-}  // namespace
-
 // The default output/ is the easiest way to lose a model: a second run there used to replace the
 // first one's model.safetensors and log.jsonl without a word.
 TEST(TrainCliSilent, AFreshRunDoesNotReplaceAnotherRunsModelAndLog) {

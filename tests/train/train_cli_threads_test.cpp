@@ -29,12 +29,6 @@ double ulp(double x) {
     return std::nextafter(std::abs(f), INFINITY) - std::abs(f);
 }
 
-void expect_refused(const RunResult& r, const std::string& what) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_TRUE(Contains(r.output, what)) << r.output;
-    EXPECT_FALSE(Contains(r.output, "[T] step")) << "the run started before failing:\n" << r.output;
-}
-
 }  // namespace
 
 TEST(TrainCliThreads, RanksEqualOneRankWithTheirAccumulation) {

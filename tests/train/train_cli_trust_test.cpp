@@ -20,14 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A failed run: exit code 1 with a message that names `what`, no internal error, and no step run.
-void expect_refused(const RunResult& r, const std::string& what) {
-    EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_TRUE(Contains(r.output, what)) << r.output;
-    EXPECT_FALSE(Contains(r.output, "internal error")) << r.output;
-    EXPECT_FALSE(Contains(r.output, "[T] step")) << "the run started before failing:\n" << r.output;
-}
-
 int count_events(const std::string& log_path, const std::string& kind) {
     int n = 0;
     std::istringstream in(read_file(log_path));
