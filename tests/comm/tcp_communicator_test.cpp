@@ -197,7 +197,8 @@ TEST(CommTcp, StrangersAreRefusedAndRankZeroKeepsWaiting) {
         QT_CHECK(y == 3, "rank 0 summed ", y);
     }));
     // A non-qtrain connection (garbage, then silence) must be dropped, not taken for a rank.
-    comm::tcp::Socket junk = comm::tcp::connect_until("127.0.0.1", port, Clock::now() + std::chrono::seconds(5));
+    comm::tcp::Socket junk = connect_stranger(port, Clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(junk.valid()) << "rank 0 never listened";
     const char text[] = "GET / HTTP/1.0\r\n\r\n........";
     comm::tcp::send_all(junk, text, sizeof text, Clock::now() + std::chrono::seconds(1), "rank 0");
     // A rank of another run (another token) is refused by name.

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "core/error.h"
 
@@ -162,19 +161,6 @@ ConnectAttempt try_connect(const std::string& addr, int port, Clock::time_point 
         return out;
     }
     return out;
-}
-
-Socket connect_until(const std::string& addr, int port, Clock::time_point deadline) {
-    for (;;) {
-        // Resolved on every attempt: a resolver that did not answer may answer the next time.
-        ConnectAttempt a = try_connect(addr, port, deadline);
-        if (a.socket.valid()) return std::move(a.socket);
-        QT_CHECK(!a.unresolvable, "tcp: rank 0's address MASTER_ADDR=", addr, " does not resolve (", a.error, ")");
-        if (Clock::now() >= deadline)
-            throw_error(cat("tcp: could not connect to rank 0 at MASTER_ADDR:MASTER_PORT = ", addr, ":", port,
-                            " before the timeout: ", a.error));
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, ms_until(deadline))));
-    }
 }
 
 bool readable_before(const Socket& s, Clock::time_point deadline) { return wait_for(s.fd(), POLLIN, deadline); }

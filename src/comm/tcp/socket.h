@@ -44,9 +44,6 @@ struct ConnectAttempt {
                                // does not answer (EAI_AGAIN) is a failed attempt like a refusal.
 };
 ConnectAttempt try_connect(const std::string& addr, int port, Clock::time_point until);
-// Connects to addr:port, retrying while the listener is not up yet, until `deadline`; an error naming
-// the address when the time is up or the name does not resolve.
-Socket connect_until(const std::string& addr, int port, Clock::time_point deadline);
 // Whether s has data (or its peer closed it) before `deadline`.
 bool readable_before(const Socket& s, Clock::time_point deadline);
 
