@@ -13,7 +13,7 @@ void write_hf_model(const std::string& dir, const ModelConfig& config, DType sto
                     const std::function<std::vector<float>(const ParamSpec&)>& values) {
     fs::create_directories(dir);
     SafeTensorsWriter w;
-    for (const ParamSpec& s : qwen2_parameters(config))  // canonical HF order
+    for (const ParamSpec& s : model_parameters(config))  // canonical HF order
         w.add_f32_deferred(s.name, s.shape, [&values, s] { return values(s); }, store);
     w.set_metadata("format", "pt");
     w.write((fs::path(dir) / "model.safetensors").string());

@@ -6,24 +6,31 @@
 
 namespace qtrain {
 
-std::vector<ParamSpec> qwen2_parameters(const ModelConfig& c) {
-    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), i = c.intermediate_size, v = c.vocab_size;
+std::vector<ParamSpec> model_parameters(const ModelConfig& c) {
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), i = c.intermediate_size, v = c.vocab_size,
+                  d = c.head_dim;
     std::vector<ParamSpec> p;
     p.push_back({"model.embed_tokens.weight", {v, h}, ParamKind::Embedding, -1});
     for (int l = 0; l < c.num_hidden_layers; ++l) {
-        std::string pre = "model.layers." + std::to_string(l) + ".";
+        const std::string pre = "model.layers." + std::to_string(l) + ".";
+        // a Linear's weight [out, in], then its bias [out] when the block has one
+        auto linear = [&](const char* name, int64_t out, int64_t in, bool bias) {
+            p.push_back({pre + name + ".weight", {out, in}, ParamKind::Matrix, l});
+            if (bias) p.push_back({pre + name + ".bias", {out}, ParamKind::Bias, l});
+        };
         p.push_back({pre + "input_layernorm.weight", {h}, ParamKind::Norm, l});
-        p.push_back({pre + "self_attn.q_proj.weight", {q, h}, ParamKind::Matrix, l});
-        p.push_back({pre + "self_attn.q_proj.bias", {q}, ParamKind::Bias, l});
-        p.push_back({pre + "self_attn.k_proj.weight", {kv, h}, ParamKind::Matrix, l});
-        p.push_back({pre + "self_attn.k_proj.bias", {kv}, ParamKind::Bias, l});
-        p.push_back({pre + "self_attn.v_proj.weight", {kv, h}, ParamKind::Matrix, l});
-        p.push_back({pre + "self_attn.v_proj.bias", {kv}, ParamKind::Bias, l});
-        p.push_back({pre + "self_attn.o_proj.weight", {h, q}, ParamKind::Matrix, l});
+        linear("self_attn.q_proj", q, h, c.qkv_bias);
+        linear("self_attn.k_proj", kv, h, c.qkv_bias);
+        linear("self_attn.v_proj", kv, h, c.qkv_bias);
+        linear("self_attn.o_proj", h, q, c.o_bias);
+        if (c.qk_norm) {
+            p.push_back({pre + "self_attn.q_norm.weight", {d}, ParamKind::Norm, l});
+            p.push_back({pre + "self_attn.k_norm.weight", {d}, ParamKind::Norm, l});
+        }
         p.push_back({pre + "post_attention_layernorm.weight", {h}, ParamKind::Norm, l});
-        p.push_back({pre + "mlp.gate_proj.weight", {i, h}, ParamKind::Matrix, l});
-        p.push_back({pre + "mlp.up_proj.weight", {i, h}, ParamKind::Matrix, l});
-        p.push_back({pre + "mlp.down_proj.weight", {h, i}, ParamKind::Matrix, l});
+        linear("mlp.gate_proj", i, h, c.mlp_bias);
+        linear("mlp.up_proj", i, h, c.mlp_bias);
+        linear("mlp.down_proj", h, i, c.mlp_bias);
     }
     p.push_back({"model.norm.weight", {h}, ParamKind::Norm, -1});
     if (!c.tie_word_embeddings) p.push_back({"lm_head.weight", {v, h}, ParamKind::Matrix, -1});

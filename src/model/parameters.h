@@ -1,4 +1,4 @@
-// The parameter tensors of a Qwen2 model, in HF names and shapes, in one canonical order. Every
+// The parameter tensors of a model, in HF names and shapes, in one canonical order. Every
 // backend, the checkpoint format and the HF export use this list, so a tensor means the same thing
 // everywhere. (The GPU model may fuse q/k/v or gate/up internally; it still exports these.)
 #pragma once
@@ -27,13 +27,16 @@ struct ParamSpec {
     bool decay() const { return kind == ParamKind::Embedding || kind == ParamKind::Matrix; }
 };
 
-// Canonical order: embed_tokens, then per layer (input_layernorm, q/k/v weight+bias, o_proj,
-// post_attention_layernorm, gate, up, down), then model.norm, then lm_head (absent when tied).
-std::vector<ParamSpec> qwen2_parameters(const ModelConfig& cfg);
+// Canonical order: embed_tokens, then per layer (input_layernorm, q/k/v/o_proj weight (+ bias),
+// q_norm, k_norm, post_attention_layernorm, gate/up/down weight (+ bias)), then model.norm, then
+// lm_head (absent when tied). Which biases and norms a layer has comes from the block's optional
+// steps in `cfg` (set from the architecture description, arch/architecture.h): Qwen2 has q/k/v
+// biases, Qwen3 q_norm and k_norm, Llama neither (unless attention_bias / mlp_bias).
+std::vector<ParamSpec> model_parameters(const ModelConfig& cfg);
 
 // Deterministic initialisation of one tensor, independent of the order tensors are initialised
 // in: normal(0, initializer_range) for matrices and embeddings, ones for norms, zeros for biases
-// (as HF's Qwen2 _init_weights). The stream is seeded by hash(seed, name).
+// (as HF's _init_weights). The stream is seeded by hash(seed, name).
 void init_parameter(const ParamSpec& spec, const ModelConfig& cfg, uint64_t seed, float* out);
 
 }  // namespace qtrain

@@ -187,13 +187,13 @@ public:
     std::vector<std::pair<std::string, std::vector<int64_t>>> tensors() const {
         open();
         std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-        for (const ParamSpec& s : qwen2_parameters(session_->config())) out.emplace_back(s.name, s.shape);
+        for (const ParamSpec& s : model_parameters(session_->config())) out.emplace_back(s.name, s.shape);
         return out;
     }
 
     nb::ndarray<nb::numpy, float> read(const std::string& name, bool gradient) {
         open();
-        const std::vector<ParamSpec> specs = qwen2_parameters(session_->config());
+        const std::vector<ParamSpec> specs = model_parameters(session_->config());
         const ParamSpec* spec = nullptr;
         for (const ParamSpec& s : specs)
             if (s.name == name) spec = &s;

@@ -38,8 +38,7 @@ void randomize(CpuModel& m, uint64_t seed) {
     }
 }
 
-void check_all_gradients(bool tied) {
-    const ModelConfig cfg = test::tiny_config(tied);
+void check_all_gradients(const ModelConfig& cfg) {
     ModelOptions opt = CpuModel::fp32_options(2, 5);
     opt.lmhead_chunks = 3;
     CpuModel model(cfg, opt);
@@ -74,8 +73,25 @@ void check_all_gradients(bool tied) {
     EXPECT_EQ(checked, 5 * static_cast<int>(model.params().size()));
 }
 
-TEST(CpuModelGradients, EveryTensorMatchesFiniteDifferencesUntied) { check_all_gradients(false); }
-TEST(CpuModelGradients, EveryTensorMatchesFiniteDifferencesTied) { check_all_gradients(true); }
+TEST(CpuModelGradients, EveryTensorMatchesFiniteDifferencesUntied) { check_all_gradients(test::tiny_config(false)); }
+TEST(CpuModelGradients, EveryTensorMatchesFiniteDifferencesTied) { check_all_gradients(test::tiny_config(true)); }
+
+// Qwen3's block: q/k norms (weights away from one by randomize) before RoPE, no biases, head_dim 6
+// where hidden / heads is 4.
+TEST(CpuModelGradients, Qwen3BlockMatchesFiniteDifferences) {
+    for (bool tied : {false, true}) {
+        SCOPED_TRACE(tied ? "tied" : "untied");
+        check_all_gradients(test::tiny_qwen3_config(tied));
+    }
+}
+
+// Llama's block with every optional bias (attention_bias and mlp_bias true) and llama3 RoPE whose
+// scaling changes every frequency of the tiny head (one blended, two divided by the factor).
+TEST(CpuModelGradients, LlamaBlockWithBiasesMatchesFiniteDifferences) {
+    ModelConfig cfg = test::tiny_llama_config(false);
+    cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = true;
+    check_all_gradients(cfg);
+}
 
 // Gradients accumulate over micro-batches, scaled by grad_scale: two half-weight passes over the same
 // micro-batch give the gradient of one full-weight pass (up to the rounding of the running sums).

@@ -135,6 +135,38 @@ TEST(CpuOps, RmsNorm) {
     expect_gradient("dweight", w, dw, loss);
 }
 
+// Llama 3.1-8B's frequencies (theta 5e5, head_dim 128, factor 8, low 1, high 4, original 8192) against
+// the published rule computed here in double: wavelengths below 8192 / 4 positions keep their
+// frequency, those above 8192 / 1 are divided by 8, the band between is blended linearly in
+// 8192 / wavelength. Every regime occurs.
+TEST(CpuOps, Llama3RopeFrequencies) {
+    ModelConfig c = preset_config("Llama-3.1-8B");
+    const std::vector<float> f = cpu::rope_inv_freq(c);
+    ASSERT_EQ(f.size(), 64u);
+    int kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < 64; ++i) {
+        const double base = 1.0 / std::pow(500000.0, 2.0 * i / 128.0);
+        const double wavelen = 2 * M_PI / base;
+        double want;
+        if (wavelen < 2048) want = base, ++kept;
+        else if (wavelen > 8192) want = base / 8, ++divided;
+        else {
+            const double smooth = (8192 / wavelen - 1) / 3;
+            want = (1 - smooth) * base / 8 + smooth * base;
+            ++blended;
+        }
+        EXPECT_TRUE(Near(f[i], want, 2e-6, 0)) << "i=" << i << " wavelength " << wavelen;
+    }
+    EXPECT_GT(kept, 0);
+    EXPECT_GT(divided, 0);
+    EXPECT_GT(blended, 0);
+    // plain RoPE is untouched by the llama3 fields when rope_type says default
+    c.rope_type = "default";
+    const std::vector<float> plain = cpu::rope_inv_freq(c);
+    for (int i = 0; i < 64; ++i) EXPECT_TRUE(Near(plain[i], 1.0 / std::pow(500000.0, 2.0 * i / 128.0), 2e-6, 0));
+    EXPECT_EQ(plain[63], f[63] * 8);
+}
+
 TEST(CpuOps, RopeMatchesRotateHalfAndInvertsInBackward) {
     const int B = 2, T = 5, H = 3, D = 8, half = D / 2;
     const double theta = 10000.0;

@@ -36,6 +36,35 @@ inline ModelConfig tiny_config(bool tied) {
     return c;
 }
 
+// Qwen3's block (q/k norm, no biases) with head_dim 6 != hidden / heads = 4.
+inline ModelConfig tiny_qwen3_config(bool tied) {
+    ModelConfig c = tiny_config(tied);
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.head_dim = 6;
+    c.qkv_bias = false;
+    c.qk_norm = true;
+    return c;
+}
+
+// Llama's block (no biases) with llama3 RoPE: with head_dim 6 and theta 10000 the wavelengths are
+// 6.3, 135 and 2922 positions; original_max_position_embeddings 16, low 1, high 4 blends the first
+// (between 4 and 16) and divides the other two by the factor.
+inline ModelConfig tiny_llama_config(bool tied) {
+    ModelConfig c = tiny_config(tied);
+    c.architecture = "LlamaForCausalLM";
+    c.model_type = "llama";
+    c.head_dim = 6;
+    c.qkv_bias = false;
+    c.rms_norm_eps = 1e-5;
+    c.rope_type = "llama3";
+    c.rope_factor = 8.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_position_embeddings = 16;
+    return c;
+}
+
 // A micro-batch that owns its tokens.
 struct TokenBatch {
     int B = 0, T = 0;

@@ -126,7 +126,15 @@ void expect_same(const ModelConfig& a, const ModelConfig& b) {
     EXPECT_EQ(a.rope_theta, b.rope_theta);
     EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
     EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
-    EXPECT_EQ(a.attention_bias, b.attention_bias);
+    EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+    EXPECT_EQ(a.o_bias, b.o_bias);
+    EXPECT_EQ(a.mlp_bias, b.mlp_bias);
+    EXPECT_EQ(a.qk_norm, b.qk_norm);
+    EXPECT_EQ(a.rope_type, b.rope_type);
+    EXPECT_EQ(a.rope_factor, b.rope_factor);
+    EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
+    EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
+    EXPECT_EQ(a.rope_original_max_position_embeddings, b.rope_original_max_position_embeddings);
     EXPECT_EQ(a.bos_token_id, b.bos_token_id);
     EXPECT_EQ(a.eos_token_id, b.eos_token_id);
     EXPECT_EQ(a.pad_token_id, b.pad_token_id);
@@ -155,7 +163,8 @@ TEST(ModelConfig, ParsesQwen25_05B) {
     EXPECT_EQ(c.rope_theta, 1e6);
     EXPECT_EQ(c.rms_norm_eps, 1e-6);
     EXPECT_TRUE(c.tie_word_embeddings);
-    EXPECT_TRUE(c.attention_bias);
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_FALSE(c.o_bias || c.mlp_bias || c.qk_norm);
     EXPECT_EQ(c.bos_token_id, 151643);
     EXPECT_EQ(c.eos_token_id, 151643);
     EXPECT_EQ(c.sliding_window, 32768);
@@ -204,14 +213,17 @@ TEST(ModelConfig, OptionalFieldsDefault) {
 }
 
 TEST(ModelConfig, ArchitectureChecks) {
+    EXPECT_ERROR(parse(edited("architectures", json::array({"MistralForCausalLM"}))), "test/config.json",
+                 "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM");
+    // the class and model_type must name the same family (transformers builds model_type's)
     EXPECT_ERROR(parse(edited("architectures", json::array({"LlamaForCausalLM"}))), "test/config.json",
-                 "LlamaForCausalLM", "Qwen2ForCausalLM");
+                 "LlamaForCausalLM", "'model_type' = 'qwen2'", "'llama'");
     // No architectures list: model_type decides.
     json j = json::parse(kQwen25_05B);
     j.erase("architectures");
     EXPECT_EQ(parse(j.dump()).hidden_size, 896);
-    j["model_type"] = "llama";
-    EXPECT_ERROR(parse(j.dump()), "test/config.json", "llama");
+    j["model_type"] = "mistral";
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "mistral");
 }
 
 TEST(ModelConfig, MissingAndWrongTypedFields) {
@@ -322,8 +334,8 @@ TEST(ModelConfigRope, BothFormsMustAgree) {
     EXPECT_ERROR(parse(j.dump()), "'rope_scaling.rope_theta' = 500000.0", "'rope_theta' = 1000000.0");
 }
 
-TEST(ModelConfigRope, OnlyPlainRope) {
-    for (const char* type : {"linear", "dynamic", "yarn", "llama3", "longrope", "mrope"}) {
+TEST(ModelConfigRope, OnlyImplementedRopeTypes) {
+    for (const char* type : {"linear", "dynamic", "yarn", "longrope", "mrope"}) {
         SCOPED_TRACE(type);
         json j = json::parse(kTinyV5);
         j["rope_parameters"]["rope_type"] = type;
@@ -426,7 +438,7 @@ TEST(ModelConfigPresets, PublishedParameterCounts) {
         EXPECT_EQ(c.hidden_size % c.num_attention_heads, 0);
         EXPECT_EQ(c.head_dim, 128 - 64 * (c.hidden_size == 896));  // 64 for 0.5B, 128 for the rest
     }
-    EXPECT_EQ(preset_names().size(), 6u);
+    EXPECT_EQ(preset_names().size(), 15u);
     EXPECT_TRUE(preset_config("Qwen2.5-0.5B").tie_word_embeddings);
     EXPECT_FALSE(preset_config("Qwen2.5-7B").tie_word_embeddings);
     EXPECT_EQ(preset_config("Qwen2.5-7B").vocab_size, 152064);
@@ -437,7 +449,8 @@ TEST(ModelConfigPresets, OrgPrefixAndUnknown) {
     expect_same(preset_config("Qwen/Qwen2.5-7B"), preset_config("Qwen2.5-7B"));
     EXPECT_FALSE(has_preset("Qwen2.5-70B"));
     EXPECT_FALSE(has_preset("qwen2.5-7b"));
-    EXPECT_ERROR(preset_config("Qwen2.5-70B"), "'Qwen2.5-70B'", "Qwen2.5-0.5B", "Qwen2.5-32B");
+    EXPECT_ERROR(preset_config("Qwen2.5-70B"), "'Qwen2.5-70B'", "Qwen2.5-0.5B", "Qwen2.5-32B", "Qwen3-0.6B",
+                 "Llama-3.1-8B");
 }
 
 TEST(ModelConfigJson, RoundTrips) {
@@ -494,6 +507,241 @@ TEST(ModelConfigJson, LoadFromFile) {
     EXPECT_ERROR(load_model_config(path), path);
 }
 
+
+// ---- Llama 3.x and Qwen3 (the architecture description) ----
+
+// meta-llama/Llama-3.2-1B config.json as published (transformers 4.x form: rope_scaling).
+constexpr const char* kLlama32_1B = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// Qwen/Qwen3-0.6B config.json as published: head_dim 128 where hidden / heads is 64.
+constexpr const char* kQwen3_06B = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+std::string edited_from(const char* base, const char* key, const json& value, bool remove = false) {
+    json j = json::parse(base);
+    if (remove) j.erase(key);
+    else j[key] = value;
+    return j.dump();
+}
+
+bool has_tensor(const ModelConfig& c, const std::string& name) {
+    for (const ParamSpec& p : model_parameters(c))
+        if (p.name == name) return true;
+    return false;
+}
+
+TEST(ModelFamilies, ParsesLlama32_1B) {
+    const ModelConfig c = parse(kLlama32_1B);
+    EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+    EXPECT_EQ(c.model_type, "llama");
+    EXPECT_EQ(c.head_dim, 64);
+    EXPECT_EQ(c.rope_type, "llama3");
+    EXPECT_EQ(c.rope_factor, 32.0);
+    EXPECT_EQ(c.rope_low_freq_factor, 1.0);
+    EXPECT_EQ(c.rope_high_freq_factor, 4.0);
+    EXPECT_EQ(c.rope_original_max_position_embeddings, 8192);
+    EXPECT_EQ(c.rope_theta, 500000.0);
+    EXPECT_EQ(c.rms_norm_eps, 1e-5);
+    EXPECT_EQ(c.bos_token_id, 128000);
+    EXPECT_EQ(c.eos_token_id, 128001);
+    EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias || c.qk_norm);
+    EXPECT_FALSE(has_tensor(c, "model.layers.0.self_attn.q_proj.bias"));
+    // published: 1.24B parameters (tied)
+    EXPECT_EQ(c.num_parameters(), 1235814400);
+    expect_same(c, preset_config("meta-llama/Llama-3.2-1B"));
+    // transformers 5's form: everything in rope_parameters, no top-level rope_theta
+    json j = json::parse(kLlama32_1B);
+    j["rope_parameters"] = j["rope_scaling"];
+    j["rope_parameters"]["rope_theta"] = 500000.0;
+    j.erase("rope_scaling");
+    j.erase("rope_theta");
+    expect_same(parse(j.dump()), c);
+}
+
+TEST(ModelFamilies, LlamaBiasesFollowTheConfig) {
+    const ModelConfig a = parse(edited_from(kLlama32_1B, "attention_bias", true));
+    EXPECT_TRUE(a.qkv_bias && a.o_bias && !a.mlp_bias);
+    for (const char* t : {"q_proj", "k_proj", "v_proj", "o_proj"})
+        EXPECT_TRUE(has_tensor(a, cat("model.layers.3.self_attn.", t, ".bias"))) << t;
+    const ModelConfig m = parse(edited_from(kLlama32_1B, "mlp_bias", true));
+    EXPECT_TRUE(m.mlp_bias && !m.qkv_bias && !m.o_bias);
+    for (const char* t : {"gate_proj", "up_proj", "down_proj"})
+        EXPECT_TRUE(has_tensor(m, cat("model.layers.15.mlp.", t, ".bias"))) << t;
+    EXPECT_EQ(m.num_parameters() - parse(kLlama32_1B).num_parameters(), int64_t{16} * (2 * 8192 + 2048));
+    // absent head_dim: hidden / heads, as LlamaConfig
+    EXPECT_EQ(parse(edited_from(kLlama32_1B, "head_dim", nullptr, true)).head_dim, 64);
+    // a head_dim of its own is Llama's to have
+    EXPECT_EQ(parse(edited_from(kLlama32_1B, "head_dim", 128)).q_dim(), 4096);
+}
+
+TEST(ModelFamilies, ParsesQwen3_06B) {
+    const ModelConfig c = parse(kQwen3_06B);
+    EXPECT_EQ(c.architecture, "Qwen3ForCausalLM");
+    EXPECT_EQ(c.head_dim, 128);
+    EXPECT_EQ(c.q_dim(), 2048);  // != hidden_size 1024
+    EXPECT_TRUE(c.qk_norm);
+    EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+    EXPECT_EQ(c.rope_type, "default");
+    EXPECT_EQ(c.eos_token_id, 151645);
+    const std::vector<ParamSpec> p = model_parameters(c);
+    bool q_norm = false;
+    for (const ParamSpec& s : p)
+        if (s.name == "model.layers.27.self_attn.q_norm.weight") {
+            q_norm = true;
+            EXPECT_EQ(s.shape, std::vector<int64_t>{128});
+            EXPECT_EQ(s.kind, ParamKind::Norm);
+            EXPECT_FALSE(s.decay());
+        }
+    EXPECT_TRUE(q_norm);
+    EXPECT_TRUE(has_tensor(c, "model.layers.0.self_attn.k_norm.weight"));
+    EXPECT_FALSE(has_tensor(c, "model.layers.0.self_attn.q_proj.bias"));
+    // the count transformers reports for Qwen3-0.6B (tied)
+    EXPECT_EQ(c.num_parameters(), 596049920);
+    expect_same(c, preset_config("Qwen/Qwen3-0.6B"));
+    // head_dim absent: Qwen3Config's default 128, not hidden / heads
+    EXPECT_EQ(parse(edited_from(kQwen3_06B, "head_dim", nullptr, true)).head_dim, 128);
+    EXPECT_TRUE(parse(edited_from(kQwen3_06B, "attention_bias", true)).o_bias);
+}
+
+TEST(ModelFamilies, UnsupportedSettingsNameTheField) {
+    EXPECT_ERROR(parse(edited_from(kQwen3_06B, "use_sliding_window", true)), "test/config.json", "use_sliding_window");
+    EXPECT_ERROR(parse(edited_from(kLlama32_1B, "hidden_act", "gelu")), "hidden_act", "gelu");
+    EXPECT_ERROR(parse(edited_from(kLlama32_1B, "pretraining_tp", 2)), "test/config.json", "'pretraining_tp' = 2");
+    EXPECT_ERROR(parse(edited_from(kLlama32_1B, "architectures", json::array({"Qwen3MoeForCausalLM"}))),
+                 "Qwen3MoeForCausalLM", "unsupported architecture");
+    json j = json::parse(kLlama32_1B);
+    j["model_type"] = "qwen3_moe";
+    EXPECT_ERROR(parse(j.dump()), "'model_type' = 'qwen3_moe'");
+    j = json::parse(kLlama32_1B);
+    j["rope_scaling"]["rope_type"] = "yarn";
+    EXPECT_ERROR(parse(j.dump()), "'rope_scaling.rope_type' = 'yarn'", "not supported");
+    j = json::parse(kLlama32_1B);
+    j["rope_scaling"].erase("low_freq_factor");
+    EXPECT_ERROR(parse(j.dump()), "test/config.json", "missing 'rope_scaling.low_freq_factor'");
+    j = json::parse(kLlama32_1B);
+    j["rope_scaling"]["high_freq_factor"] = 1.0;  // not above low_freq_factor: the ramp divides by zero
+    EXPECT_ERROR(parse(j.dump()), "low_freq_factor < high_freq_factor");
+    j = json::parse(kLlama32_1B);
+    j["rope_scaling"]["original_max_position_embeddings"] = 8192.5;
+    EXPECT_ERROR(parse(j.dump()), "original_max_position_embeddings", "positive integer");
+    // both forms present: they must describe the same frequencies
+    j = json::parse(kLlama32_1B);
+    j["rope_parameters"] = j["rope_scaling"];
+    j["rope_parameters"]["rope_theta"] = 500000.0;
+    EXPECT_EQ(parse(j.dump()).rope_factor, 32.0);
+    j["rope_parameters"]["factor"] = 8.0;
+    EXPECT_ERROR(parse(j.dump()), "'rope_parameters.factor' = 8.0", "'rope_scaling.factor' = 32.0");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    EXPECT_ERROR(parse(j.dump()), "'rope_parameters' (rope_type 'default')", "'rope_scaling' (rope_type 'llama3')");
+    j = json::parse(kLlama32_1B);
+    j["rope_scaling"]["type"] = "default";  // 4.x reads 'type' first, 5.x 'rope_type'
+    EXPECT_ERROR(parse(j.dump()), "disagree");
+}
+
+// Published sizes (model cards): Qwen3 "Number of Parameters", Llama 3.2 / 3.1 in billions.
+TEST(ModelFamilies, PresetsHaveThePublishedShapes) {
+    const std::pair<const char*, double> published[] = {
+        {"Qwen3-0.6B", 0.6e9},     {"Qwen3-1.7B", 1.7e9},     {"Qwen3-4B", 4.0e9},    {"Qwen3-8B", 8.2e9},
+        {"Qwen3-14B", 14.8e9},     {"Qwen3-32B", 32.8e9},     {"Llama-3.2-1B", 1.23e9},
+        {"Llama-3.2-3B", 3.21e9},  {"Llama-3.1-8B", 8.03e9},
+    };
+    for (const auto& [name, count] : published) {
+        SCOPED_TRACE(name);
+        const ModelConfig c = preset_config(name);
+        EXPECT_NEAR(static_cast<double>(c.num_parameters()) / count, 1.0, 0.02) << c.num_parameters();
+        EXPECT_EQ(c.qk_norm, c.model_type == "qwen3");
+        EXPECT_EQ(c.rope_type, c.model_type == "llama" ? "llama3" : "default");
+        expect_same(parse(model_config_to_json(c)), c);
+    }
+    EXPECT_EQ(preset_config("Llama-3.1-8B").rope_factor, 8.0);
+    EXPECT_EQ(preset_config("Llama-3.2-3B").rope_factor, 32.0);
+    EXPECT_FALSE(preset_config("Qwen3-8B").tie_word_embeddings);
+    EXPECT_TRUE(preset_config("Qwen3-4B").tie_word_embeddings);
+}
+
+// What each family's config class reads, in both transformers forms, and only that.
+TEST(ModelFamilies, WritesTheFamilysFields) {
+    const json l = json::parse(model_config_to_json(parse(kLlama32_1B)));
+    EXPECT_EQ(l["architectures"], json::array({"LlamaForCausalLM"}));
+    EXPECT_EQ(l["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(l["rope_scaling"]["factor"], 32.0);
+    EXPECT_EQ(l["rope_parameters"]["rope_type"], "llama3");
+    EXPECT_EQ(l["rope_parameters"]["original_max_position_embeddings"], 8192);
+    EXPECT_EQ(l["rope_parameters"]["rope_theta"], 500000.0);
+    EXPECT_EQ(l["rope_theta"], 500000.0);
+    EXPECT_EQ(l["head_dim"], 64);
+    EXPECT_EQ(l["attention_bias"], false);
+    EXPECT_EQ(l["mlp_bias"], false);
+    EXPECT_FALSE(l.contains("use_sliding_window") || l.contains("layer_types"));
+    // each transformers version's view alone gives the same model
+    json v4 = l, v5 = l;
+    v4.erase("rope_parameters");
+    v5.erase("rope_scaling");
+    v5.erase("rope_theta");
+    expect_same(parse(v4.dump()), parse(kLlama32_1B));
+    expect_same(parse(v5.dump()), parse(kLlama32_1B));
+    const json q = json::parse(model_config_to_json(parse(kQwen3_06B)));
+    EXPECT_EQ(q["head_dim"], 128);
+    EXPECT_EQ(q["attention_bias"], false);
+    EXPECT_FALSE(q.contains("mlp_bias") || q.contains("rope_scaling"));
+    EXPECT_EQ(q["sliding_window"], nullptr);
+    EXPECT_EQ(q["use_sliding_window"], false);
+    const json w = json::parse(model_config_to_json(parse(kQwen25_05B)));
+    EXPECT_FALSE(w.contains("head_dim") || w.contains("attention_bias"));  // Qwen2Config has neither
+}
 
 // The threaded initialisation (chunks that jump ahead in the random stream) gives exactly the
 // sequential stream: value k is std * normal() after 2k draws from the tensor's seed.

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """External reference check of the GPU trainer against HF transformers (run on the GPU machine).
 
-For several random-initialised Qwen2ForCausalLM shapes (tied and untied embeddings, head dim 64 and
-128, GQA ratios 1/4/7, vocab not a multiple of 128) it saves the model with the installed
+For several random-initialised shapes of each family (Qwen2ForCausalLM: tied and untied embeddings,
+head dim 64 and 128, GQA ratios 1/4/7, vocab not a multiple of 128; Qwen3ForCausalLM: head_dim not
+hidden/heads, q/k norm weights away from one, tied and untied; LlamaForCausalLM: llama3 RoPE scaling
+whose blend and division act on frequencies that turn within the 96 positions, untied, eps 1e-5) it
+saves the model with the installed
 transformers (so config.json is in that version's own format: 5.x writes the RoPE base only in
 rope_parameters), with a RoPE base and RMSNorm eps that no fallback gives (5e5 / 2e6, 1e-5; qtrain's
-are 10000 and 1e-6) and random q/k/v biases and norm weights (HF initialises them to 0 and 1). It
+are 10000 and 1e-6) and random biases and norm weights (HF initialises them to 0 and 1). It
 checks that qtrain read that base and eps, runs one forward+backward in qtrain (build/qtrain_dump)
 and in PyTorch (fp32, eager attention), and compares the loss, the logits and every parameter gradient:
   fp32 qtrain vs fp32 HF: max |a-b| / max |b| < 1e-4 for loss, logits and every gradient
@@ -20,7 +23,7 @@ loads qtrain's output/: its loss there must match the HF model's after the same 
 and its logits qtrain's own on that model (fp32: rel. error < 1e-4).
 
 usage: python3 tests/reference/compare_hf.py --build build-gpu [--work /tmp/qtrain-ref]
-       [--dtypes fp32,bf16,e4m3] [--flags "--recompute-block --use-cuda-graphs"]
+       [--dtypes fp32,bf16,e4m3] [--flags "--recompute-block --use-cuda-graphs"] [--families qwen2,qwen3,llama]
 Exit code 0 only if every check passes; prints the worst numbers either way.
 """
 import argparse
@@ -36,17 +39,26 @@ import torch
 import torch.nn.functional as F
 import transformers
 from safetensors.numpy import load_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+# Llama 3's RoPE scaled so that it matters within T = 96 positions: wavelengths above 64 positions are
+# divided by 4 and those between 16 and 64 blended (Llama 3.1's own: 8192 / factor 8).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
 SHAPES = [
-    # name, vocab, hidden, inter, layers, heads, kv_heads, tied, rope_theta, rms_norm_eps, pad: whether
-    # config.json sets pad_token_id (to a token of the batch: HF's nn.Embedding padding_idx then gives
-    # that row no gradient from the lookup, and qtrain must do the same)
-    ("d64_gqa2_tied", 1000, 256, 512, 2, 4, 2, True, 500000.0, 1e-5, True),
-    ("d128_gqa4_untied", 1537, 512, 768, 3, 4, 1, False, 2000000.0, 1e-5, True),
-    ("d64_gqa7_untied", 2111, 448, 1024, 2, 7, 1, False, 500000.0, 1e-5, False),
-    ("d128_mha_tied", 777, 256, 384, 2, 2, 2, True, 2000000.0, 1e-5, False),
+    # name, family, vocab, hidden, inter, layers, heads, kv_heads, tied, rope_theta, rms_norm_eps, pad:
+    # whether config.json sets pad_token_id (to a token of the batch: HF's nn.Embedding padding_idx then
+    # gives that row no gradient from the lookup, and qtrain must do the same), extra config fields
+    ("d64_gqa2_tied", "qwen2", 1000, 256, 512, 2, 4, 2, True, 500000.0, 1e-5, True, {}),
+    ("d128_gqa4_untied", "qwen2", 1537, 512, 768, 3, 4, 1, False, 2000000.0, 1e-5, True, {}),
+    ("d64_gqa7_untied", "qwen2", 2111, 448, 1024, 2, 7, 1, False, 500000.0, 1e-5, False, {}),
+    ("d128_mha_tied", "qwen2", 777, 256, 384, 2, 2, 2, True, 2000000.0, 1e-5, False, {}),
+    # Qwen3: head_dim 128 where hidden / heads is 64, and 64 where it is 48
+    ("qwen3_d128_tied", "qwen3", 1000, 256, 512, 2, 4, 2, True, 1000000.0, 1e-5, True, {"head_dim": 128}),
+    ("qwen3_d64_untied", "qwen3", 1283, 192, 384, 2, 4, 1, False, 500000.0, 1e-5, False, {"head_dim": 64}),
+    ("llama3_d64_untied", "llama", 1283, 256, 640, 2, 4, 2, False, 500000.0, 1e-5, True, {"rope": LLAMA3_ROPE}),
 ]
+CONFIG_CLASSES = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
 B, T = 2, 96
 # lr 1e-4: the losses fall from ~8 to 3.3-0.016 in 20 steps. An optimizer mismatch in qtrain fails the
 # check on the H200 (compare_hf_sensitivity.py, 2026-12-01; worst step against the 5e-5 bound, two shapes):
@@ -63,14 +75,19 @@ DEVICE = "cuda"
 TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 
 
-def qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad=None):
-    """The config in the installed transformers' own terms (5.x: rope_parameters, 4.x: rope_theta)."""
-    rope = ({"rope_parameters": {"rope_type": "default", "rope_theta": theta}} if TRANSFORMERS_5
-            else {"rope_theta": theta})
-    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=tied,
-                       max_position_embeddings=4096, rms_norm_eps=eps, initializer_range=0.05, pad_token_id=pad,
-                       **rope)
+def model_config(family, vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad=None, extra=None):
+    """The config in the installed transformers' own terms (5.x: rope_parameters, 4.x: rope_theta and
+    rope_scaling)."""
+    extra = dict(extra or {})
+    scaling = extra.pop("rope", {"rope_type": "default"})
+    if TRANSFORMERS_5:
+        rope = {"rope_parameters": {**scaling, "rope_theta": theta}}
+    else:
+        rope = {"rope_theta": theta, **({"rope_scaling": scaling} if scaling["rope_type"] != "default" else {})}
+    return CONFIG_CLASSES[family](vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                                  tie_word_embeddings=tied, max_position_embeddings=4096, rms_norm_eps=eps,
+                                  initializer_range=0.05, pad_token_id=pad, **rope, **extra)
 
 
 def hf_rope_theta(cfg):
@@ -79,13 +96,13 @@ def hf_rope_theta(cfg):
 
 
 def save_random_model(d, cfg, seed):
-    """HF's init plus what it leaves at 0 or 1 (q/k/v biases, norm weights) drawn at random, so no
-    zero bias or unit weight can hide a mistake."""
+    """HF's init plus what it leaves at 0 or 1 (biases, norm weights: the q/k norms too) drawn at
+    random, so no zero bias or unit weight can hide a mistake."""
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if n.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+            if n.endswith(".bias"):
                 p.copy_(0.1 * torch.randn_like(p))
             elif n.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
@@ -113,7 +130,8 @@ def cosine(a, b):
 
 
 def hf_reference(model_dir, tokens):
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").to(DEVICE)
     rows = torch.tensor(tokens, dtype=torch.long, device=DEVICE).view(B, T + 1)
     x, y = rows[:, :-1], rows[:, 1:]
     logits = model(input_ids=x).logits.float()
@@ -133,7 +151,7 @@ def hf_train(model_dir, rows, attn):
     (matrices and embeddings), global-norm clip, constant lr, the same batch every step. Returns the
     loss of every step (before its update) and the loss after the last one. (torch's clip divides by
     norm + 1e-6, qtrain's by norm: a relative 1e-6 of the step, far below the bounds.)"""
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn).to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn).to(DEVICE)
     params = list(model.parameters())  # a tied lm_head is the embedding, listed once
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -152,7 +170,8 @@ def hf_train(model_dir, rows, attn):
 
 
 def hf_loss(model_dir, rows):
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").to(DEVICE)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").to(DEVICE)
     with torch.no_grad():
         return float(batch_loss(model, torch.tensor(rows, dtype=torch.long, device=DEVICE)))
 
@@ -176,6 +195,7 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16",
                     help="qtrain modes to compare: fp32, bf16, e4m3 (bf16 model, e4m3 matmuls, e5m2 gradients)")
     ap.add_argument("--flags", default="", help="extra qtrain_dump flags, e.g. '--recompute-block --use-cuda-graphs'")
+    ap.add_argument("--families", default="qwen2,qwen3,llama", help="which families' shapes to run")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -192,20 +212,24 @@ def main():
         print(line, flush=True)
         summary.append(line)
 
-    for name, vocab, hidden, inter, layers, heads, kv, tied, theta, eps, with_pad in SHAPES:
+    families = a.families.split(",")
+    for name, family, vocab, hidden, inter, layers, heads, kv, tied, theta, eps, with_pad, extra in SHAPES:
+        if family not in families:
+            continue
         d = os.path.join(a.work, name)
         rng = np.random.default_rng(1)
         tokens = rng.integers(0, vocab, size=B * (T + 1))
         pad = int(tokens[10]) if with_pad else None
-        cfg = qwen2_config(vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad)
+        cfg = model_config(family, vocab, hidden, inter, layers, heads, kv, tied, theta, eps, pad, extra)
         save_random_model(d, cfg, zlib.crc32(name.encode()) % 1000)
         # The file is in this transformers' format, and transformers itself reads the intended base back.
         with open(os.path.join(d, "config.json")) as f:
             saved = json.load(f)
-        back = Qwen2Config.from_pretrained(d)
+        back = CONFIG_CLASSES[family].from_pretrained(d)
         assert hf_rope_theta(back) == theta and back.rms_norm_eps == eps, (hf_rope_theta(back), back.rms_norm_eps)
-        print(f"{name:18s} config.json: rope_theta {saved.get('rope_theta')}, rope_parameters "
-              f"{saved.get('rope_parameters')}, rms_norm_eps {saved.get('rms_norm_eps')}, pad_token_id "
+        print(f"{name:18s} config.json: {saved.get('architectures')}, rope_theta {saved.get('rope_theta')}, "
+              f"rope_parameters {saved.get('rope_parameters')}, rope_scaling {saved.get('rope_scaling')}, "
+              f"head_dim {saved.get('head_dim')}, rms_norm_eps {saved.get('rms_norm_eps')}, pad_token_id "
               f"{saved.get('pad_token_id')}", flush=True)
         tok_path = os.path.join(d, "tokens.bin")
         write_tokens(tok_path, tokens, vocab)
@@ -279,8 +303,11 @@ def main():
         with open(os.path.join(outdir, "log.jsonl")) as f:
             events = [json.loads(line) for line in f]
         qcfg = next(e for e in events if e["log"] == "model")["config"]
-        report(qcfg["rope_theta"] == theta and qcfg["rms_norm_eps"] == eps and qcfg["tie_word_embeddings"] == tied,
-               f"{name:18s} qtrain read: rope_theta {qcfg['rope_theta']} (saved {theta}), rms_norm_eps "
+        head_dim = extra.get("head_dim", hidden // heads)
+        report(qcfg["rope_theta"] == theta and qcfg["rms_norm_eps"] == eps and qcfg["tie_word_embeddings"] == tied
+               and qcfg["architectures"] == saved["architectures"] and qcfg.get("head_dim", hidden // heads) == head_dim,
+               f"{name:18s} qtrain read: {qcfg['architectures']}, head_dim {qcfg.get('head_dim', hidden // heads)} "
+               f"(saved {head_dim}), rope_theta {qcfg['rope_theta']} (saved {theta}), rms_norm_eps "
                f"{qcfg['rms_norm_eps']} (saved {eps}), tied {qcfg['tie_word_embeddings']} (saved {tied})")
         q_losses = [e["loss"] for e in events if e["log"] == "step"]
         eager, eager_after = hf_train(d, rows, "eager")
@@ -294,8 +321,15 @@ def main():
                f"qtrain {q_losses[-1] if q_losses else float('nan'):.6f}; worst rel diff {max(diffs, default=1.0):.2e} "
                f"(step {worst}), eager-sdpa {attn_dist:.2e}, bound {bound:.2e}")
 
-        # transformers loads qtrain's output/: the loss of the HF model after the same steps, and
-        # qtrain's own logits on that model.
+        # transformers loads qtrain's output/ as the same class: the loss of the HF model after the
+        # same steps, and qtrain's own logits on that model.
+        out_cfg = AutoConfig.from_pretrained(outdir)
+        report(out_cfg.architectures == saved["architectures"] and type(out_cfg) is type(back)
+               and out_cfg.to_dict().get("head_dim") == back.to_dict().get("head_dim")
+               and out_cfg.to_dict().get("rope_parameters", out_cfg.to_dict().get("rope_scaling"))
+               == back.to_dict().get("rope_parameters", back.to_dict().get("rope_scaling")),
+               f"{name:18s} export: config.json {out_cfg.architectures} {type(out_cfg).__name__}, rope "
+               f"{out_cfg.to_dict().get('rope_parameters', out_cfg.to_dict().get('rope_scaling'))}")
         exported = hf_loss(outdir, rows)
         report(rel(exported, eager_after) <= bound,
                f"{name:18s} export: transformers loss on output/ {exported:.6f}, hf after {TRAIN_STEPS} steps "

@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
         model.forward_backward(batch, 1.0f);
         std::vector<std::vector<float>> grads;
         SafeTensorsWriter w;
-        const auto specs = qwen2_parameters(cfg);
+        const auto specs = model_parameters(cfg);
         grads.reserve(specs.size());
         for (const ParamSpec& p : specs) {
             grads.push_back(model.download(p.name, CudaModel::Which::Grad));

@@ -12,23 +12,33 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/fp8_reference.h"
+#include "model/cpu/cpu_head_norm.h"
 #include "model/cpu/cpu_ops.h"
 
 namespace qtrain {
 
 namespace {
 
-// Per-layer tensors in the order qwen2_parameters() lists them after the layer's first entry.
+// A layer's tensors in the order of CpuModel::Layer's fields (optional ones may be absent).
 constexpr const char* kLayerSuffixes[] = {
-    "input_layernorm.weight",          "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight",
-    "self_attn.k_proj.bias",           "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",    "mlp.down_proj.weight"};
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.q_proj.bias",  "self_attn.k_proj.weight",
+    "self_attn.k_proj.bias",  "self_attn.v_proj.weight", "self_attn.v_proj.bias",  "self_attn.o_proj.weight",
+    "self_attn.o_proj.bias",  "self_attn.q_norm.weight", "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",   "mlp.gate_proj.bias",      "mlp.up_proj.weight",     "mlp.up_proj.bias",
+    "mlp.down_proj.weight",   "mlp.down_proj.bias"};
+constexpr int kLayerFields = sizeof(kLayerSuffixes) / sizeof(kLayerSuffixes[0]);
 
 void ensure(std::vector<float>& v, int64_t n) {
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
 void zero(std::vector<float>& v, int64_t n) { std::fill(v.begin(), v.begin() + n, 0.0f); }
+
+// db[j] += sum over rows of dy[n, j] (a bias gradient taken apart from its GEMM's backward).
+void add_bias_grad(float* db, const float* dy, int rows, int width) {
+    for (int n = 0; n < rows; ++n)
+        for (int j = 0; j < width; ++j) db[j] += dy[static_cast<int64_t>(n) * width + j];
+}
 
 // Rounds the parts of one tensor (a fused group shares one per-tensor scale, from the amax over all
 // parts) through `type` and back: out = decode(quantize(in * scale)) / scale, as the GPU's FP8
@@ -106,20 +116,24 @@ ModelOptions CpuModel::fp32_options(int batch_size, int seq_len) {
 CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : config_(config), options_(options) {
     check_options(options);
     config_.validate("model config");
-    specs_ = qwen2_parameters(config_);
+    specs_ = model_parameters(config_);
     int64_t total = 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
         offsets_.push_back(total);
         index_[specs_[i].name] = i;
         total += specs_[i].numel();
     }
-    // layer() indexes specs_ by position: make sure the canonical order is what it assumes.
-    for (int l = 0; l < config_.num_hidden_layers; ++l)
-        for (int j = 0; j < kTensorsPerLayer; ++j) {
-            const std::string want = "model.layers." + std::to_string(l) + "." + kLayerSuffixes[j];
-            QT_CHECK(specs_[1 + l * kTensorsPerLayer + j].name == want, "CpuModel: unexpected parameter order at '",
-                     want, "'");
+    // Every layer's tensors are one contiguous run of specs_ of the same length (layer_range()).
+    for (const ParamSpec& p : specs_) tensors_per_layer_ += p.layer == 0;
+    for (int l = 0; l < config_.num_hidden_layers; ++l) {
+        for (int j = 0; j < tensors_per_layer_; ++j)
+            QT_CHECK(specs_[1 + static_cast<size_t>(l) * tensors_per_layer_ + j].layer == l,
+                     "CpuModel: unexpected parameter order in layer ", l);
+        for (const char* suffix : kLayerSuffixes) {
+            auto it = index_.find("model.layers." + std::to_string(l) + "." + suffix);
+            layer_offsets_.push_back(it == index_.end() ? -1 : offsets_[it->second]);
         }
+    }
     params_.assign(static_cast<size_t>(total), 0.0f);
     grads_.assign(static_cast<size_t>(total), 0.0f);
     adam_m_.assign(static_cast<size_t>(total), 0.0f);
@@ -133,9 +147,11 @@ int64_t CpuModel::offset(const std::string& name) const {
 }
 
 CpuModel::Layer CpuModel::layer(float* base, int l) const {
-    const int64_t* o = offsets_.data() + 1 + static_cast<int64_t>(l) * kTensorsPerLayer;
-    return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
-            base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11]};
+    const int64_t* o = layer_offsets_.data() + static_cast<int64_t>(l) * kLayerFields;
+    float* f[kLayerFields];
+    for (int j = 0; j < kLayerFields; ++j) f[j] = o[j] < 0 ? nullptr : base + o[j];
+    return {f[0], f[1],  f[2],  f[3],  f[4],  f[5],  f[6],  f[7],  f[8],
+            f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17]};
 }
 
 const float* CpuModel::lm_head() const {
@@ -173,6 +189,7 @@ int64_t CpuModel::activation_floats(const ModelConfig& c, int B, int T, int lmhe
                 + N * (2 * C + 2)                               // final norm, tmp, final rstd, losses
                 + static_cast<int64_t>(cpu::lmhead_chunk_rows(static_cast<int>(N), lmhead_chunks)) * c.vocab_size +
                 static_cast<int64_t>(T) * c.head_dim;  // rope tables
+    if (c.qk_norm) n += L * N * (Q + KV + c.num_attention_heads + c.num_key_value_heads);  // pre-norm q|k, rstd
     if (backward) n += N * (2 * C + 2 * Q + 2 * KV + 3 * I);
     return n;
 }
@@ -188,6 +205,12 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     for (auto* v : {&a.q, &a.att}) ensure(*v, L * N * Q);
     for (auto* v : {&a.k, &a.v}) ensure(*v, L * N * KV);
     ensure(a.lse, L * N * c.num_attention_heads);
+    if (c.qk_norm) {
+        ensure(a.q_pre, L * N * Q);
+        ensure(a.k_pre, L * N * KV);
+        ensure(a.q_rstd, L * N * c.num_attention_heads);
+        ensure(a.k_rstd, L * N * c.num_key_value_heads);
+    }
     for (auto* v : {&a.gate, &a.up, &a.act}) ensure(*v, L * N * I);
     ensure(a.final_norm, N * C);
     ensure(a.rstd_final, N);
@@ -197,7 +220,7 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     if (a.rope_T != T) {
         a.rope_cos.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
         a.rope_sin.assign(static_cast<size_t>(T) * c.head_dim / 2, 0.0f);
-        cpu::rope_tables(a.rope_cos.data(), a.rope_sin.data(), T, c.head_dim, c.rope_theta);
+        cpu::rope_tables(a.rope_cos.data(), a.rope_sin.data(), T, c);
         a.rope_T = T;
     }
     // tmp carries the attention / MLP output before the residual add in the forward too.
@@ -262,26 +285,35 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         cpu::matmul_forward(q, ln1_in, w.wq, wp.bq, N, C, Q);
         cpu::matmul_forward(k, ln1_in, w.wk, wp.bk, N, C, KV);
         cpu::matmul_forward(v, ln1_in, w.wv, wp.bv, N, C, KV);
+        if (c.qk_norm) {  // Qwen3: each head of q and k RMS-normalised before RoPE
+            float *qp = a.q_pre.data() + nq, *kp = a.k_pre.data() + nkv;
+            std::copy(q, q + static_cast<int64_t>(N) * Q, qp);
+            std::copy(k, k + static_cast<int64_t>(N) * KV, kp);
+            cpu::head_rmsnorm_forward(q, a.q_rstd.data() + static_cast<int64_t>(l) * N * Hq, qp, wp.q_norm,
+                                      static_cast<int64_t>(N) * Hq, D, eps);
+            cpu::head_rmsnorm_forward(k, a.k_rstd.data() + static_cast<int64_t>(l) * N * Hkv, kp, wp.k_norm,
+                                      static_cast<int64_t>(N) * Hkv, D, eps);
+        }
         cpu::rope_forward(q, q, a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
         cpu::rope_forward(k, k, a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
         cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D);
-        cpu::matmul_forward(a.tmp.data(), in(att, static_cast<int64_t>(N) * Q), w.wo, nullptr, N, Q, C);
+        cpu::matmul_forward(a.tmp.data(), in(att, static_cast<int64_t>(N) * Q), w.wo, wp.bo, N, Q, C);
         cpu::residual_forward(mid, x, a.tmp.data(), static_cast<int64_t>(N) * C);
 
         // MLP block: mid + down(silu(gate(ln2)) * up(ln2))
         cpu::rmsnorm_forward(ln2, a.rstd2.data() + static_cast<int64_t>(l) * N, mid, wp.ln2, N, C, eps);
         const float* ln2_in = in(ln2, static_cast<int64_t>(N) * C);
-        cpu::matmul_forward(gate, ln2_in, w.wg, nullptr, N, C, I);
-        cpu::matmul_forward(up, ln2_in, w.wu, nullptr, N, C, I);
+        cpu::matmul_forward(gate, ln2_in, w.wg, wp.bg, N, C, I);
+        cpu::matmul_forward(up, ln2_in, w.wu, wp.bu, N, C, I);
         cpu::swiglu_forward(act, gate, up, static_cast<int64_t>(N) * I);
-        cpu::matmul_forward(a.tmp.data(), in(act, static_cast<int64_t>(N) * I), w.wd, nullptr, N, I, C);
+        cpu::matmul_forward(a.tmp.data(), in(act, static_cast<int64_t>(N) * I), w.wd, wp.bd, N, I, C);
         cpu::residual_forward(a.resid.data() + nc + static_cast<int64_t>(N) * C, mid, a.tmp.data(),
                               static_cast<int64_t>(N) * C);
     }
     const int64_t last = static_cast<int64_t>(c.num_hidden_layers) * N * C;
     const Held norm(*this, norm_range());
     cpu::rmsnorm_forward(a.final_norm.data(), a.rstd_final.data(), a.resid.data() + last,
-                         params_.data() + offsets_[1 + c.num_hidden_layers * kTensorsPerLayer], N, C, eps);
+                         params_.data() + offset("model.norm.weight"), N, C, eps);
 }
 
 // Expects acts_.dln to hold d(loss)/d(final_norm output); leaves d(loss)/d(embeddings) in the grads.
@@ -292,15 +324,15 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
     Activations& a = acts_;
     const int64_t nC = static_cast<int64_t>(N) * C, nQ = static_cast<int64_t>(N) * Q,
                   nKV = static_cast<int64_t>(N) * KV, nI = static_cast<int64_t>(N) * I;
-    const size_t norm_index = 1 + static_cast<size_t>(c.num_hidden_layers) * kTensorsPerLayer;
+    const int64_t norm_offset = offset("model.norm.weight");
 
     // dresid carries d(loss)/d(residual stream) downwards; every block adds its input gradient to it.
     zero(a.dresid, nC);
     {
         const Held norm(*this, norm_range());
-        cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + offsets_[norm_index], a.dln.data(),
+        cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + norm_offset, a.dln.data(),
                               a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
-                              params_.data() + offsets_[norm_index], a.rstd_final.data(), N, C);
+                              params_.data() + norm_offset, a.rstd_final.data(), N, C);
     }
     // FP8 gradients: dX = q(dy) q(W), dW += q(dy)^T q(x) with x's forward scale (recomputed: the
     // same amax of the same x), bias gradients from the unquantised dy, as on the GPU.
@@ -332,26 +364,32 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         // MLP block
         zero(a.dact, nI);
         {
+            if (fq && g.bd) add_bias_grad(g.bd, a.dresid.data(), N, C);  // from the unquantised dy
             const float* dy = dyin(a.dresid.data(), nC);
-            cpu::matmul_backward(a.dact.data(), g.wd, nullptr, dy, xin(act, nI), w.wd, N, I, C);
+            cpu::matmul_backward(a.dact.data(), g.wd, fq ? nullptr : g.bd, dy, xin(act, nI), w.wd, N, I, C);
         }
         zero(a.dgate, nI);
         zero(a.dup, nI);
         cpu::swiglu_backward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, nI);
         zero(a.dln, nC);
-        if (fq) fake_quantize({{a.dgate.data(), a.dgate.data(), nI}, {a.dup.data(), a.dup.data(), nI}}, gd);
+        if (fq) {
+            if (g.bg) add_bias_grad(g.bg, a.dgate.data(), N, I);
+            if (g.bu) add_bias_grad(g.bu, a.dup.data(), N, I);
+            fake_quantize({{a.dgate.data(), a.dgate.data(), nI}, {a.dup.data(), a.dup.data(), nI}}, gd);
+        }
         {
             const float* x2 = xin(ln2, nC);
-            cpu::matmul_backward(a.dln.data(), g.wg, nullptr, a.dgate.data(), x2, w.wg, N, C, I);
-            cpu::matmul_backward(a.dln.data(), g.wu, nullptr, a.dup.data(), x2, w.wu, N, C, I);
+            cpu::matmul_backward(a.dln.data(), g.wg, fq ? nullptr : g.bg, a.dgate.data(), x2, w.wg, N, C, I);
+            cpu::matmul_backward(a.dln.data(), g.wu, fq ? nullptr : g.bu, a.dup.data(), x2, w.wu, N, C, I);
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, wp.ln2, a.rstd2.data() + l * N, N, C);
 
         // attention block
         zero(a.datt, nQ);
         {
+            if (fq && g.bo) add_bias_grad(g.bo, a.dresid.data(), N, C);
             const float* dy = dyin(a.dresid.data(), nC);
-            cpu::matmul_backward(a.datt.data(), g.wo, nullptr, dy, xin(att, nQ), w.wo, N, Q, C);
+            cpu::matmul_backward(a.datt.data(), g.wo, fq ? nullptr : g.bo, dy, xin(att, nQ), w.wo, N, Q, C);
         }
         zero(a.dq, nQ);
         zero(a.dk, nKV);
@@ -360,12 +398,18 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
                                 a.lse.data() + static_cast<int64_t>(l) * N * Hq, B, T, Hq, Hkv, D);
         cpu::rope_backward(a.dq.data(), a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
         cpu::rope_backward(a.dk.data(), a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
+        if (c.qk_norm) {
+            cpu::head_rmsnorm_backward(a.dq.data(), g.q_norm, a.dq.data(), a.q_pre.data() + l * nQ, wp.q_norm,
+                                       a.q_rstd.data() + static_cast<int64_t>(l) * N * Hq, static_cast<int64_t>(N) * Hq, D);
+            cpu::head_rmsnorm_backward(a.dk.data(), g.k_norm, a.dk.data(), a.k_pre.data() + l * nKV, wp.k_norm,
+                                       a.k_rstd.data() + static_cast<int64_t>(l) * N * Hkv, static_cast<int64_t>(N) * Hkv,
+                                       D);
+        }
         zero(a.dln, nC);
         if (fq) {
             // bias gradients first, from the unquantised dy; then q|k|v share one gradient scale
             for (auto [dy, db, width] : {std::tuple{a.dq.data(), g.bq, Q}, {a.dk.data(), g.bk, KV}, {a.dv.data(), g.bv, KV}})
-                for (int n = 0; n < N; ++n)
-                    for (int j = 0; j < width; ++j) db[j] += dy[static_cast<int64_t>(n) * width + j];
+                if (db) add_bias_grad(db, dy, N, width);
             fake_quantize({{a.dq.data(), a.dq.data(), nQ}, {a.dk.data(), a.dk.data(), nKV}, {a.dv.data(), a.dv.data(), nKV}},
                           gd);
         }

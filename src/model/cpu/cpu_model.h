@@ -2,7 +2,7 @@
 // from the ops in cpu_ops.h. It is the oracle for the GPU model, lets CI run the whole training
 // engine without a GPU, and trains small demo models on a laptop.
 //
-// Storage: all parameters live in one flat fp32 buffer in the canonical order of qwen2_parameters(),
+// Storage: all parameters live in one flat fp32 buffer in the canonical order of model_parameters(),
 // with flat gradient, Adam m and Adam v buffers of the same layout; tensors are found by HF name.
 // Activations are kept per layer for the backward and sized for the largest batch seen so far.
 #pragma once
@@ -91,8 +91,9 @@ public:
 
 private:
     // Pointers to one decoder layer's tensors inside a flat buffer (parameters or gradients).
+    // A tensor the block does not have (a bias, the q/k norms: the model's optional steps) is null.
     struct Layer {
-        float *ln1, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *ln2, *wg, *wu, *wd;
+        float *ln1, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *q_norm, *k_norm, *ln2, *wg, *bg, *wu, *bu, *wd, *bd;
     };
     // Saved activations ([L, ...] per layer) and backward scratch (one layer at a time).
     struct Activations {
@@ -102,6 +103,8 @@ private:
         std::vector<float> rstd1, rstd2;        // [L, N]
         std::vector<float> q, att;              // [L, N, Hq*D] (q after RoPE)
         std::vector<float> k, v;                // [L, N, Hkv*D] (k after RoPE)
+        std::vector<float> q_pre, k_pre;        // q/k norm: q [L, N, Hq*D], k [L, N, Hkv*D] before it
+        std::vector<float> q_rstd, k_rstd;      // q/k norm: [L, N*Hq], [L, N*Hkv]
         std::vector<float> lse;                 // [L, B, Hq, T]
         std::vector<float> gate, up, act;       // [L, N, I]
         std::vector<float> final_norm;          // [N, C]
@@ -117,7 +120,8 @@ private:
         std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
-    static constexpr int kTensorsPerLayer = 12;  // qwen2_parameters() per layer, in Layer's order
+    int tensors_per_layer_ = 0;  // model_parameters() per layer (every layer has the same tensors)
+    std::vector<int64_t> layer_offsets_;  // per layer, Layer's fields in order: offset or -1 (absent)
     int64_t offset(const std::string& name) const;
     Layer layer(float* base, int l) const;
     void check_batch(const Batch& batch) const;

@@ -91,14 +91,41 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
     }
 }
 
-void rope_tables(float* cos, float* sin, int T, int D, double theta) {
-    const int half = D / 2;
-    std::vector<float> inv_freq(half);
-    // HF: 1.0 / (base ** (arange(0, D, 2).float() / D)), evaluated in float32.
-    for (int i = 0; i < half; ++i) {
+// HF's default RoPE frequencies: 1.0 / (base ** (arange(0, D, 2).float() / D)), in float32.
+static std::vector<float> default_inv_freq(int D, double theta) {
+    std::vector<float> inv_freq(D / 2);
+    for (int i = 0; i < D / 2; ++i) {
         const float exponent = static_cast<float>(2 * i) / static_cast<float>(D);
         inv_freq[i] = 1.0f / std::pow(static_cast<float>(theta), exponent);
     }
+    return inv_freq;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+    std::vector<float> inv_freq = default_inv_freq(c.head_dim, c.rope_theta);
+    if (c.rope_type != "llama3") return inv_freq;
+    // transformers' _compute_llama3_parameters, op for op in float32 (python scalars meet float32
+    // tensors as float32): wavelengths above the original context's / low_freq_factor are divided
+    // by factor, those below / high_freq_factor kept, the band between blended smoothly.
+    const double old_len = c.rope_original_max_position_embeddings;
+    const float low_wavelen = static_cast<float>(old_len / c.rope_low_freq_factor);
+    const float high_wavelen = static_cast<float>(old_len / c.rope_high_freq_factor);
+    const float factor = static_cast<float>(c.rope_factor), low = static_cast<float>(c.rope_low_freq_factor);
+    const float span = static_cast<float>(c.rope_high_freq_factor - c.rope_low_freq_factor);
+    const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+    for (float& f : inv_freq) {
+        const float wavelen = two_pi / f;
+        const float scaled = wavelen > low_wavelen ? f / factor : f;
+        const float smooth = (static_cast<float>(old_len) / wavelen - low) / span;
+        const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        f = medium ? smoothed : scaled;
+    }
+    return inv_freq;
+}
+
+static void rope_tables_from(float* cos, float* sin, int T, const std::vector<float>& inv_freq) {
+    const int half = static_cast<int>(inv_freq.size());
     for (int t = 0; t < T; ++t) {
         for (int i = 0; i < half; ++i) {
             const float angle = static_cast<float>(t) * inv_freq[i];
@@ -106,6 +133,14 @@ void rope_tables(float* cos, float* sin, int T, int D, double theta) {
             sin[static_cast<int64_t>(t) * half + i] = std::sin(angle);
         }
     }
+}
+
+void rope_tables(float* cos, float* sin, int T, int D, double theta) {
+    rope_tables_from(cos, sin, T, default_inv_freq(D, theta));
+}
+
+void rope_tables(float* cos, float* sin, int T, const ModelConfig& cfg) {
+    rope_tables_from(cos, sin, T, rope_inv_freq(cfg));
 }
 
 // Rotates each (i, i + D/2) pair by +angle (forward) or -angle (backward: the transpose of a rotation).

@@ -12,6 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "model/model_config.h"
 
 namespace qtrain::cpu {
 
@@ -55,6 +58,10 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // cos/sin tables [T, D/2] as HF Qwen2RotaryEmbedding builds them, all in float:
 // inv_freq[i] = 1 / theta^(2i/D), angle = t * inv_freq[i] for positions t = 0..T-1.
 void rope_tables(float* cos, float* sin, int T, int D, double theta);
+// The model's frequencies (plain, or Llama 3's scaled ones, ModelConfig::rope_type), as
+// transformers' rope_init_fn computes them in float32; and its tables [T, head_dim/2].
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+void rope_tables(float* cos, float* sin, int T, const ModelConfig& cfg);
 // Rotate-half RoPE on x [B, T, H, D]: pairs (i, i + D/2) rotate by angle(t, i). In place allowed.
 void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D);
 // The inverse rotation of the gradient. WRITES dinp (not +=); in place allowed.

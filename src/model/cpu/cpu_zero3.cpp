@@ -35,12 +35,12 @@ std::pair<int64_t, int64_t> CpuModel::owned_range() const {
 CpuModel::Range CpuModel::embedding_range() const { return {offsets_[0], offsets_[0] + specs_[0].numel()}; }
 
 CpuModel::Range CpuModel::layer_range(int l) const {
-    const size_t first = 1 + static_cast<size_t>(l) * kTensorsPerLayer, last = first + kTensorsPerLayer - 1;
+    const size_t first = 1 + static_cast<size_t>(l) * tensors_per_layer_, last = first + tensors_per_layer_ - 1;
     return {offsets_[first], offsets_[last] + specs_[last].numel()};
 }
 
 CpuModel::Range CpuModel::norm_range() const {
-    const size_t i = 1 + static_cast<size_t>(config_.num_hidden_layers) * kTensorsPerLayer;
+    const size_t i = 1 + static_cast<size_t>(config_.num_hidden_layers) * tensors_per_layer_;
     return {offsets_[i], offsets_[i] + specs_[i].numel()};
 }
 

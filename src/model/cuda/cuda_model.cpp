@@ -122,14 +122,23 @@ static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
         QT_CHECK(v % 16 == 0, "--matmul-dtype=e4m3 needs ", what, " to be a multiple of 16 (got ", v, ")");
 }
 
+// The optional block steps of the architecture description the GPU block math runs.
+static void check_block(const ModelConfig& c) {
+    QT_CHECK(!c.qk_norm && !c.o_bias && !c.mlp_bias, c.architecture, ": ",
+             c.qk_norm ? "the q/k norm" : c.o_bias ? "an o_proj bias (attention_bias)" : "MLP biases (mlp_bias)",
+             " is not implemented on --device=cuda yet (--device=cpu trains it)");
+}
+
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
     check_options(options);
+    check_block(config);
     return gpu_memory_plan(config, options, "cuda");
 }
 
 CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     : config_(config), opt_(options), layout_(make_gpu_layout(config)) {
     check_options(opt_);
+    check_block(config_);
     fp8_ = opt_.matmul_dtype == DType::E4M3;
     fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
     if (fp8_) check_fp8_shapes(config_, opt_);
@@ -193,7 +202,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     // RoPE tables, computed on the host exactly as the CPU reference (and HF) does
     const int T = opt_.seq_len, half = config_.head_dim / 2;
     std::vector<float> cs(static_cast<std::size_t>(2) * T * half);
-    cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, config_.head_dim, config_.rope_theta);
+    cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, config_);
     CUDA_CHECK(cudaMemcpyAsync(buf_.cos_sin, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
 
     // weight-decay segments: one per tensor, sorted by offset, with the FP8 abs-max slot of the
@@ -501,7 +510,7 @@ void CudaModel::save_hf(const std::string& dir) const {
     // ZeRO-3 (collective, imodel.h): every rank gathers the tensors in the order write_hf_model asks
     // for them (canonical HF order); rank 0 writes. When rank 0's write fails it still takes part in
     // the gathers of the tensors left, so the others finish, and then reports the error.
-    const std::vector<ParamSpec> specs = qwen2_parameters(config_);
+    const std::vector<ParamSpec> specs = model_parameters(config_);
     std::size_t gathered = 0;
     if (shard_.rank != 0) {
         for (const ParamSpec& s : specs) download(s.name, which);
@@ -529,7 +538,7 @@ void CudaModel::save_checkpoint(const std::string& dir) const {
     SafeTensorsWriter model_w, opt_w;  // one tensor at a time in host memory
     const int64_t total = 3 * config_.num_parameters();  // master, m, v
     auto done = std::make_shared<int64_t>(0);
-    for (const ParamSpec& s : qwen2_parameters(config_)) {
+    for (const ParamSpec& s : model_parameters(config_)) {
         auto from = [this, name = s.name, n = s.numel(), total, done](Which which) {
             return [this, name, which, n, total, done] {
                 auto values = download(name, which);

@@ -100,7 +100,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
         GpuLayerActivations& x = buf_.layers[l];
         weights_->gather(l + 1);  // prefetch (weight streaming): copied while this layer computes
         // attention block
-        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
+        linear_fwd(l, kQkv, x.qkv, x.ln1, o.qkv_b < 0 ? nullptr : W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
         {
             auto t_ = timer_.scope("rope", stream_);
             cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
@@ -163,7 +163,7 @@ void CudaModel::recompute_layer(int l, int B, int T) {
         cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_,
                                        act_amax(l, kQkv));
     if (rc.qkv) {
-        linear_fwd(l, kQkv, x.qkv, x.ln1, W(o.qkv_b), N, h, qkvd, fp8_);  // the amax slot is current
+        linear_fwd(l, kQkv, x.qkv, x.ln1, o.qkv_b < 0 ? nullptr : W(o.qkv_b), N, h, qkvd, fp8_);  // the amax slot is current
         cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                            stream_);
     }
@@ -287,7 +287,7 @@ void CudaModel::backward(int B, int T) {
             cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
                                 c.head_dim, stream_, grad_amax());
         }
-        {
+        if (o.qkv_b >= 0) {
             auto t_ = timer_.scope("bias grad", stream_);
             cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
         }

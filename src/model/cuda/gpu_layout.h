@@ -15,8 +15,10 @@
 
 namespace qtrain {
 
+// Offsets of one layer's tensors; -1 for an optional one the block does not have (ModelConfig's
+// qkv_bias, o_bias, qk_norm, mlp_bias).
 struct GpuLayerOffsets {
-    int64_t ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w;
+    int64_t ln1, qkv_w, qkv_b, o_w, o_b, q_norm, k_norm, ln2, gate_up_w, gate_up_b, down_w, down_b;
 };
 
 struct GpuParamLayout {
@@ -36,6 +38,17 @@ struct GpuParamLayout {
         if (layers.empty() || off < layer_begin(0) || off >= layers_end()) return -1;
         return static_cast<int>((off - layer_begin(0)) / layer_span);
     }
+
+    // The runs of layer l's span (padding included, in order) that hold its weight matrices
+    // (`matrices`), or else its norm weights and biases: the FP8 paths quantise and move the two kinds
+    // apart. Every layer has the same runs at its own offset.
+    struct Range {
+        int64_t begin, end;
+    };
+    std::vector<Range> layer_runs(int l, bool matrices) const;
+    // Whether element off (inside a layer) belongs to one of its matrices.
+    bool in_matrix(int64_t off) const;
+    std::vector<Range> matrix_runs0, small_runs0;  // layer 0's
 
     // Index of non-layer element off in a resident buffer (resident_weights / resident_grads) that
     // holds the embedding (first) only when `with_embedding`, then the final norm and the LM head.

@@ -115,12 +115,6 @@ void Weights::gather_range(int64_t lo, int64_t hi, void* dst, cudaStream_t strea
 
 // ---- where a parameter is ----
 
-// Whether flat offset off, inside the span of the layer with offsets o, belongs to one of its four
-// matrices rather than a norm weight or the q|k|v bias.
-static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
-    return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
-}
-
 const void* Weights::at(int64_t off) const {
     const std::size_t es = dtype_size(type_);
     if (!streamed_) return static_cast<const char*>(flat_) + off * es;
@@ -132,7 +126,7 @@ const void* Weights::at(int64_t off) const {
     }
     QT_CHECK(slot_layer_[l & 1] == l, "weight streaming: internal error (layer ", l, " is not in its slot)");
     const int64_t rel = off - layout_.layer_begin(l);
-    QT_CHECK(slot_has_matrices_[l & 1] || !in_weight_matrix(layout_.layers[l], off),
+    QT_CHECK(slot_has_matrices_[l & 1] || !layout_.in_matrix(off),
              "weight streaming: internal error (bf16 matrix of layer ", l, " read with only its FP8 copy in the slot)");
     return static_cast<const char*>(buf_.weight_slots[l & 1]) + rel * es;
 }
@@ -166,14 +160,13 @@ void Weights::gather(int l) {
     char* slot = static_cast<char*>(buf_.weight_slots[s]);
     char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
-    const GpuLayerOffsets& lo = layout_.layers[l];
     if (fp8_gather_ && !(persist_quants_ && quant_stored_[l])) {
         // ZeRO-3 with FP8 weights: the bf16 norm weights and bias, then the matrices' FP8 codes from
         // their owners' quantised blocks (quantize_block), 1 byte per weight
-        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
+        for (auto [from, to] : layout_.layer_runs(l, false))
             fill_from_owners(from, to, slot + (from - begin) * es, copy_stream_);
         char* q = static_cast<char*>(buf_.quant_slots[s]);
-        for (auto [from, to] : {std::pair{lo.qkv_w, lo.qkv_b}, {lo.o_w, lo.ln2}, {lo.gate_up_w, begin + span}})
+        for (auto [from, to] : layout_.layer_runs(l, true))
             fill_from_owners(from, to, q + (from - begin), copy_stream_, buf_.quant_block, DType::U8);
         if (fp8_grads_) transpose_layer_quants(l, q, buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
@@ -183,8 +176,8 @@ void Weights::gather(int l) {
         }
         slot_has_matrices_[s] = false;
     } else if (persist_quants_ && quant_stored_[l]) {
-        // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
-        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
+        // the bf16 norm weights and biases (e.g. [ln1, qkv_w), [qkv_b, o_w), [ln2, gate_up_w)), then the FP8 copy
+        for (auto [from, to] : layout_.layer_runs(l, false))
             fill_range(from, to, slot + (from - begin) * es, copy_stream_);
         CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
         transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
