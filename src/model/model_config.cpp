@@ -468,6 +468,12 @@ std::vector<std::string> preset_names() {
     return names;
 }
 
+std::string preset_list_text() {
+    std::string s;
+    for (const auto& p : kPresets) s += cat(s.empty() ? "" : ", ", p.name);
+    return s;
+}
+
 ModelConfig preset_config(const std::string& name) {
     std::string bare = strip_org(name);
     for (const auto& p : kPresets) {

@@ -75,5 +75,7 @@ std::string model_config_to_json(const ModelConfig& cfg);
 bool has_preset(const std::string& name);
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
+// "Qwen2.5-0.5B, -1.5B, ..., Qwen3-0.6B, ..., Llama-3.1-8B" for --help.
+std::string preset_list_text();
 
 }  // namespace qtrain

@@ -3,6 +3,10 @@
 // checks that every flag of --help is documented there).
 #include "train/option_table.h"
 
+#include "core/error.h"
+#include "model/arch/architecture.h"
+#include "model/model_config.h"
+
 #include <algorithm>
 
 namespace qtrain {
@@ -69,7 +73,8 @@ std::vector<OptionSpec> make_table() {
     return {
         // Model
         opt(kModel, "model", &T::model, R::MayChange,
-            "HF model directory, org/name in the local HF cache, or a preset (Qwen2.5-0.5B ... Qwen2.5-32B)"),
+            cat("HF model directory (", supported_architectures_text(), "), org/name in the local HF cache, or a "
+                "preset with --from-scratch: ", preset_list_text())),
         opt(kModel, "from-scratch", &T::from_scratch, R::MayChange,
             "Random initialisation instead of loading weights (shape from --model)"),
         opt(kModel, "tokenizer", &T::tokenizer, R::MayChange,

@@ -46,14 +46,22 @@ inline std::vector<int32_t> make_tokens(int n, uint64_t seed) {
 constexpr const char* kCpuShape = R"("hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4)";
 constexpr const char* kGpuShape = R"("hidden_size": 128, "intermediate_size": 96, "num_attention_heads": 2)";
 
+// The family fields of config.json (the architecture description's other families: Qwen3 with
+// head_dim 12, not hidden / heads = 8; Llama 3 with llama3 RoPE scaling that acts within 64 positions).
+constexpr const char* kQwen2Family = R"("architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2")";
+constexpr const char* kQwen3Family = R"("architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 12)";
+constexpr const char* kLlamaFamily = R"("architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 32})";
+
 struct Fixture {
     TempDir dir;
     std::string model_dir, train_file, eval_file;
-    explicit Fixture(const std::string& shape = kCpuShape) {
+    explicit Fixture(const std::string& shape = kCpuShape, const std::string& family = kQwen2Family) {
         model_dir = dir / "tiny-qwen";
         std::filesystem::create_directories(model_dir);
         write_file(model_dir + "/config.json", R"({
-  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+  )" + family + R"(,
   "vocab_size": 64, "num_hidden_layers": 2, )" + shape + R"(,
   "num_key_value_heads": 2, "max_position_embeddings": 512,
   "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
