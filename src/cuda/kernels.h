@@ -52,6 +52,27 @@ void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int 
 void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
                    float* amax = nullptr);
 
+// ---- qk_norm_rope.cu ----
+// Qwen3: per-head RMSNorm of the q and k heads (q_norm / k_norm over the head dim D, weights q_w and
+// k_w [D] in the act type, shared by all heads of their role), then rotate-half RoPE, in place on the
+// fused qkv buffer [B*T, (Hq + 2 Hkv) * D] (v untouched); cos_sin as for rope_forward. Per head row,
+// in fp32 from the pre-norm value, rounded to the act type once: qkv = rope(w * (x * rstd)),
+// rstd = 1/sqrt(mean(x^2) + eps). Kept for the backward: qk_pre [B*T, (Hq + Hkv) * D] (act type) =
+// the pre-norm q|k heads of each token, exactly as they were stored, and rstd [B*T, Hq + Hkv] (fp32).
+// qk_pre and rstd may be null (a forward without backward). D even, at most 512.
+void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const void* q_w, const void* k_w,
+                          const float* cos_sin, int B, int T, int Hq, int Hkv, int D, float eps, cudaStream_t s);
+// The backward, in place on d_qkv: its q and k heads hold d(rope(norm(.))) and become d(pre-norm q|k)
+// (inverse rotation, then the RMSNorm backward; written, not accumulated); its v heads are not touched.
+// dw_q, dw_k [D] (fp32) += the weight gradients, deterministic (per-block partials in col_scratch,
+// which needs qk_norm_rope_backward_scratch_floats(B, T, Hq, Hkv, D) floats, then a fixed-order sum).
+// grad_amax (FP8 gradients; may be null) as rope_backward's amax: *grad_amax = max |d_qkv| as stored
+// over the whole tensor (q, k and the untouched v part), for the QKV projection's gradient quantisation.
+std::size_t qk_norm_rope_backward_scratch_floats(int B, int T, int Hq, int Hkv, int D);
+void qk_norm_rope_backward(DType act, void* d_qkv, float* dw_q, float* dw_k, float* col_scratch, const void* qk_pre,
+                           const float* rstd, const void* q_w, const void* k_w, const float* cos_sin, int B, int T,
+                           int Hq, int Hkv, int D, cudaStream_t s, float* grad_amax = nullptr);
+
 // ---- swiglu.cu ----
 // gate_up rows are [gate (I) | up (I)]; out[n, i] = silu(gate) * up.
 // amax (optional, FP8): set to max |out| of the stored values (the launcher zeroes it first).

@@ -1,42 +1,54 @@
+// Per-head RMSNorm reference (Qwen3 q_norm / k_norm). The row statistics follow HF's fp32 order
+// (sum of squares in float, rsqrt, x * rstd, then * weight), as cpu_ops.cpp's rmsnorm does; the
+// weight gradient sums many rows (tokens x heads), so it is accumulated in double and added once.
 #include "model/cpu/cpu_head_norm.h"
 
 #include <cmath>
 #include <vector>
 
+#include "model/cpu/cpu_parallel.h"
+
 namespace qtrain::cpu {
 
 void head_rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t rows, int D,
                           float eps) {
-#pragma omp parallel for schedule(static) if (rows * D > (1 << 16))
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* x = inp + r * D;
-        double ss = 0.0;
-        for (int i = 0; i < D; ++i) ss += static_cast<double>(x[i]) * x[i];
-        const float s = 1.0f / std::sqrt(static_cast<float>(ss / D) + eps);
-        rstd[r] = s;
-        float* o = out + r * D;
-        for (int i = 0; i < D; ++i) o[i] = weight[i] * (x[i] * s);
+#pragma omp parallel for schedule(static) if (rows * D > kMinParallelWork)
+    for (int64_t n = 0; n < rows; ++n) {
+        const float* x = inp + n * D;
+        float* o = out + n * D;
+        float ss = 0.0f;
+        for (int c = 0; c < D; ++c) ss += x[c] * x[c];
+        const float r = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+        for (int c = 0; c < D; ++c) o[c] = weight[c] * (x[c] * r);  // o[c] only after x[c]: in place is fine
+        rstd[n] = r;
     }
 }
 
 void head_rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                            const float* rstd, int64_t rows, int D) {
-    // y = w * x * s with s = (mean(x^2) + eps)^-1/2: dx = s * (w*dy) - x * s^3 * sum(w*dy*x) / D,
-    // dw += dy * x * s. The weight gradient is summed in row order (deterministic).
-    std::vector<double> dw(static_cast<size_t>(D), 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *x = inp + r * D, *dy = dout + r * D;
-        const float s = rstd[r];
-        double dot = 0.0;
-        for (int i = 0; i < D; ++i) {
-            dot += static_cast<double>(weight[i]) * dy[i] * x[i];
-            dw[i] += static_cast<double>(dy[i]) * x[i] * s;
+    // The weight gradient first: dinp may alias dout, which it reads.
+    if (dweight) {
+        std::vector<double> acc(static_cast<size_t>(D), 0.0);
+        for (int64_t n = 0; n < rows; ++n) {  // rows in order
+            const float* x = inp + n * D;
+            const float* dy = dout + n * D;
+            const float r = rstd[n];
+            for (int c = 0; c < D; ++c) acc[c] += static_cast<double>(dy[c]) * (x[c] * r);
         }
-        const float k = static_cast<float>(dot / D) * s * s * s;
-        float* dx = dinp + r * D;
-        for (int i = 0; i < D; ++i) dx[i] = s * (weight[i] * dy[i]) - x[i] * k;
+        for (int c = 0; c < D; ++c) dweight[c] += static_cast<float>(acc[c]);
     }
-    for (int i = 0; i < D; ++i) dweight[i] += static_cast<float>(dw[i]);
+    // y = w * xhat, xhat = x * r  =>  dx = r * (dy*w - xhat * mean(dy*w*xhat)).
+#pragma omp parallel for schedule(static) if (rows * D > kMinParallelWork)
+    for (int64_t n = 0; n < rows; ++n) {
+        const float* x = inp + n * D;
+        const float* dy = dout + n * D;
+        float* dx = dinp + n * D;
+        const float r = rstd[n];
+        float dot = 0.0f;
+        for (int c = 0; c < D; ++c) dot += dy[c] * weight[c] * (x[c] * r);
+        const float mean = dot / static_cast<float>(D);
+        for (int c = 0; c < D; ++c) dx[c] = r * (dy[c] * weight[c] - x[c] * r * mean);  // after dy[c]: in place ok
+    }
 }
 
 }  // namespace qtrain::cpu
