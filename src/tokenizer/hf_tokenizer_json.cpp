@@ -75,9 +75,9 @@ const SplitPattern& read_pre_tokenizer(const json& p, const std::string& path) {
     const SplitPattern* pattern = find_split_pattern(regex);
     if (!pattern) {
         throw_error(cat(path, ": unsupported split regex ", json(regex).dump(),
-                        " in pre_tokenizer (qtrain implements exactly two, not a regex engine: Qwen2's ",
-                        json(kQwen2Split.regex).dump(), " and Llama 3's ", json(kLlama3Split.regex).dump(),
-                        ")"));
+                        " in pre_tokenizer (qtrain implements exactly two, not a regex engine: ",
+                        kQwen2Split.name, "'s ", json(kQwen2Split.regex).dump(), " and ", kLlama3Split.name,
+                        "'s ", json(kLlama3Split.regex).dump(), ")"));
     }
     return *pattern;
 }
