@@ -4,8 +4,10 @@
 //   tokenize --dataset=tiny-shakespeare [--model=qwen]      -> data/tiny-shakespeare-qwen/
 //
 // Documents come from text files (one per file, or cut by --doc-separator) or JSON Lines
-// (--text-field, or --prompt-field/--response-field for masked fine-tuning data); each gets
-// <|endoftext|> appended. Whole documents go to eval.bin (--eval-fraction of the input bytes,
+// (--text-field, or --prompt-field/--response-field for masked fine-tuning data); each gets the
+// tokenizer's BOS put before it where its post-processor adds one (Llama 3's <|begin_of_text|>, as
+// HF's tokenizer(doc) does; Qwen's adds none) and its end-of-text token appended (<|endoftext|>,
+// Llama 3's <|end_of_text|>). Whole documents go to eval.bin (--eval-fraction of the input bytes,
 // counted from the start, the first --eval-tokens tokens, or the first --eval-documents documents)
 // and the rest to train.bin, or to
 // train-000.bin, train-001.bin, ... of about --shard-tokens tokens each. The header's vocab size
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
     double eval_fraction = -1;
     int64_t eval_tokens = -1, eval_documents = -1, shard_tokens = 100'000'000;
     int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    std::string special = "text", eos = "<|endoftext|>";
+    std::string special = "text", bos = "auto", eos = "auto";
     bool no_progress = false, list_datasets = false;
 
     app.add_option("--tokenizer", tokenizer_spec,
@@ -235,7 +237,14 @@ int main(int argc, char** argv) {
                    "recognize (all added tokens), none (no added tokens)")
         ->capture_default_str()
         ->check(CLI::IsMember({"text", "recognize", "none"}));
-    app.add_option("--eos", eos, "token appended after each document, or 'none'")->capture_default_str();
+    app.add_option("--bos", bos,
+                   "token put before each document: auto (the one the tokenizer's post-processor adds, "
+                   "e.g. Llama 3's <|begin_of_text|>; Qwen's adds none), none, or a token")
+        ->capture_default_str();
+    app.add_option("--eos", eos,
+                   "token appended after each document: auto (<|endoftext|>, else Llama 3's "
+                   "<|end_of_text|>), none, or a token")
+        ->capture_default_str();
     app.add_flag("--no-progress", no_progress, "no progress bar on stderr");
     CLI11_PARSE(app, argc, argv);
 
@@ -282,16 +291,31 @@ int main(int argc, char** argv) {
         encode_options.special = special == "recognize" ? qtrain::SpecialTokens::kRecognize
                                  : special == "none"    ? qtrain::SpecialTokens::kNone
                                                         : qtrain::SpecialTokens::kAsText;
+        if (bos == "auto") {
+            encode_options.bos_id = tokenizer.bos_id().value_or(-1);
+        } else if (bos != "none") {
+            const auto id = tokenizer.token_id(bos);
+            QT_CHECK(id, "--bos: '", bos, "' is not a token of ", tokenizer.source());
+            encode_options.bos_id = *id;
+        }
+        if (eos == "auto") {
+            const auto end = tokenizer.end_of_text();
+            QT_CHECK(end, "--eos=auto: ", tokenizer.source(),
+                     " has neither <|endoftext|> nor <|end_of_text|>; pass --eos=TOKEN or --eos=none");
+            eos = *end;
+        }
         if (eos != "none") {
             const auto id = tokenizer.token_id(eos);
             QT_CHECK(id, "--eos: '", eos, "' is not a token of ", tokenizer.source());
             encode_options.eos_id = *id;
         }
-        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); EOS {}\n",
+        auto named_id = [&](int32_t id) {
+            return id >= 0 ? fmt::format("{} = {}", tokenizer.decode(std::span(&id, 1)), id) : std::string("none");
+        };
+        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); BOS {}; EOS {}\n",
                                  tokenizer.source(), tokenizer.regular_vocab_size(),
                                  tokenizer.added_tokens().size(), seconds_since(load_start),
-                                 encode_options.eos_id >= 0 ? fmt::format("{} = {}", eos, encode_options.eos_id)
-                                                            : std::string("none"));
+                                 named_id(encode_options.bos_id), named_id(encode_options.eos_id));
 
         fs::create_directories(out_dir);
         const bool masks = !reader_options.prompt_field.empty();

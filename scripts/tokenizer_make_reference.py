@@ -3,6 +3,10 @@
 
     python3 scripts/tokenizer_make_reference.py --tokenizer ../shared/data/qwen2.5-tokenizer/tokenizer.json \
         --out build/tokenizer-reference
+    python3 scripts/tokenizer_make_reference.py --tokenizer build/tokenizer-reference/llama3.2/tokenizer.json \
+        --out build/tokenizer-reference/llama3.2
+
+(Llama 3's files: scripts/tokenizer_fetch_llama3.sh.)
 
 Needs `pip install tokenizers==0.23.3` (the version the tests were checked against; any version
 whose Qwen2 ids are unchanged works). A missing --tokenizer file is not an error: the script says
@@ -15,15 +19,20 @@ whitespace runs, CRLF, NFD and scrambled combining marks, invalid UTF-8, added-t
 contractions, random code points and random mixes of all of these. Deterministic for a given
 machine (fixed seed).
 
+Also writes OUT/reference.json: {"bos_ids": the ids HF's post-processor puts before every document
+(tokenizer(doc) = bos_ids + the kRecognize ids below, checked here on every document: [] for Qwen,
+[128000] for Llama 3.2), "documents", "tokenizers" (the version)}.
+
 reference.bin layout (little endian): b"QTOKREF1", u32 document count, then per document:
-u32 n + n bytes (the raw document, possibly invalid UTF-8), u32 n + n bytes (HF's normalized text of
-the document after errors="replace" decoding), then three id lists, each u32 n + n int32:
+u32 n + n bytes (the raw document, possibly invalid UTF-8), u32 n + n bytes (the tokenizer's normalized
+text of the document after errors="replace" decoding: NFC for Qwen, the text itself for Llama 3), then three id lists, each u32 n + n int32:
   ids with encode_special_tokens=True (qtrain's SpecialTokens::kAsText),
   ids with HF's default encode (kRecognize),
   ids with no added tokens at all (kNone).
 """
 import argparse
 import glob
+import json
 import os
 import random
 import shutil
@@ -32,7 +41,7 @@ import subprocess
 import sys
 import unicodedata
 
-from tokenizers import Tokenizer, normalizers
+from tokenizers import Tokenizer
 
 SEED = 1234
 
@@ -291,7 +300,9 @@ def added_token_documents(rng, added):
         docs.append("".join(parts).encode())
     docs += [b"<|endoftext|>", b"<|<|endoftext|>|>", b"<tool_call>x</tool_call>",
              b"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", b" <|endoftext|> ",
-             b"a<|fim_prefix|>b<|fim_suffix|>c<|fim_middle|>", b"<<tool_call>>"]
+             b"a<|fim_prefix|>b<|fim_suffix|>c<|fim_middle|>", b"<<tool_call>>",
+             b"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi 12345!<|eot_id|>"
+             b"<|start_header_id|>assistant<|end_header_id|>\n\n", b"<|end_of_text|><|begin_of_text|>x"]
     return docs
 
 
@@ -350,7 +361,6 @@ def long_piece_documents(rng, han_chars):
 # --------------------------------------------------------------------------------------------------
 
 def build_corpus(tokenizer_json, fuzz):
-    import json
     rng = random.Random(SEED)
     with open(tokenizer_json, encoding="utf-8") as f:
         j = json.load(f)
@@ -382,7 +392,7 @@ def build_corpus(tokenizer_json, fuzz):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokenizer", required=True, help="HF tokenizer.json (Qwen2.5's)")
+    ap.add_argument("--tokenizer", required=True, help="HF tokenizer.json (Qwen2.5's, Llama 3's)")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--fuzz", type=int, default=3000,
                     help="number of random short documents (more: a longer, deeper check)")
@@ -399,12 +409,18 @@ def main():
     as_text = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     tok.encode_special_tokens = False
     recognize = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
-    import json
+    # What the post-processor adds: the same tokens before every document, nothing after.
+    bos_ids = tok.encode("", add_special_tokens=True).ids
+    with_special = [e.ids for e in tok.encode_batch(texts, add_special_tokens=True)]
+    for i, ids in enumerate(with_special):
+        if ids != bos_ids + recognize[i]:
+            sys.exit(f"document {i}: tokenizer(doc) is not {bos_ids} + its ids; qtrain does not implement "
+                     f"this post-processor")
     j["added_tokens"] = []
     bare = Tokenizer.from_str(json.dumps(j))
     none = [e.ids for e in bare.encode_batch(texts, add_special_tokens=False)]
-    nfc = normalizers.NFC()
-    normalized = [nfc.normalize_str(t).encode() for t in texts]
+    normalizer = tok.normalizer
+    normalized = [(normalizer.normalize_str(t) if normalizer else t).encode() for t in texts]
 
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "reference.bin")
@@ -420,6 +436,10 @@ def main():
                 f.write(struct.pack("<I", len(ids)))
                 f.write(struct.pack(f"<{len(ids)}i", *ids))
     os.replace(tmp, path)
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump({"bos_ids": bos_ids, "documents": len(docs),
+                   "tokenizers": __import__("tokenizers").__version__}, f)
+        f.write("\n")
     total = sum(len(d) for d in docs)
     print(f"wrote {path}: {len(docs)} documents, {total / 1e6:.2f} MB, "
           f"{sum(len(x) for x in as_text)} tokens (tokenizers {__import__('tokenizers').__version__})")

@@ -86,21 +86,38 @@ def write_tokens(path: str, tokens, vocab_size: int) -> None:
 
 
 def tokenize(texts, tokenizer: "str | Tokenizer", out: "str | None" = None, vocab_size: "int | None" = None,
-             eos: "str | None" = "<|endoftext|>"):
+             eos: "str | None" = "auto", bos: "str | None" = "auto"):
     """Token ids of `texts` (a string, or a list of documents) with a tokenizer.json / tiktoken file or
-    a loaded Tokenizer, the `eos` token appended after each document as `tokenize --eos` does (None:
-    nothing appended). With `out`, also writes them as a BIN.TOK file (`vocab_size`: the model's,
-    default the tokenizer's). Returns a 1-D int32 numpy array."""
+    a loaded Tokenizer, as `tokenize --bos --eos` writes them: the `bos` token before each document
+    ("auto": the one the tokenizer's post-processor adds, Llama 3's <|begin_of_text|>; Qwen's adds none)
+    and the `eos` token after it ("auto": <|endoftext|>, else Llama 3's <|end_of_text|>); None: nothing.
+    With `out`, also writes them as a BIN.TOK file (`vocab_size`: the model's, default the tokenizer's).
+    Returns a 1-D int32 numpy array."""
     import numpy as np
 
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(str(tokenizer))
-    eos_id = None
-    if eos is not None:
-        eos_id = tok.token_id(eos)
-        if eos_id is None:
-            raise ValueError(f"eos: {eos!r} is not a token of this tokenizer (give eos=None to append nothing)")
+
+    def token(name: str, value: "str | None", auto: "str | None") -> "int | None":
+        if value == "auto":
+            value = auto
+            if value is None:
+                return None
+        if value is None:
+            return None
+        token_id = tok.token_id(value)
+        if token_id is None:
+            raise ValueError(f"{name}: {value!r} is not a token of this tokenizer (give {name}=None to add nothing)")
+        return token_id
+
+    bos_id = tok.bos_id if bos == "auto" else token("bos", bos, None)
+    if eos == "auto" and tok.end_of_text is None:
+        raise ValueError("eos='auto': the tokenizer has neither <|endoftext|> nor <|end_of_text|> "
+                         "(give eos=TOKEN, or eos=None to append nothing)")
+    eos_id = token("eos", eos, tok.end_of_text)
     ids: list = []
     for doc in [texts] if isinstance(texts, str) else texts:
+        if bos_id is not None:
+            ids.append(bos_id)
         ids.extend(tok.encode(doc))
         if eos_id is not None:
             ids.append(eos_id)

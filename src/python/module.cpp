@@ -87,5 +87,10 @@ NB_MODULE(_qtrain, m) {
         .def(
             "token_id", [](const qtrain::Tokenizer& t, const std::string& token) { return t.token_id(token); },
             nb::arg("token"), "The id of a token (e.g. '<|endoftext|>'), or None when it is not one.")
-        .def_prop_ro("vocab_size", &qtrain::Tokenizer::vocab_size);
+        .def_prop_ro("vocab_size", &qtrain::Tokenizer::vocab_size)
+        .def_prop_ro("bos_id", &qtrain::Tokenizer::bos_id,
+                     "The token the post-processor puts before each document (Llama 3's <|begin_of_text|>), or None.")
+        .def_prop_ro("end_of_text", &qtrain::Tokenizer::end_of_text,
+                     "The end-of-document token `tokenize` appends by default (<|endoftext|>, "
+                     "<|end_of_text|>), or None.");
 }

@@ -81,6 +81,12 @@ std::vector<EncodedDocument> BatchEncoder::encode(const std::vector<Document>& d
     if (error_) std::rethrow_exception(error_);
 
     std::vector<EncodedDocument> out(docs.size());
+    if (options_.bos_id >= 0) {
+        for (EncodedDocument& e : out) {
+            e.tokens.push_back(options_.bos_id);
+            if (with_masks) e.mask.push_back(0);
+        }
+    }
     for (std::size_t i = 0; i < items_.size(); ++i) {
         EncodedDocument& e = out[items_[i].doc];
         e.tokens.insert(e.tokens.end(), results_[i].begin(), results_[i].end());

@@ -18,12 +18,13 @@
 namespace qtrain {
 
 struct EncodedDocument {
-    std::vector<int32_t> tokens;  // the document's tokens, then the end-of-document token
-    std::vector<uint8_t> mask;    // with prompts: 0 for prompt tokens, 1 for response + EOS
+    std::vector<int32_t> tokens;  // [BOS,] the document's tokens, then the end-of-document token
+    std::vector<uint8_t> mask;    // with prompts: 0 for BOS and prompt tokens, 1 for response + EOS
 };
 
 struct BatchEncodeOptions {
     int threads = 1;
+    int32_t bos_id = -1;  // put before each document (Tokenizer::bos_id()); < 0: nothing
     int32_t eos_id = -1;  // appended after each document; < 0: nothing appended
     SpecialTokens special = SpecialTokens::kAsText;
     std::size_t chunk_bytes = 1u << 20;  // pieces of large documents handed to one thread

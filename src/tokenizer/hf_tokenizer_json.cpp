@@ -1,6 +1,7 @@
-// Reads a HF tokenizer.json. qtrain implements one pipeline (the Qwen2 family's: optional NFC,
-// the Qwen2 split regex, byte-level BPE), so anything else in the file is rejected with a message
-// that says what was found, instead of silently giving different ids.
+// Reads a HF tokenizer.json. qtrain implements one pipeline (optional NFC, the Qwen2 or Llama 3 split
+// regex, byte-level BPE, optionally one token put before each sequence by the post-processor), so
+// anything else in the file is rejected with a message that says what was found, instead of
+// silently giving different ids.
 
 #include <nlohmann/json.hpp>
 
@@ -48,10 +49,12 @@ bool read_normalizer(const json& n, const std::string& path) {
                     " (qtrain's tokenizer implements NFC or none)"));
 }
 
-void check_pre_tokenizer(const json& p, const std::string& path) {
+// The split pattern of the pre-tokenizer: Sequence[Split(Regex, Isolated), ByteLevel without its own
+// regex], the regex one of those pretokenizer.h implements.
+const SplitPattern& read_pre_tokenizer(const json& p, const std::string& path) {
     const auto fail = [&] {
         throw_error(cat(path, ": unsupported pre_tokenizer ", describe(p),
-                        " (qtrain's tokenizer implements the Qwen2 split regex followed by "
+                        " (qtrain's tokenizer implements the Qwen2 or Llama 3 split regex followed by "
                         "ByteLevel without its own regex)"));
     };
     if (p.value("type", "") != "Sequence") fail();
@@ -59,15 +62,71 @@ void check_pre_tokenizer(const json& p, const std::string& path) {
     if (parts.size() != 2) fail();
     const json& split = parts[0];
     const json& byte_level = parts[1];
-    if (split.value("type", "") != "Split" || !split.contains("pattern") ||
-        split["pattern"].value("Regex", "") != kQwen2SplitPattern ||
-        split.value("behavior", "") != "Isolated" || split.value("invert", false)) {
+    if (split.value("type", "") != "Split" || !split.contains("pattern") || !split["pattern"].is_object() ||
+        !split["pattern"].contains("Regex") || split.value("behavior", "") != "Isolated" ||
+        split.value("invert", false)) {
         fail();
     }
     if (byte_level.value("type", "") != "ByteLevel" || byte_level.value("add_prefix_space", false) ||
         byte_level.value("use_regex", true)) {
         fail();
     }
+    const std::string regex = split["pattern"]["Regex"].get<std::string>();
+    const SplitPattern* pattern = find_split_pattern(regex);
+    if (!pattern) {
+        throw_error(cat(path, ": unsupported split regex ", json(regex).dump(),
+                        " in pre_tokenizer (qtrain implements exactly two, not a regex engine: ",
+                        kQwen2Split.name, "'s ", json(kQwen2Split.regex).dump(), " and ", kLlama3Split.name,
+                        "'s ", json(kLlama3Split.regex).dump(), ")"));
+    }
+    return *pattern;
+}
+
+// The token the post-processor puts before each sequence, if any. Accepted: none, ByteLevel (it only
+// adjusts offsets), TemplateProcessing whose "single" template is $A alone or one special token then
+// $A, and a Sequence of these. Anything else would add tokens qtrain does not add.
+std::optional<int32_t> read_post_processor(const json& p, const std::string& path) {
+    if (p.is_null()) return std::nullopt;
+    const auto fail = [&](const std::string& why) {
+        throw_error(cat(path, ": unsupported post_processor ", describe(p), " (", why,
+                        "; qtrain implements ByteLevel and a TemplateProcessing that puts at most one "
+                        "special token before $A, such as Llama 3's <|begin_of_text|> $A)"));
+    };
+    const std::string type = p.value("type", "");
+    if (type == "ByteLevel") return std::nullopt;
+    if (type == "Sequence") {
+        std::optional<int32_t> bos;
+        for (const json& part : p.at("processors")) {
+            if (const auto b = read_post_processor(part, path)) {
+                if (bos) fail("two processors add tokens");
+                bos = b;
+            }
+        }
+        return bos;
+    }
+    if (type != "TemplateProcessing") fail(cat("type '", type, "'"));
+    const json& single = p.at("single");
+    std::optional<int32_t> bos;
+    bool sequence = false;
+    for (const json& piece : single) {
+        if (piece.contains("Sequence")) {
+            if (piece["Sequence"].value("id", "") != "A" || sequence) fail("the single template is not [token] $A");
+            sequence = true;
+        } else if (piece.contains("SpecialToken")) {
+            if (sequence) fail("a token after $A");
+            if (bos) fail("more than one token before $A");
+            const std::string name = piece["SpecialToken"].at("id").get<std::string>();
+            const json& special = p.value("special_tokens", json::object());
+            if (!special.contains(name) || special[name].at("ids").size() != 1) {
+                fail(cat("special token '", name, "' is not in special_tokens with exactly one id"));
+            }
+            bos = special[name]["ids"][0].get<int32_t>();
+        } else {
+            fail("an unknown template piece");
+        }
+    }
+    if (!sequence) fail("the single template has no $A");
+    return bos;
 }
 
 void check_model(const json& m, const std::string& path) {
@@ -103,7 +162,8 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
         const json& model = j["model"];
         check_model(model, path);
         spec.nfc = read_normalizer(j.value("normalizer", json()), path);
-        check_pre_tokenizer(j.value("pre_tokenizer", json()), path);
+        spec.split = &read_pre_tokenizer(j.value("pre_tokenizer", json()), path);
+        spec.bos_id = read_post_processor(j.value("post_processor", json()), path);
         spec.ignore_merges = model.value("ignore_merges", false);
 
         const json& vocab = model.at("vocab");

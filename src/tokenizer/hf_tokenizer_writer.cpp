@@ -29,6 +29,27 @@ ordered_json byte_level() {
 
 constexpr const char* kEndOfText = "<|endoftext|>";
 
+// ByteLevel, then (when the tokenizer has one) the token before each sequence, as Llama 3's
+// tokenizer.json spells it.
+ordered_json post_processor(const Tokenizer& tok) {
+    if (!tok.bos_id()) return byte_level();
+    const int32_t id = *tok.bos_id();
+    const std::string name = tok.decode(std::span(&id, 1));
+    auto piece = [&](const char* kind, const std::string& what, int type_id) {
+        return ordered_json{{kind, {{"id", what}, {"type_id", type_id}}}};
+    };
+    ordered_json bos = {{name, {{"id", name}, {"ids", ordered_json::array({id})}, {"tokens", ordered_json::array({name})}}}};
+    return {{"type", "Sequence"},
+            {"processors",
+             ordered_json::array(
+                 {byte_level(),
+                  {{"type", "TemplateProcessing"},
+                   {"single", ordered_json::array({piece("SpecialToken", name, 0), piece("Sequence", "A", 0)})},
+                   {"pair", ordered_json::array({piece("SpecialToken", name, 0), piece("Sequence", "A", 0),
+                                                 piece("SpecialToken", name, 1), piece("Sequence", "B", 1)})},
+                   {"special_tokens", std::move(bos)}}})}};
+}
+
 }  // namespace
 
 std::string hf_tokenizer_json_from_ranks(const Tokenizer& tok) {
@@ -85,11 +106,11 @@ std::string hf_tokenizer_json_from_ranks(const Tokenizer& tok) {
          {{"type", "Sequence"},
           {"pretokenizers",
            ordered_json::array({{{"type", "Split"},
-                                 {"pattern", {{"Regex", kQwen2SplitPattern}}},
+                                 {"pattern", {{"Regex", tok.split_pattern().regex}}},
                                  {"behavior", "Isolated"},
                                  {"invert", false}},
                                 byte_level()})}}},
-        {"post_processor", byte_level()},
+        {"post_processor", post_processor(tok)},
         {"decoder", byte_level()},
         {"model", std::move(model)},
     };
@@ -97,6 +118,31 @@ std::string hf_tokenizer_json_from_ranks(const Tokenizer& tok) {
 }
 
 std::string hf_tokenizer_config_json(const Tokenizer& tok) {
+    if (tok.bos_id()) {
+        // Llama 3's: the fast tokenizer of tokenizer.json as it is (its post-processor adds the BOS),
+        // bos and eos as the base models name them.
+        const int32_t bos = *tok.bos_id();
+        const std::optional<std::string> eos = tok.end_of_text();
+        ordered_json decoder = ordered_json::object();
+        for (const AddedToken& t : added_by_id(tok)) {
+            decoder[std::to_string(t.id)] = {{"content", t.content},
+                                             {"lstrip", false},
+                                             {"normalized", t.normalized},
+                                             {"rstrip", false},
+                                             {"single_word", false},
+                                             {"special", t.special}};
+        }
+        ordered_json j = {
+            {"added_tokens_decoder", std::move(decoder)},
+            {"bos_token", tok.decode(std::span(&bos, 1))},
+            {"clean_up_tokenization_spaces", true},
+            {"eos_token", eos ? ordered_json(*eos) : ordered_json(nullptr)},
+            {"model_input_names", ordered_json::array({"input_ids", "attention_mask"})},
+            {"model_max_length", 131072},
+            {"tokenizer_class", "PreTrainedTokenizerFast"},
+        };
+        return j.dump(2) + "\n";
+    }
     const bool has_eot = tok.token_id(kEndOfText).has_value();
     ordered_json decoder = ordered_json::object();
     ordered_json additional = ordered_json::array();

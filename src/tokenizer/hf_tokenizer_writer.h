@@ -1,10 +1,13 @@
 // The text of the two HF tokenizer files that describe a qtrain Tokenizer:
 //  - tokenizer.json (what `tokenizers` and transformers' fast tokenizers load): byte-level BPE with
 //    the vocabulary in the byte-level alphabet, merges derived from the ranks (tiktoken_merges.h),
-//    the Qwen2 split regex + ByteLevel, NFC when the tokenizer normalizes, the added tokens with
-//    qtrain's ids — the structure of Qwen2.5's own tokenizer.json, key for key;
+//    the tokenizer's split regex + ByteLevel, NFC when the tokenizer normalizes, the added tokens with
+//    qtrain's ids, the BOS template when it has one — the structure of Qwen2.5's own tokenizer.json,
+//    key for key (and of Llama 3's post-processor);
 //  - tokenizer_config.json (what AutoTokenizer reads first): Qwen2Tokenizer with the eos/pad tokens
-//    of the Qwen2.5 base models (<|endoftext|>), the added tokens and the other special tokens.
+//    of the Qwen2.5 base models (<|endoftext|>), the added tokens and the other special tokens; for a
+//    tokenizer that adds a BOS (Llama 3), PreTrainedTokenizerFast with the bos and eos
+//    (<|begin_of_text|>, <|end_of_text|>) of Llama 3's base models.
 #pragma once
 
 #include <string>

@@ -5,7 +5,9 @@
 //     no other character folds to these letters.
 //  2. [^\r\n\p{L}\p{N}]?\p{L}+: c is a letter (take the run of letters), or c is neither CR, LF,
 //     letter nor number and next is a letter (c plus the run).
-//  3. \p{N}: one number character (so digits are always single pieces).
+//  3. \p{N} (Qwen2): one number character, so digits are always single pieces; \p{N}{1,3}
+//     (Llama 3): up to three number characters, greedy (a run of seven gives 3 + 3 + 1). Only a
+//     number starts it: alternative 2's optional first character excludes \p{N}.
 //  4.  ?[^\s\p{L}\p{N}]+[\r\n]*: a run of "other" characters (not space, letter or number),
 //     optionally after one ' ', then any CR/LF run.
 //  5. \s*[\r\n]+: c is a space character and its run of spaces holds a CR or LF; backtracking
@@ -20,8 +22,21 @@
 
 namespace qtrain {
 
-const char* const kQwen2SplitPattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const SplitPattern kQwen2Split = {
+    "Qwen2",
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+    1};
+const SplitPattern kLlama3Split = {
+    "Llama 3",
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+    3};
+
+const SplitPattern* find_split_pattern(std::string_view regex) {
+    for (const SplitPattern* p : {&kQwen2Split, &kLlama3Split}) {
+        if (regex == p->regex) return p;
+    }
+    return nullptr;
+}
 
 namespace {
 
@@ -86,7 +101,7 @@ std::size_t run_end(std::string_view text, std::size_t pos, Pred pred) {
 }
 
 // Length of the piece that starts at `pos`.
-std::size_t piece_length(std::string_view text, std::size_t pos) {
+std::size_t piece_length(std::string_view text, std::size_t pos, int max_digits) {
     const Char c = char_at(text, pos);
     const std::size_t after = pos + c.len;
     const bool has_next = after < text.size();
@@ -101,7 +116,15 @@ std::size_t piece_length(std::string_view text, std::size_t pos) {
     if ((c.cls == kOther || c.cls == kSpace) && has_next && next.cls == kLetter) {
         return run_end(text, after + next.len, [](Class k) { return k == kLetter; }) - pos;
     }
-    if (c.cls == kNumber) return c.len;  // 3
+    if (c.cls == kNumber) {  // 3
+        std::size_t end = after;
+        for (int n = 1; n < max_digits && end < text.size(); ++n) {
+            const Char d = char_at(text, end);
+            if (d.cls != kNumber) break;
+            end += d.len;
+        }
+        return end - pos;
+    }
     auto other_then_newlines = [&](std::size_t from) {  // 4
         const std::size_t e = run_end(text, from, [](Class k) { return k == kOther; });
         return run_end(text, e, [](Class k) { return k == kNewline; }) - pos;
@@ -127,10 +150,10 @@ std::size_t piece_length(std::string_view text, std::size_t pos) {
 
 }  // namespace
 
-void qwen2_pretokenize(std::string_view text, std::vector<std::string_view>& pieces) {
+void pretokenize(std::string_view text, const SplitPattern& pattern, std::vector<std::string_view>& pieces) {
     std::size_t pos = 0;
     while (pos < text.size()) {
-        const std::size_t n = piece_length(text, pos);
+        const std::size_t n = piece_length(text, pos, pattern.max_digits);
         pieces.push_back(text.substr(pos, n));
         pos += n;
     }

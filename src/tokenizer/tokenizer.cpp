@@ -61,6 +61,8 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
       normalized_matcher_(added_, /*normalized=*/true),
       nfc_(spec.nfc),
       ignore_merges_(spec.ignore_merges),
+      split_(spec.split),
+      bos_id_(spec.bos_id),
       serial_(g_next_serial.fetch_add(1)) {
     const int32_t num_regular = static_cast<int32_t>(spec.tokens.size());
     auto bpe = std::make_shared<BpeModel>(std::move(spec.tokens));
@@ -89,12 +91,15 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
         ids_by_bytes_[t.content] = t.id;
         if (t.content.find('\n') != std::string::npos) parallel_split_ok_ = false;
     }
+    QT_CHECK(split_, source_, ": no split pattern");
+    QT_CHECK(!bos_id_ || (*bos_id_ >= 0 && *bos_id_ < size && by_id_[*bos_id_]), source_,
+             ": the post-processor's token id ", bos_id_.value_or(-1), " is not in the vocabulary");
 }
 
 void Tokenizer::encode_pieces(std::string_view text, std::vector<int32_t>& out) const {
     EncodeContext& ctx = context_for(serial_);
     ctx.pieces.clear();
-    qwen2_pretokenize(text, ctx.pieces);
+    pretokenize(text, *split_, ctx.pieces);
     for (const std::string_view piece : ctx.pieces) {
         if (ctx.cache.lookup(piece, out)) continue;
         const std::size_t before = out.size();
@@ -187,6 +192,13 @@ std::vector<std::string_view> Tokenizer::split_for_parallel(std::string_view tex
     }
     chunks.push_back(text.substr(start));
     return chunks;
+}
+
+std::optional<std::string> Tokenizer::end_of_text() const {
+    for (const char* token : {"<|endoftext|>", "<|end_of_text|>"}) {
+        if (token_id(token)) return token;
+    }
+    return std::nullopt;
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {

@@ -1,11 +1,16 @@
-// Qwen2/Qwen2.5/Qwen3 byte-level BPE tokenizer that gives exactly the ids of HF `tokenizers`.
+// Byte-level BPE tokenizer (Qwen2/Qwen2.5/Qwen3's and Llama 3/3.1/3.2's) that gives exactly the ids
+// of HF `tokenizers`.
 //
 // Encoding, in the order HF applies it:
 //  1. invalid UTF-8 -> U+FFFD per maximal ill-formed subsequence (as Python's
 //     bytes.decode("utf-8", errors="replace"); HF itself only takes valid strings),
 //  2. added tokens found in the raw text (see SpecialTokens for which ones count),
 //  3. NFC on the text between them (when tokenizer.json has the NFC normalizer),
-//  4. the Qwen2 split regex (pretokenizer.h), then byte-level BPE of each piece (bpe.h).
+//  4. the split regex, Qwen2's or Llama 3's (pretokenizer.h), then byte-level BPE of each piece
+//     (bpe.h).
+// encode() gives the ids of the text alone (HF's add_special_tokens=False). What the post-processor
+// adds to a document is bos_id(): Llama 3's <|begin_of_text|>, none for Qwen; `tokenize` (the
+// BatchEncoder) puts it before each document, as HF's tokenizer(doc) does.
 // Loads a HF tokenizer.json or a tiktoken rank file (qwen.tiktoken). Immutable after loading and
 // safe to share between threads; each thread keeps its own cache of piece -> ids.
 #pragma once
@@ -21,6 +26,7 @@
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/pretokenizer.h"
 
 namespace qtrain {
 
@@ -43,6 +49,8 @@ struct TokenizerSpec {
     std::vector<AddedToken> added;
     bool nfc = false;
     bool ignore_merges = false;  // a piece that is itself a token is not merged (Llama 3 style)
+    const SplitPattern* split = &kQwen2Split;
+    std::optional<int32_t> bos_id;  // the post-processor's token before each sequence
 };
 
 struct EncodeStats {
@@ -94,6 +102,13 @@ public:
     TokenizerFormat format() const { return format_; }
     bool normalizes_nfc() const { return nfc_; }
     bool ignore_merges() const { return ignore_merges_; }
+    const SplitPattern& split_pattern() const { return *split_; }
+    // The token the post-processor puts before each sequence (tokenizer.json's TemplateProcessing
+    // "single": [<|begin_of_text|>, $A] for Llama 3), or none (Qwen2's post-processor adds nothing).
+    std::optional<int32_t> bos_id() const { return bos_id_; }
+    // The token that ends a document in pretraining data, appended by `tokenize` unless --eos says
+    // otherwise: Qwen's <|endoftext|>, else Llama 3's <|end_of_text|>, else none.
+    std::optional<std::string> end_of_text() const;
 
 private:
     void encode_segment(std::string_view text, std::vector<int32_t>& out, SpecialTokens mode) const;
@@ -106,6 +121,8 @@ private:
     AddedTokenMatcher raw_matcher_, normalized_matcher_;
     bool nfc_ = false;
     bool ignore_merges_ = false;
+    const SplitPattern* split_ = &kQwen2Split;
+    std::optional<int32_t> bos_id_;
     bool parallel_split_ok_ = true;
     std::vector<const std::string*> by_id_;  // id -> bytes (nullptr: no such id)
     std::vector<uint8_t> special_;           // id -> 1 for special added tokens

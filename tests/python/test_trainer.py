@@ -216,6 +216,44 @@ def test_tokenize_and_the_data_loader(tmp_path: Path):
     assert inputs[0].tolist() == ids[:9].tolist() and targets[0].tolist() == ids[1:10].tolist()
     with pytest.raises(ValueError, match="not a token"):
         qtrain.tokenize("x", str(tmp_path / "t.tiktoken"), eos="<|no such token|>")
+    # Qwen's tokenizer (added tokens after the ranks): no BOS, <|endoftext|> by default
+    tok = qtrain.Tokenizer.load(str(tmp_path / "t.tiktoken"))
+    assert tok.bos_id is None and tok.end_of_text == "<|endoftext|>"
+    assert qtrain.tokenize(["ab"], tok).tolist() == [ord("a"), ord("b"), tok.token_id("<|endoftext|>")]
+
+
+def test_tokenize_puts_llama3s_bos_before_each_document(tmp_path: Path):
+    """A tokenizer.json in Llama 3's format: its post-processor puts <|begin_of_text|> before each
+    sequence, so tokenize() does, and ends documents with <|end_of_text|>."""
+    byte = {}
+    n = 0
+    for b in range(256):  # GPT-2's byte-level spelling
+        printable = 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
+        byte[b] = chr(b) if printable else chr(256 + n)
+        n += 0 if printable else 1
+    vocab = {byte[b]: b for b in range(256)}
+    names = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    added = [{"id": 256 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, c in enumerate(names)]
+    regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+             r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    bos = {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}
+    j = {"version": "1.0", "added_tokens": added, "normalizer": None,
+         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+             {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+         "post_processor": {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                            "pair": [], "special_tokens": {"<|begin_of_text|>": {
+                                "id": "<|begin_of_text|>", "ids": [256], "tokens": ["<|begin_of_text|>"]}}},
+         "decoder": None,
+         "model": {"type": "BPE", "ignore_merges": True, "vocab": vocab, "merges": []}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(j))
+    tok = qtrain.Tokenizer.load(str(tmp_path / "tokenizer.json"))
+    assert tok.bos_id == 256 and tok.end_of_text == "<|end_of_text|>"
+    assert qtrain.tokenize(["ab", "c"], tok).tolist() == [256, ord("a"), ord("b"), 257, 256, ord("c"), 257]
+    assert qtrain.tokenize("ab", tok, bos=None, eos="<|eot_id|>").tolist() == [ord("a"), ord("b"), 258]
+    with pytest.raises(ValueError, match=r"^bos: '<\|nope\|>' is not a token"):
+        qtrain.tokenize("x", tok, bos="<|nope|>")
 
 
 def test_the_options_come_from_the_engines_table():

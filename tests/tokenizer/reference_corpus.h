@@ -4,6 +4,8 @@
 #pragma once
 
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,9 +23,16 @@ inline constexpr SpecialTokens kModes[3] = {SpecialTokens::kAsText, SpecialToken
                                             SpecialTokens::kNone};
 inline constexpr const char* kModeNames[3] = {"kAsText", "kRecognize", "kNone"};
 
-inline const std::vector<RefDoc>* reference() {
-    static const std::vector<RefDoc>* docs = []() -> const std::vector<RefDoc>* {
-        const std::string path = test::reference_dir() + "/reference.bin";
+// The reference of the tokenizer in `dir` (Qwen2.5's: reference_dir(); Llama 3's: its llama3.2/ and
+// llama3/ below it), read once; nullptr when absent.
+inline const std::vector<RefDoc>* reference(const std::string& dir = test::reference_dir()) {
+    static std::mutex mutex;
+    static std::map<std::string, const std::vector<RefDoc>*> loaded;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = loaded.find(dir); it != loaded.end()) return it->second;
+    const std::vector<RefDoc>*& docs = loaded[dir];
+    docs = [&]() -> const std::vector<RefDoc>* {
+        const std::string path = dir + "/reference.bin";
         std::ifstream in(path, std::ios::binary);
         if (!in) return nullptr;
         auto u32 = [&] {

@@ -304,5 +304,70 @@ TEST(TokenizeAppQwen, EndOfTextIs151643AndIdsMatchTheLibrary) {
     EXPECT_EQ(f.header().vocab_size, 151665);
 }
 
+// A tokenizer whose post-processor adds a BOS (Llama 3's format): each document is <|begin_of_text|>,
+// its ids, then <|end_of_text|> (the default --eos for a tokenizer without <|endoftext|>), as HF's
+// tokenizer(doc) plus the EOS; a large document cut for the threads still gets one BOS.
+TEST(TokenizeAppLlama3, BosBeforeAndEndOfTextAfterEachDocument) {
+    test::TempDir tok_dir, in, out;
+    const std::string path = test::write_tiny_llama3_tokenizer_json(tok_dir.str(), {{"1", "2"}, {"12", "3"}, {"h", "i"}});
+    const Tokenizer tok = Tokenizer::load(path);
+    const int32_t bos = *tok.token_id("<|begin_of_text|>"), eot = *tok.token_id("<|end_of_text|>");
+    ASSERT_EQ(tok.bos_id(), bos);
+    std::string big;
+    for (int i = 0; i < 80000; ++i) big += "hi 1234567\nhi\n";  // over 1 MB: cut for the threads
+    const std::vector<std::string> docs = {"hi 123456", big, "x"};
+    for (std::size_t i = 0; i < docs.size(); ++i) write_file(in.file(fmt::format("{}.txt", i)), docs[i]);
+    auto want = [&](bool with_bos, int32_t end) {
+        std::vector<int32_t> ids;
+        for (const std::string& d : docs) {
+            if (with_bos) ids.push_back(bos);
+            tok.encode(d, ids);
+            if (end >= 0) ids.push_back(end);
+        }
+        return ids;
+    };
+    const std::string base = "--tokenizer=" + path + " --input=" + in.str() + "/*.txt --out-dir=" + out.str() + " --threads=2";
+    RunResult r = run_tokenize(base);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("BOS <|begin_of_text|> = {}; EOS <|end_of_text|> = {}", bos, eot)),
+              std::string::npos) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out.file("train.bin"))), want(true, eot));
+    EXPECT_EQ(tokens_of(TokenFile(out.file("train.bin")))[1], *tok.token_id("hi"));
+
+    r = run_tokenize(base + " --bos=none --eos=none");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out.file("train.bin"))), want(false, -1));
+    r = run_tokenize(base + " --eos='<|eot_id|>'");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out.file("train.bin"))), want(true, *tok.token_id("<|eot_id|>")));
+    r = run_tokenize(base + " --bos='<|nope|>'");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("--bos: '<|nope|>' is not a token of " + path), std::string::npos) << r.output;
+
+    // With prompt and response, the BOS belongs to the prompt (mask 0).
+    write_file(in.file("p.jsonl"), "{\"q\": \"hi?\", \"a\": \"123\"}\n");
+    r = run_tokenize("--tokenizer=" + path + " --input=" + in.file("p.jsonl") + " --out-dir=" + out.str() +
+                     " --prompt-field=q --response-field=a");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const TokenFile f(out.file("train.bin"));
+    std::vector<int32_t> ids = {bos};
+    tok.encode("hi?", ids);
+    const std::size_t prompt = ids.size();
+    tok.encode("123", ids);
+    ids.push_back(eot);
+    ASSERT_EQ(tokens_of(f), ids);
+    for (int64_t i = 0; i < f.size(); ++i) EXPECT_EQ(f.mask(i), i >= static_cast<int64_t>(prompt)) << i;
+}
+
+TEST(TokenizeAppQwen, NoBos) {
+    test::TempDir tok_dir, in, out;
+    const std::string path = test::write_tiny_tokenizer_json(tok_dir.str(), {{"h", "i"}}, false);
+    write_file(in.file("a.txt"), "hi");
+    const RunResult r = run_tokenize("--tokenizer=" + path + " --input=" + in.file("a.txt") + " --out-dir=" + out.str());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("BOS none; EOS <|endoftext|> = 257"), std::string::npos) << r.output;
+    EXPECT_EQ(tokens_of(TokenFile(out.file("train.bin"))), (std::vector<int32_t>{256, 257}));
+}
+
 }  // namespace
 }  // namespace qtrain
