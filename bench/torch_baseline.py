@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch baseline for qtrain's benchmarks: HF Qwen2ForCausalLM with the same shapes, fp32 master
-parameters, bf16 autocast, fused AdamW, optionally torch.compile; random tokens; prints tokens/s
-(median over the timed steps), MFU and peak memory as one JSON line.
+"""PyTorch baseline for qtrain's benchmarks: the HF model of the preset's family (Qwen2ForCausalLM,
+Qwen3ForCausalLM, LlamaForCausalLM) with the same shapes, fp32 master parameters, bf16 autocast, fused
+AdamW, optionally torch.compile and torchao float8 training (tensorwise scaling, every Linear but
+lm_head, as torchtitan does: the best PyTorch stack measured on the H200, /work/shared/gpu/NOTES.md);
+random tokens; prints tokens/s (median over the timed steps), MFU and peak memory as one JSON line.
 
-usage: python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --seq-len 1024 [--compile]
+usage: python3 bench/torch_baseline.py --model Qwen2.5-0.5B --batch 16 --seq-len 1024 [--compile] [--float8]
 """
 import argparse
 import json
@@ -11,18 +13,41 @@ import statistics
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-PRESETS = {  # published Qwen2.5 shapes (hidden, intermediate, layers, heads, kv heads, vocab, tied)
-    "Qwen2.5-0.5B": (896, 4864, 24, 14, 2, 151936, True),
-    "Qwen2.5-1.5B": (1536, 8960, 28, 12, 2, 151936, True),
-    "Qwen2.5-3B": (2048, 11008, 36, 16, 2, 151936, True),
-    "Qwen2.5-7B": (3584, 18944, 28, 28, 4, 152064, False),
+# published shapes (hidden, intermediate, layers, heads, kv heads, head_dim, vocab, tied), as qtrain's presets
+PRESETS = {
+    "Qwen2.5-0.5B": ("qwen2", 896, 4864, 24, 14, 2, 64, 151936, True),
+    "Qwen2.5-1.5B": ("qwen2", 1536, 8960, 28, 12, 2, 128, 151936, True),
+    "Qwen2.5-3B": ("qwen2", 2048, 11008, 36, 16, 2, 128, 151936, True),
+    "Qwen2.5-7B": ("qwen2", 3584, 18944, 28, 28, 4, 128, 152064, False),
+    "Qwen3-0.6B": ("qwen3", 1024, 3072, 28, 16, 8, 128, 151936, True),
+    "Qwen3-1.7B": ("qwen3", 2048, 6144, 28, 16, 8, 128, 151936, True),
+    "Qwen3-8B": ("qwen3", 4096, 12288, 36, 32, 8, 128, 151936, False),
+    "Llama-3.2-1B": ("llama", 2048, 8192, 16, 32, 8, 64, 128256, True),
+    "Llama-3.2-3B": ("llama", 3072, 8192, 28, 24, 8, 128, 128256, True),
+    "Llama-3.1-8B": ("llama", 4096, 14336, 32, 32, 8, 128, 128256, False),
 }
 
 
-def flops_per_token(h, i, L, heads, kv, vocab, T):
-    d = h // heads
+def make_config(family, h, i, L, heads, kv, d, vocab, tied):
+    common = dict(hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=heads,
+                  num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied)
+    if family == "qwen2":
+        return Qwen2Config(**common, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=d, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6)
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    import transformers
+    if int(transformers.__version__.split(".")[0]) >= 5:  # 5.x reads rope_parameters, 4.x rope_scaling
+        rope_args = {"rope_parameters": {**rope, "rope_theta": 5e5}}
+    else:
+        rope_args = {"rope_scaling": rope, "rope_theta": 5e5}
+    return LlamaConfig(**common, head_dim=d, max_position_embeddings=131072, rms_norm_eps=1e-5, **rope_args)
+
+
+def flops_per_token(h, i, L, heads, kv, d, vocab, T):
     per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * i
     return 6 * (L * per_layer + vocab * h) + 6 * L * T * heads * d
 
@@ -35,15 +60,17 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--float8", action="store_true", help="torchao float8 training (tensorwise), every Linear but lm_head")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     a = ap.parse_args()
 
-    h, i, L, heads, kv, vocab, tied = PRESETS[a.model]
-    cfg = Qwen2Config(hidden_size=h, intermediate_size=i, num_hidden_layers=L, num_attention_heads=heads,
-                      num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=tied,
-                      max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
+    family, h, i, L, heads, kv, d, vocab, tied = PRESETS[a.model]
+    cfg = make_config(family, h, i, L, heads, kv, d, vocab, tied)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).cuda()
+    model = AutoModelForCausalLM.from_config(cfg).cuda()
+    if a.float8:
+        from torchao.float8 import convert_to_float8_training
+        convert_to_float8_training(model, module_filter_fn=lambda m, name: name != "lm_head")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     fwd = torch.compile(model) if a.compile else model
 
@@ -59,7 +86,7 @@ def main():
     times = []
     torch.cuda.reset_peak_memory_stats()
     for s in range(a.warmup + a.steps):
-        x = torch.randint(0, 151643, (a.batch, a.seq_len), device="cuda")
+        x = torch.randint(0, vocab - 256, (a.batch, a.seq_len), device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = step(x)
@@ -69,8 +96,9 @@ def main():
             times.append(time.perf_counter() - t0)
     tokens = a.batch * a.seq_len
     tps = tokens / statistics.median(times)
-    fpt = flops_per_token(h, i, L, heads, kv, vocab, a.seq_len)
-    print(json.dumps({"system": "pytorch" + ("+compile" if a.compile else ""), "model": a.model, "batch": a.batch,
+    fpt = flops_per_token(h, i, L, heads, kv, d, vocab, a.seq_len)
+    system = "pytorch" + ("+float8" if a.float8 else "") + ("+compile" if a.compile else "")
+    print(json.dumps({"system": system, "model": a.model, "batch": a.batch,
                       "seq_len": a.seq_len, "tokens_per_s": round(tps), "mfu": round(tps * fpt / (a.peak_tflops * 1e12), 4),
                       "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}))
 
