@@ -173,8 +173,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     }
     bind_gpu_buffers(buf_, arenas_, config_, opt_, layout_);
 
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
+    stream_ = cuda::Stream::non_blocking();
+    staging_free_ = cuda::Event::ordering();
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
     create_roles();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
@@ -237,8 +237,6 @@ CudaModel::~CudaModel() {
     }
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
-    if (staging_free_) cudaEventDestroy(staging_free_);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
 std::string CudaModel::performance_notes() const {

@@ -13,6 +13,7 @@
 
 #include "cuda/attention.h"
 #include "cuda/op_timer.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/gradients.h"
@@ -154,8 +155,8 @@ private:
     std::vector<Arena> arenas_;
     GpuBuffers buf_;
     std::unique_ptr<GemmRunner> gemm_;
-    cudaStream_t stream_ = nullptr;
-    cudaEvent_t staging_free_ = nullptr;
+    cuda::Stream stream_;       // the compute stream: every kernel of the step
+    cuda::Event staging_free_;  // the last upload out of host_staging is done
     // --use-cuda-graphs: forward_backward_ops captured once, replayed for every micro-batch
     cudaGraph_t graph_ = nullptr;
     cudaGraphExec_t graph_exec_ = nullptr;

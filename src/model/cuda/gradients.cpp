@@ -24,17 +24,13 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       seed_(rounding_seed),
       compute_(compute) {
     if (!streamed_) return;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
-    for (int s = 0; s < 2; ++s) event(ready_[s]), event(free_[s]);
-    event(done_);
+    stream_ = cuda::Stream::non_blocking();
+    for (int s = 0; s < 2; ++s) ready_[s] = cuda::Event::ordering(), free_[s] = cuda::Event::ordering();
+    done_ = cuda::Event::ordering();
 }
 
 Gradients::~Gradients() {
     if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t e : {ready_[0], ready_[1], free_[0], free_[1], done_})
-        if (e) cudaEventDestroy(e);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
 void Gradients::set_communicator(comm::Communicator* comm, const ParamShard& shard) {

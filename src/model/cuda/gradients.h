@@ -25,6 +25,7 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/param_shard.h"
@@ -94,8 +95,9 @@ private:
     float* tmp_ = nullptr;  // a layer span: a reduction's sum, before it is added to the block
     int64_t flat_elements_ = 0;  // of flat_: the layout's total, or (ZeRO-2) one rank's block
     uint32_t seed_ = 0;
-    cudaStream_t compute_ = nullptr, stream_ = nullptr;
-    cudaEvent_t ready_[2] = {}, free_[2] = {}, done_ = nullptr;
+    cudaStream_t compute_ = nullptr;
+    cuda::Stream stream_;
+    cuda::Event ready_[2], free_[2], done_;
     bool host_fresh_ = true;
 };
 
