@@ -133,6 +133,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     fp8_ = opt_.matmul_dtype == DType::E4M3;
     fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
     if (fp8_) check_fp8_shapes(config_, opt_);
+    program_ = make_layer_program(layout_);
+    recompute_ = recompute_set(opt_);
+    check_recompute(program_, recompute_);
     const int devices = cuda_device_count();
     QT_CHECK(devices > 0, "--device=cuda: no GPU is visible");
     QT_CHECK(opt_.device_index >= 0 && opt_.device_index < devices, "GPU ", opt_.device_index,

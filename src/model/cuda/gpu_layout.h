@@ -16,7 +16,10 @@
 namespace qtrain {
 
 struct GpuLayerOffsets {
-    int64_t ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w;
+    int64_t ln1, qkv_w, qkv_b, o_w, ln2, gate_up_w, down_w;  // qkv_b: -1 when the layer has no q|k|v bias
+    bool has_qkv_bias() const { return qkv_b >= 0; }
+    // the end of the fused q|k|v matrix's range (padding included): the bias, or the o matrix
+    int64_t qkv_w_end() const { return has_qkv_bias() ? qkv_b : o_w; }
 };
 
 struct GpuParamLayout {

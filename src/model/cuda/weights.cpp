@@ -111,7 +111,16 @@ void Weights::gather_range(int64_t lo, int64_t hi, void* dst, cudaStream_t strea
 // Whether flat offset off, inside the span of the layer with offsets o, belongs to one of its four
 // matrices rather than a norm weight or the q|k|v bias.
 static bool in_weight_matrix(const GpuLayerOffsets& o, int64_t off) {
-    return (off >= o.qkv_w && off < o.qkv_b) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
+    return (off >= o.qkv_w && off < o.qkv_w_end()) || (off >= o.o_w && off < o.ln2) || off >= o.gate_up_w;
+}
+
+// A layer's bf16-only tensors (the norm weights and the q|k|v bias, if any) as flat ranges, padding
+// included: [ln1, qkv_w), [qkv_w_end, o_w) (empty without a bias) and [ln2, gate_up_w).
+static std::vector<std::pair<int64_t, int64_t>> small_ranges(const GpuLayerOffsets& o) {
+    std::vector<std::pair<int64_t, int64_t>> r{{o.ln1, o.qkv_w}};
+    if (o.qkv_w_end() < o.o_w) r.emplace_back(o.qkv_w_end(), o.o_w);
+    r.emplace_back(o.ln2, o.gate_up_w);
+    return r;
 }
 
 const void* Weights::at(int64_t off) const {
@@ -163,10 +172,9 @@ void Weights::gather(int l) {
     if (fp8_gather_ && !(persist_quants_ && quant_stored_[l])) {
         // ZeRO-3 with FP8 weights: the bf16 norm weights and bias, then the matrices' FP8 codes from
         // their owners' quantised blocks (quantize_block), 1 byte per weight
-        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
-            fill_from_owners(from, to, slot + (from - begin) * es, copy_stream_);
+        for (auto [from, to] : small_ranges(lo)) fill_from_owners(from, to, slot + (from - begin) * es, copy_stream_);
         char* q = static_cast<char*>(buf_.quant_slots[s]);
-        for (auto [from, to] : {std::pair{lo.qkv_w, lo.qkv_b}, {lo.o_w, lo.ln2}, {lo.gate_up_w, begin + span}})
+        for (auto [from, to] : {std::pair{lo.qkv_w, lo.qkv_w_end()}, {lo.o_w, lo.ln2}, {lo.gate_up_w, begin + span}})
             fill_from_owners(from, to, q + (from - begin), copy_stream_, buf_.quant_block, DType::U8);
         if (fp8_grads_) transpose_layer_quants(l, q, buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
@@ -176,9 +184,8 @@ void Weights::gather(int l) {
         }
         slot_has_matrices_[s] = false;
     } else if (persist_quants_ && quant_stored_[l]) {
-        // the bf16 norm weights and bias, [ln1, qkv_w), [qkv_b, o_w) and [ln2, gate_up_w), then the FP8 copy
-        for (auto [from, to] : {std::pair{lo.ln1, lo.qkv_w}, {lo.qkv_b, lo.o_w}, {lo.ln2, lo.gate_up_w}})
-            fill_range(from, to, slot + (from - begin) * es, copy_stream_);
+        // the bf16 norm weights and bias (small_ranges), then the FP8 copy
+        for (auto [from, to] : small_ranges(lo)) fill_range(from, to, slot + (from - begin) * es, copy_stream_);
         CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
         transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
