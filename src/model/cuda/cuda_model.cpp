@@ -272,7 +272,7 @@ constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 void CudaModel::create_roles() {
     weights_ = std::make_unique<Weights>(buf_, layout_, config_, opt_, stream_, timer_);
     grads_ = std::make_unique<Gradients>(buf_, layout_, config_, opt_, static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt),
-                                         stream_);
+                                         stream_, timer_);
     residuals_ = std::make_unique<ResidualOffload>(
         opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
         static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
