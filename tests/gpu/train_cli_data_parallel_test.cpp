@@ -108,3 +108,38 @@ TEST(TrainCliGpuDataParallel, ZeroThreeGivesZeroTwosRunAndResumesExactly) {
         expect_continue_reproduces_full_run(g, "cuda", kTwoOnOne + std::string(extra), kLimit);
     }
 }
+
+// The other families through the same data-parallel paths on the GPU: a Qwen3 model (q/k norms,
+// head_dim 128 where hidden / heads is 64) and a Llama 3 model (no biases, llama3 RoPE): 2 ranks on
+// one GPU at ZeRO-1 track 1 rank with twice the accumulation, ZeRO-3 gives ZeRO-2's bits, and a ZeRO-3
+// FP8 run with recompute resumes bit for bit; the exported config.json names the family.
+TEST(TrainCliGpuDataParallel, QwenThreeAndLlamaShardAndResume) {
+    QTRAIN_REQUIRE_GPU();
+    const std::pair<const char*, const char*> families[] = {
+        {"Qwen3ForCausalLM", R"("architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128)"},
+        {"LlamaForCausalLM", kLlamaFamily}};
+    for (const auto& [hf_class, fields] : families) {
+        SCOPED_TRACE(hf_class);
+        Fixture f(kGpuShape, fields);
+        const std::string common = " --steps=8 --eval-every-n-steps=4 --eval-num-steps=3";
+        auto one = run_command(kLimit + f.base_cmd("one", "cuda") + common + " --grad-accumulation=4");
+        auto z1 = run_command(kLimit + f.base_cmd("z1", "cuda") + common + kTwoOnOne + " --grad-accumulation=2");
+        auto z2 = run_command(kLimit + f.base_cmd("z2", "cuda") + common + kTwoOnOne +
+                              " --grad-accumulation=2 --zero-level=2");
+        auto z3 = run_command(kLimit + f.base_cmd("z3", "cuda") + common + kTwoOnOne +
+                              " --grad-accumulation=2 --zero-level=3");
+        for (const auto* r : {&one, &z1, &z2, &z3}) ASSERT_EQ(r->exit_code, 0) << r->output;
+        const auto l1 = step_losses(f.dir / "one/log.jsonl"), lz1 = step_losses(f.dir / "z1/log.jsonl");
+        ASSERT_EQ(lz1.size(), 8u);
+        for (int s = 0; s < 8; ++s) EXPECT_NEAR(lz1[s], l1[s], 2e-3 * l1[s]) << "step " << s;
+        EXPECT_EQ(step_losses(f.dir / "z3/log.jsonl"), step_losses(f.dir / "z2/log.jsonl"));
+        EXPECT_TRUE(same_files(f.dir / "z2/model.safetensors", f.dir / "z3/model.safetensors"));
+        EXPECT_LT(l1.back(), l1.front());
+        const auto cfg = nlohmann::json::parse(read_file(f.dir / "z3/config.json"));
+        EXPECT_EQ(cfg["architectures"][0], hf_class);
+        Fixture g(kGpuShape, fields);
+        expect_continue_reproduces_full_run(
+            g, "cuda", kTwoOnOne + std::string(" --zero-level=3 --matmul-dtype=e4m3 --gradient-dtype=e5m2 --recompute-block"),
+            kLimit);
+    }
+}

@@ -122,26 +122,20 @@ static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
         QT_CHECK(v % 16 == 0, "--matmul-dtype=e4m3 needs ", what, " to be a multiple of 16 (got ", v, ")");
 }
 
-// The optional block steps of the architecture description the GPU block math runs.
-static void check_block(const ModelConfig& c) {
-    QT_CHECK(!c.qk_norm && !c.o_bias && !c.mlp_bias, c.architecture, ": ",
-             c.qk_norm ? "the q/k norm" : c.o_bias ? "an o_proj bias (attention_bias)" : "MLP biases (mlp_bias)",
-             " is not implemented on --device=cuda yet (--device=cpu trains it)");
-}
-
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
     check_options(options);
-    check_block(config);
     return gpu_memory_plan(config, options, "cuda");
 }
 
 CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     : config_(config), opt_(options), layout_(make_gpu_layout(config)) {
     check_options(opt_);
-    check_block(config_);
     fp8_ = opt_.matmul_dtype == DType::E4M3;
     fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
     if (fp8_) check_fp8_shapes(config_, opt_);
+    program_ = make_layer_program(layout_);
+    recompute_ = recompute_set(opt_);
+    check_recompute(program_, recompute_);
     const int devices = cuda_device_count();
     QT_CHECK(devices > 0, "--device=cuda: no GPU is visible");
     QT_CHECK(opt_.device_index >= 0 && opt_.device_index < devices, "GPU ", opt_.device_index,
@@ -182,8 +176,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     }
     bind_gpu_buffers(buf_, arenas_, config_, opt_, layout_);
 
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreateWithFlags(&staging_free_, cudaEventDisableTiming));
+    stream_ = cuda::Stream::non_blocking();
+    staging_free_ = cuda::Event::ordering();
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
     create_roles();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
@@ -246,8 +240,6 @@ CudaModel::~CudaModel() {
     }
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
-    if (staging_free_) cudaEventDestroy(staging_free_);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
 std::string CudaModel::performance_notes() const {
@@ -280,7 +272,7 @@ constexpr uint64_t kGradRoundingSalt = 0x5bd1e995u;
 void CudaModel::create_roles() {
     weights_ = std::make_unique<Weights>(buf_, layout_, config_, opt_, stream_, timer_);
     grads_ = std::make_unique<Gradients>(buf_, layout_, config_, opt_, static_cast<uint32_t>(sr_seed_ ^ kGradRoundingSalt),
-                                         stream_);
+                                         stream_, timer_);
     residuals_ = std::make_unique<ResidualOffload>(
         opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
         static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),

@@ -13,6 +13,7 @@
 
 #include "cuda/attention.h"
 #include "cuda/op_timer.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/gradients.h"
@@ -20,6 +21,7 @@
 #include "model/cuda/residual_offload.h"
 #include "model/cuda/weights.h"
 #include "model/cuda/layer_matrices.h"
+#include "model/cuda/layer_program.h"
 #include "model/cuda/param_shard.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
@@ -95,7 +97,35 @@ private:
     // The scales come from step_scalars (set by upload_batch).
     void lm_head(int N, float* loss_acc, bool with_grads);
     void backward(int B, int T);
-    void recompute_layer(int l, int B, int T);  // the activations the --recompute-* flags dropped
+
+    // ---- one decoder layer (cuda_model_layer.cpp; docs/design.md, "The layer program") ----
+    // The sizes every step of a layer uses, for a micro-batch of B x T.
+    struct BlockDims {
+        int B, T, N, h, qd, qkvd, I;
+        float eps;
+        AttentionShape shape;
+    };
+    BlockDims block_dims(int B, int T) const;
+    // Step s of layer l's program as the forward computes it: how = Forward (the forward pass, each op
+    // timed), Recompute (the same kernels inside the backward's recompute) or Renorm (a norm step's
+    // normalisation of its kept residual only).
+    void forward_step(int l, const LayerStep& s, StepRun how, const BlockDims& d);
+    // The gradient of step s of layer l: d_res (the residual's gradient) and the scratch gradients in,
+    // the parameters' gradients accumulated (grads_).
+    void backward_step(int l, const LayerStep& s, const BlockDims& d);
+    // The activations the --recompute-* flags dropped: the program's steps they select, in order.
+    void recompute_layer(int l, const BlockDims& d);
+    // The roles' per-layer calls (weights gather/get/release, residual offload, gradient slots), all
+    // made here. Forward: forward_begin() before the embedding writes layer 0's input residual;
+    // layer_enter(l) before the layer's steps; layer_input_written(l) after its InputNorm wrote res_in
+    // (which also ends the previous layer: its output was added to the residual there); layer_exit of
+    // the last layer after the final norm. Backward: layer_enter / layer_exit around the recompute and
+    // the backward steps of each layer.
+    enum class Pass { Forward, Backward };
+    void forward_begin();
+    void layer_enter(int l, Pass p);
+    void layer_input_written(int l);
+    void layer_exit(int l, Pass p);
     // layer l's matrix m (layer_matrices.h): its flat offset and shape
     MatrixShape matrix(int l, Matrix m) const { return layer_matrix(layout_, config_, l, m); }
     // y[N,out] = x[N,in] W^T (+ bias) for matrix m of layer l: bf16 GEMM, or with --matmul-dtype=e4m3
@@ -154,8 +184,8 @@ private:
     std::vector<Arena> arenas_;
     GpuBuffers buf_;
     std::unique_ptr<GemmRunner> gemm_;
-    cudaStream_t stream_ = nullptr;
-    cudaEvent_t staging_free_ = nullptr;
+    cuda::Stream stream_;       // the compute stream: every kernel of the step
+    cuda::Event staging_free_;  // the last upload out of host_staging is done
     // --use-cuda-graphs: forward_backward_ops captured once, replayed for every micro-batch
     cudaGraph_t graph_ = nullptr;
     cudaGraphExec_t graph_exec_ = nullptr;
@@ -164,6 +194,8 @@ private:
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
     AttentionBackend attention_ = AttentionBackend::Flash;  // --attention, resolved (attention_choice.h)
     bool keep_xT_ = false;  // inside a training forward: linear_fwd writes the layers' xT too
+    LayerProgram program_;  // the steps of every decoder layer (layer_program.h)
+    RecomputeSet recompute_;  // what the backward recomputes (--recompute-*)
     std::unique_ptr<Weights> weights_;            // the layers' weights and FP8 copies (weights.h)
     std::unique_ptr<Gradients> grads_;            // where gradients accumulate (gradients.h)
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)

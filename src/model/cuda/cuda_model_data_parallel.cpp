@@ -3,11 +3,11 @@
 //
 // Each rank owns the block [begin, end) of the flat parameter space (param_shard.h): its fp32 master
 // and Adam's moments hold that block only. The step: the gradients are summed over the ranks in rank
-// order (comm/communicator.h) — ZeRO-1 all-reduces the whole gradient in place after the backward;
-// ZeRO-2's per-layer reductions (gradients.h) have already summed the rank's block during the backward
-// (with CUDA graphs: one reduce-scatter into the block here instead) — then each rank's partial sums of
-// squares of its block are gathered and summed in one order, so every rank gets the same norm and clip
-// factor; AdamW updates the block; the updated weights are all-gathered in place. At world 1 every
+// order (comm/communicator.h) by the gradient role (gradients.h, reduce_over_ranks) — ZeRO-1
+// all-reduces the whole gradient in place after the backward; ZeRO-2's per-layer reductions have
+// already summed the rank's block during the backward (with CUDA graphs: one reduce-scatter into the
+// block instead) — then each rank's partial sums of squares of its block are gathered and summed in
+// one order, so every rank gets the same norm and clip factor; AdamW updates the block; the updated weights are all-gathered in place. At world 1 every
 // collective is the identity and the arithmetic is the plain path's, so it gives the same bits.
 #include <cstdio>
 #include <filesystem>
@@ -48,24 +48,16 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     comm_ = comm;
     zero_level_ = zero_level;
     shard_ = s;
-    if (grads_->reduced_per_layer()) grads_->set_communicator(comm, s);
+    grads_->set_communicator(comm, s, zero_level);
     if (weights_->sharded()) weights_->set_communicator(comm, s);
 }
 
 void CudaModel::reduce_gradients() {
-    const int W = shard_.world, r = shard_.rank, K = cuda::norm_partials_count();
-    const int64_t S = shard_.size;
-    const DType gt = opt_.param_grad_dtype;
-    char* g = static_cast<char*>(buf_.grads);
-    // ZeRO-2 with per-layer reductions: the block is summed already (gradients.h)
-    char* block = grads_->reduced_per_layer() ? g : g + r * S * dtype_size(gt);
-    if (!grads_->reduced_per_layer()) {
-        auto t_ = timer_.scope(zero_level_ == 1 ? "grad all-reduce" : "grad reduce-scatter", stream_);
-        if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * W, gt, stream_);
-        else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), gt, stream_);
-    }
+    const int r = shard_.rank, K = cuda::norm_partials_count();
+    // the gradient role's reduction for its ZeRO level: this rank's block, summed over the ranks
+    const void* block = grads_->reduce_over_ranks();
     // the block's padding beyond the layout is zero, so summing all S elements adds nothing
-    cuda::sum_squares_partials(buf_.norm_partials + r * K, block, gt, S, stream_);
+    cuda::sum_squares_partials(buf_.norm_partials + r * K, block, opt_.param_grad_dtype, shard_.size, stream_);
     comm_->all_gather(buf_.norm_partials + r * K, buf_.norm_partials, K, DType::F32, stream_);
 }
 

@@ -1,5 +1,7 @@
 // The training step of the GPU model: batch upload, forward, LM head + loss, backward (with the
-// recompute flags and CUDA graph capture), the optimizer step, evaluation and logits.
+// recompute flags and CUDA graph capture), the optimizer step, evaluation and logits. The passes walk
+// the layer program (layer_program.h); each step's math and the roles' per-layer calls are
+// cuda_model_layer.cpp's.
 #include "model/cuda/cuda_model.h"
 
 #include <algorithm>
@@ -8,10 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/attention.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
-#include "cuda/fp8.h"
 #include "cuda/kernels.h"
 #include "model/cpu/cpu_ops.h"
 
@@ -71,113 +71,36 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
 }
 
+// The forward: the embedding, then each layer's program (layer_program.h), then the final norm,
+// which adds the last layer's output to the residual. A layer's InputNorm adds the previous layer's
+// output (that layer ends there); the roles' calls between are cuda_model_layer.cpp's.
 void CudaModel::forward(int B, int T, bool for_backward) {
     keep_xT_ = for_backward;
-    const ModelConfig& c = config_;
-    const DType A = opt_.model_dtype;
-    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
-              I = c.intermediate_size, L = c.num_hidden_layers;
-    const float eps = static_cast<float>(c.rms_norm_eps);
+    const BlockDims d = block_dims(B, T);
+    const int L = config_.num_hidden_layers;
     auto W = [&](int64_t off) { return weights_->at(off); };
-    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
-    residuals_->before_write(0);
+    forward_begin();
     {
         auto t_ = timer_.scope("embedding", stream_);
-        cuda::embedding_forward(A, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), N, h, stream_);
+        cuda::embedding_forward(opt_.model_dtype, buf_.layers[0].res_in, buf_.inputs, W(layout_.embed), d.N, d.h,
+                                stream_);
     }
-    weights_->gather(0);
-    weights_->get(0);
+    for (int l = 0; l < L; ++l) {
+        layer_enter(l, Pass::Forward);
+        for (const LayerStep& s : program_.steps) {
+            forward_step(l, s, StepRun::Forward, d);
+            if (has(s.writes, Act::ResIn)) layer_input_written(l);  // (the residual offload saves it)
+        }
+    }
     {
         auto t_ = timer_.scope("rmsnorm fwd", stream_);
-        cuda::residual_rmsnorm_forward(A, buf_.layers[0].res_in, buf_.layers[0].ln1, buf_.layers[0].rstd1,
-                                       buf_.layers[0].res_in, nullptr, W(layout_.layers[0].ln1), N, h, eps, stream_,
-                                       act_amax(0, kQkv));
+        cuda::residual_rmsnorm_forward(opt_.model_dtype, buf_.res_final, buf_.xf, buf_.rstd_final,
+                                       buf_.layers[L - 1].res_mid, buf_.tmp_h, W(layout_.final_norm), d.N, d.h,
+                                       d.eps, stream_, nullptr);
     }
-    residuals_->written(0);
-    for (int l = 0; l < L; ++l) {
-        const GpuLayerOffsets& o = layout_.layers[l];
-        GpuLayerActivations& x = buf_.layers[l];
-        weights_->gather(l + 1);  // prefetch (weight streaming): copied while this layer computes
-        // attention block
-        linear_fwd(l, kQkv, x.qkv, x.ln1, o.qkv_b < 0 ? nullptr : W(o.qkv_b), N, h, qkvd, fp8_);  // ln1's amax: from its norm
-        {
-            auto t_ = timer_.scope("rope", stream_);
-            cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                               stream_);
-        }
-        {
-            auto t_ = timer_.scope("attention fwd", stream_);
-            attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO), attention_, buf_.attn_workspace);
-        }
-        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax: from the attention
-        {
-            auto t_ = timer_.scope("rmsnorm fwd", stream_);
-            cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
-                                           stream_, act_amax(l, kGateUp));
-        }
-        // MLP block
-        linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I, fp8_);
-        {
-            auto t_ = timer_.scope("swiglu", stream_);
-            cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
-        }
-        linear_fwd(l, kDown, buf_.tmp_h, x.swi, nullptr, N, I, h, fp8_);
-        // residual add fused with the next norm (the next layer's input norm, or the final norm)
-        const bool last = l + 1 == L;
-        void* next_res = last ? buf_.res_final : buf_.layers[l + 1].res_in;
-        void* next_norm = last ? buf_.xf : buf_.layers[l + 1].ln1;
-        float* next_rstd = last ? buf_.rstd_final : buf_.layers[l + 1].rstd1;
-        if (!last) weights_->get(l + 1);  // its input norm weight is fused in here
-        const void* next_w = last ? W(layout_.final_norm) : W(layout_.layers[l + 1].ln1);
-        if (!last) residuals_->before_write(l + 1);
-        {
-            auto t_ = timer_.scope("rmsnorm fwd", stream_);
-            cuda::residual_rmsnorm_forward(A, next_res, next_norm, next_rstd, x.res_mid, buf_.tmp_h, next_w, N, h, eps,
-                                           stream_, last ? nullptr : act_amax(l + 1, kQkv));
-        }
-        if (!last) residuals_->written(l + 1);
-        weights_->release(l);
-    }
+    layer_exit(L - 1, Pass::Forward);
     keep_xT_ = false;
-}
-
-// Regenerates the activations of layer l that the recompute flags did not keep, with the same
-// kernels on the same inputs as the forward, so the backward sees bit-identical values.
-void CudaModel::recompute_layer(int l, int B, int T) {
-    const RecomputeSet rc = recompute_set(opt_);
-    if (!rc.any()) return;
-    const ModelConfig& c = config_;
-    const DType A = opt_.model_dtype;
-    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
-              I = c.intermediate_size;
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    auto W = [&](int64_t off) { return weights_->at(off); };
-    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
-    const GpuLayerOffsets& o = layout_.layers[l];
-    GpuLayerActivations& x = buf_.layers[l];
-    auto t_ = timer_.scope("recompute", stream_);
-    // The forward computes each norm from the stored (rounded) residual, so renormalising the stored
-    // residual (no delta) gives the same output and rstd.
-    if (rc.ln1)
-        cuda::residual_rmsnorm_forward(A, x.res_in, x.ln1, x.rstd1, x.res_in, nullptr, W(o.ln1), N, h, eps, stream_,
-                                       act_amax(l, kQkv));
-    if (rc.qkv) {
-        linear_fwd(l, kQkv, x.qkv, x.ln1, o.qkv_b < 0 ? nullptr : W(o.qkv_b), N, h, qkvd, fp8_);  // the amax slot is current
-        cuda::rope_forward(A, x.qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                           stream_);
-    }
-    if (rc.att) attention_forward(A, x.att, x.lse, x.qkv, shape, stream_, act_amax(l, kO), attention_, buf_.attn_workspace);
-    if (rc.res_mid) {
-        linear_fwd(l, kO, buf_.tmp_h, x.att, nullptr, N, qd, h, fp8_);  // att's amax slot is current
-        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_in, buf_.tmp_h, W(o.ln2), N, h, eps,
-                                       stream_, act_amax(l, kGateUp));
-    } else if (rc.ln2) {
-        cuda::residual_rmsnorm_forward(A, x.res_mid, x.ln2, x.rstd2, x.res_mid, nullptr, W(o.ln2), N, h, eps, stream_,
-                                       act_amax(l, kGateUp));
-    }
-    if (rc.gate_up) linear_fwd(l, kGateUp, x.gate_up, x.ln2, nullptr, N, h, 2 * I, fp8_);
-    if (rc.swi) cuda::swiglu_forward(A, x.swi, x.gate_up, N, I, stream_, act_amax(l, kDown));
 }
 
 void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
@@ -217,15 +140,15 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     }
 }
 
+// The backward: the final norm's, then each layer from the top: its recompute (the program's steps
+// the --recompute-* flags select), then its steps' gradients in reverse order; then the embedding's.
 void CudaModel::backward(int B, int T) {
-    const ModelConfig& c = config_;
     const DType A = opt_.model_dtype;
-    const int N = B * T, h = c.hidden_size, qd = c.q_dim(), qkvd = c.q_dim() + 2 * c.kv_dim(),
-              I = c.intermediate_size, L = c.num_hidden_layers;
+    const BlockDims d = block_dims(B, T);
+    const int N = d.N, h = d.h, L = config_.num_hidden_layers;
     const std::size_t es = dtype_size(A);
     auto W = [&](int64_t off) { return weights_->at(off); };
     auto G = [&](int64_t off) { return grads_->at(off); };
-    const AttentionShape shape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
     CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
@@ -235,70 +158,10 @@ void CudaModel::backward(int B, int T) {
                                W(layout_.final_norm), buf_.rstd_final, N, h, stream_, grad_amax());
     }
     for (int l = L - 1; l >= 0; --l) {
-        const GpuLayerOffsets& o = layout_.layers[l];
-        GpuLayerActivations& x = buf_.layers[l];
-        weights_->gather(l);      // weight streaming: normally already in its slot
-        weights_->gather(l - 1);  // prefetch the next layer down
-        weights_->get(l);
-        residuals_->load(l);      // residual offload: normally already in its slot
-        residuals_->load(l - 1);  // prefetch
-        residuals_->get(l);
-        grads_->begin_layer(l);
-        recompute_layer(l, B, T);
-        // MLP: d_res is d(out of the MLP) and d(res_mid) through the skip connection
-        linear_bwd(l, kDown, buf_.d_swi, buf_.d_res, x.swi, N, I, h, fp8_grads_);  // d_res amax: from its norm
-        if (fp8_grads_) {
-            // d(gate|up) goes straight into the FP8 operands of the gate|up backward GEMMs: a pass for its
-            // amax, then one that recomputes it and writes it quantised (both layouts); the bf16
-            // tensor never reaches memory
-            {
-                auto t_ = timer_.scope("swiglu", stream_);
-                cuda::swiglu_backward(A, nullptr, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
-            }
-            {
-                auto t_ = timer_.scope("fp8 quantize", stream_);
-                cuda::swiglu_backward_quantize_transpose(buf_.dyTq, buf_.dyq, opt_.gradient_dtype, buf_.d_swi, x.gate_up,
-                                                         A, N, I, grad_amax(),
-                                                         fp8_slot_ptr(fp8_grad_inv_slot(config_.num_hidden_layers)),
-                                                         stream_);
-            }
-            linear_bwd(l, kGateUp, buf_.d_ln, nullptr, x.ln2, N, h, 2 * I, true, true);
-        } else {
-            {
-                auto t_ = timer_.scope("swiglu", stream_);
-                cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());
-            }
-            linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, false);
-        }
-        {
-            auto t_ = timer_.scope("rmsnorm bwd", stream_);
-            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln2), buf_.col_scratch, buf_.d_ln, x.res_mid, W(o.ln2), x.rstd2, N,
-                                   h, stream_, grad_amax());
-        }
-        // attention: d_res is now d(res_mid) = d(attention output projection) and d(res_in)
-        linear_bwd(l, kO, buf_.d_att, buf_.d_res, x.att, N, qd, h, fp8_grads_);
-        {
-            auto t_ = timer_.scope("attention bwd", stream_);
-            attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, shape, stream_,
-                               opt_.attn_bwd_chunks, attention_);
-        }
-        {
-            auto t_ = timer_.scope("rope", stream_);
-            cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, B, T, c.num_attention_heads, c.num_key_value_heads,
-                                c.head_dim, stream_, grad_amax());
-        }
-        if (o.qkv_b >= 0) {
-            auto t_ = timer_.scope("bias grad", stream_);
-            cuda::bias_grad(G(o.qkv_b), buf_.col_scratch, A, buf_.d_qkv, N, qkvd, stream_);
-        }
-        linear_bwd(l, kQkv, buf_.d_ln, buf_.d_qkv, x.ln1, N, h, qkvd, fp8_grads_);  // d_qkv amax: from RoPE
-        {
-            auto t_ = timer_.scope("rmsnorm bwd", stream_);
-            cuda::rmsnorm_backward(A, buf_.d_res, G(o.ln1), buf_.col_scratch, buf_.d_ln, x.res_in, W(o.ln1), x.rstd1, N,
-                                   h, stream_, grad_amax());  // the next (lower) layer's down-projection dy
-        }
-        grads_->flush_layer(l);
-        weights_->release(l);
+        layer_enter(l, Pass::Backward);
+        recompute_layer(l, d);
+        for (auto s = program_.steps.rbegin(); s != program_.steps.rend(); ++s) backward_step(l, *s, d);
+        layer_exit(l, Pass::Backward);
     }
     {
         auto t_ = timer_.scope("embedding", stream_);

@@ -155,7 +155,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         void* p = nullptr;
         bool taken = false;
     };
-    Shared s_ln1, s_qkv, s_att, s_lse, s_res_mid, s_ln2, s_gate_up, s_swi;
+    Shared s_ln1, s_qkv, s_qk_pre, s_qk_rstd, s_att, s_lse, s_res_mid, s_ln2, s_gate_up, s_swi;
     auto slot = [&](bool recomputed, Shared& sh, std::size_t bytes) {
         if (!recomputed) return act.take(bytes);
         if (!sh.taken) sh.p = act.take(bytes), sh.taken = true;
@@ -183,6 +183,11 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         x.ln1 = slot(ln1_shared, s_ln1, N * h * es);
         x.rstd1 = act.take_n<float>(N);
         x.qkv = slot(rc.qkv, s_qkv, N * qkvd * es);
+        if (c.qk_norm) {
+            const int64_t heads = c.num_attention_heads + c.num_key_value_heads;
+            x.qk_pre = slot(rc.qkv, s_qk_pre, N * heads * c.head_dim * es);
+            x.qk_rstd = static_cast<float*>(slot(rc.qkv, s_qk_rstd, static_cast<std::size_t>(N) * heads * 4));
+        }
         x.att = slot(rc.att, s_att, N * q * es);
         x.lse = static_cast<float*>(slot(rc.att, s_lse, static_cast<std::size_t>(N) * c.num_attention_heads * 4));
         x.res_mid = slot(rc.res_mid, s_res_mid, N * h * es);
@@ -203,13 +208,19 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.d_qkv = ws.take_typed(N * qkvd, A);
     b.d_att = ws.take_typed(N * q, A);
     b.d_swi = ws.take_typed(N * I, A);
-    // with FP8 gradients d(gate|up) goes straight into FP8 (swiglu_backward_quantize_transpose)
-    b.d_gu = fp8_grads ? nullptr : ws.take_typed(N * 2 * I, A);
+    // with FP8 gradients d(gate|up) goes straight into FP8 (swiglu_backward_quantize_transpose), unless
+    // the MLP has biases, whose gradient is summed from it
+    b.d_gu = fp8_grads && !c.mlp_bias ? nullptr : ws.take_typed(N * 2 * I, A);
     b.lmhead_chunk_rows = static_cast<int>((N + opt.lmhead_chunks - 1) / opt.lmhead_chunks);
     b.logits = ws.take_typed(static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size, A);
     b.losses = ws.take_n<float>(N);
-    const std::size_t col = std::max({cuda::bias_grad_scratch_floats(static_cast<int>(N), static_cast<int>(qkvd)),
-                                      cuda::rmsnorm_backward_scratch_floats(static_cast<int>(N), static_cast<int>(h))});
+    // the widest bias gradient: q|k|v's, o_proj's / down_proj's (h), gate|up's (2I)
+    const int widest = static_cast<int>(std::max({qkvd, c.o_bias || c.mlp_bias ? h : 0, c.mlp_bias ? 2 * I : 0}));
+    std::size_t col = std::max({cuda::bias_grad_scratch_floats(static_cast<int>(N), widest),
+                                cuda::rmsnorm_backward_scratch_floats(static_cast<int>(N), static_cast<int>(h))});
+    if (c.qk_norm)
+        col = std::max(col, cuda::qk_norm_rope_backward_scratch_floats(opt.batch_size, opt.seq_len, c.num_attention_heads,
+                                                                      c.num_key_value_heads, c.head_dim));
     b.col_scratch = ws.take_n<float>(col);
     b.norm_partials = ws.take_n<float>(static_cast<std::size_t>(cuda::norm_partials_count()) * world);
     b.rank_losses = ws.take_n<float>(world);

@@ -65,6 +65,10 @@ inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
     float *rstd1, *rstd2, *lse;
+    // Qwen3's q/k norm (null without one): the pre-norm q|k [N, (Hq+Hkv)*D] and their rstd [N, Hq+Hkv],
+    // written by the fused q/k norm + RoPE forward for its backward (shared when qkv is recomputed)
+    void* qk_pre = nullptr;
+    float* qk_rstd = nullptr;
     // FP8 with FP8 gradients: the input of matrix m (ln1, att, ln2, swi) quantised and transposed
     // ([in, N], one byte per element), written by the training forward for the weight-gradient
     // GEMM, so the backward need not re-quantise it; null where that input is recomputed (the

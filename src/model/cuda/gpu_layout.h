@@ -19,6 +19,10 @@ namespace qtrain {
 // qkv_bias, o_bias, qk_norm, mlp_bias).
 struct GpuLayerOffsets {
     int64_t ln1, qkv_w, qkv_b, o_w, o_b, q_norm, k_norm, ln2, gate_up_w, gate_up_b, down_w, down_b;
+    bool has_qkv_bias() const { return qkv_b >= 0; }
+    bool has_o_bias() const { return o_b >= 0; }
+    bool has_qk_norm() const { return q_norm >= 0; }
+    bool has_mlp_bias() const { return gate_up_b >= 0; }
 };
 
 struct GpuParamLayout {

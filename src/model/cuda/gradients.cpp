@@ -9,7 +9,7 @@
 namespace qtrain {
 
 Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const ModelConfig& config,
-                     const ModelOptions& o, uint32_t rounding_seed, cudaStream_t compute)
+                     const ModelOptions& o, uint32_t rounding_seed, cudaStream_t compute, OpTimer& timer)
     : layout_(layout),
       flat_(b.grads),
       resident_(b.resident_grads),
@@ -19,27 +19,38 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       embedding_on_host_(embedding_grad_on_host(config, o)),
       per_layer_(gradients_reduced_per_layer(o)),
       offloaded_(o.offload_gradients),
+      timer_(timer),
       tmp_(b.grad_reduce_tmp),
       flat_elements_(gradients_reduced_per_layer(o) ? param_shard(layout.total, o.gpus, 0).size : layout.total),
       seed_(rounding_seed),
       compute_(compute) {
     if (!streamed_) return;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
-    for (int s = 0; s < 2; ++s) event(ready_[s]), event(free_[s]);
-    event(done_);
+    stream_ = cuda::Stream::non_blocking();
+    for (int s = 0; s < 2; ++s) ready_[s] = cuda::Event::ordering(), free_[s] = cuda::Event::ordering();
+    done_ = cuda::Event::ordering();
 }
 
 Gradients::~Gradients() {
     if (stream_) cudaStreamSynchronize(stream_);
-    for (cudaEvent_t e : {ready_[0], ready_[1], free_[0], free_[1], done_})
-        if (e) cudaEventDestroy(e);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
-void Gradients::set_communicator(comm::Communicator* comm, const ParamShard& shard) {
+void Gradients::set_communicator(comm::Communicator* comm, const ParamShard& shard, int zero_level) {
     comm_ = comm;
     shard_ = shard;
+    zero_level_ = zero_level;
+}
+
+void* Gradients::reduce_over_ranks() {
+    QT_CHECK(comm_, "GPU model: internal error (gradients reduced over ranks without a communicator)");
+    if (per_layer_) return flat_;  // ZeRO-2: the flushes summed the block already
+    const int64_t S = shard_.size;
+    const std::size_t es = dtype_size(type_);
+    char* g = static_cast<char*>(flat_);
+    char* block = g + shard_.rank * S * es;
+    auto t_ = timer_.scope(zero_level_ == 1 ? "grad all-reduce" : "grad reduce-scatter", compute_);
+    if (zero_level_ == 1) comm_->all_reduce(g, g, static_cast<std::size_t>(S) * shard_.world, type_, compute_);
+    else comm_->reduce_scatter(g, block, static_cast<std::size_t>(S), type_, compute_);
+    return block;
 }
 
 void Gradients::reduce_to_owners(const float* src, int64_t begin, int64_t n, cudaStream_t stream) {

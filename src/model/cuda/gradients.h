@@ -17,6 +17,11 @@
 // one micro-batch per step the block holds the bits of ZeRO-1's all-reduce (0 + sum is exact); with
 // more, each micro-batch's sum is added in turn, so the order of the additions differs from ZeRO-1's
 // (local sums first) and the two agree to rounding.
+//
+// ZeRO-1 (and ZeRO-2 under CUDA graphs, where the per-layer reductions would be captured): the whole
+// gradient accumulates as on one GPU and reduce_over_ranks sums it after the backward, by one
+// all-reduce in place (ZeRO-1) or one reduce-scatter into the rank's block (ZeRO-2). So every data-
+// parallel reduction of the gradient is this role's, whatever the ZeRO level.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,8 @@
 
 #include "comm/communicator.h"
 #include "core/dtype.h"
+#include "cuda/op_timer.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/param_shard.h"
@@ -36,9 +43,9 @@ namespace qtrain {
 class Gradients {
 public:
     // `rounding_seed`: the seed of the bf16 host sums' stochastic rounding; `compute`: the model's
-    // compute stream, which every call below orders against.
+    // compute stream, which every call below orders against; `timer`: the model's per-op timer.
     Gradients(const GpuBuffers& buffers, const GpuParamLayout& layout, const ModelConfig& config,
-              const ModelOptions& options, uint32_t rounding_seed, cudaStream_t compute);
+              const ModelOptions& options, uint32_t rounding_seed, cudaStream_t compute, OpTimer& timer);
     ~Gradients();
     Gradients(const Gradients&) = delete;
     Gradients& operator=(const Gradients&) = delete;
@@ -47,7 +54,13 @@ public:
     // ZeRO-2: this rank keeps its block of the gradient only (flat() is that block), reduced per
     // layer over `comm` (set before the first backward).
     bool reduced_per_layer() const { return per_layer_; }
-    void set_communicator(comm::Communicator* comm, const ParamShard& shard);
+    // Data parallel: `comm` is the world, `shard` this rank's block, `zero_level` 1 (all-reduce after
+    // the backward) or 2 (the block only: per layer, or one reduce-scatter under CUDA graphs) or 3
+    // (as 2). Set before the first backward.
+    void set_communicator(comm::Communicator* comm, const ParamShard& shard, int zero_level);
+    // After the backward, on the compute stream: the gradient of this rank's block summed over the
+    // ranks (see the top of this file). Returns the block: shard.size elements of type().
+    void* reduce_over_ranks();
     bool embedding_on_host() const { return embedding_on_host_; }
     void* flat() const { return flat_; }  // the whole flat gradient (pinned host memory when streamed)
     DType type() const { return type_; }
@@ -91,11 +104,14 @@ private:
     bool offloaded_ = false;  // flat_ is in pinned host memory (--offload-gradients)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
+    int zero_level_ = 1;
+    OpTimer& timer_;
     float* tmp_ = nullptr;  // a layer span: a reduction's sum, before it is added to the block
     int64_t flat_elements_ = 0;  // of flat_: the layout's total, or (ZeRO-2) one rank's block
     uint32_t seed_ = 0;
-    cudaStream_t compute_ = nullptr, stream_ = nullptr;
-    cudaEvent_t ready_[2] = {}, free_[2] = {}, done_ = nullptr;
+    cudaStream_t compute_ = nullptr;
+    cuda::Stream stream_;
+    cuda::Event ready_[2], free_[2], done_;
     bool host_fresh_ = true;
 };
 

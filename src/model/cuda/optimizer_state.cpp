@@ -27,20 +27,16 @@ OptimizerState::OptimizerState(const OptimizerBuffers& buffers, const ModelOptio
       model_type_(o.model_dtype) {
     for (const auto& slots : buf_.stage) staged_ = staged_ || slots[0] != nullptr;
     if (!staged_) return;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&in_stream_, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&out_stream_, cudaStreamNonBlocking));
-    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
-    event(start_);
-    for (int s = 0; s < 2; ++s) event(in_done_[s]), event(computed_[s]), event(out_done_[s]);
+    in_stream_ = cuda::Stream::non_blocking();
+    out_stream_ = cuda::Stream::non_blocking();
+    start_ = cuda::Event::ordering();
+    for (int s = 0; s < 2; ++s)
+        in_done_[s] = cuda::Event::ordering(), computed_[s] = cuda::Event::ordering(), out_done_[s] = cuda::Event::ordering();
 }
 
 OptimizerState::~OptimizerState() {
-    for (cudaStream_t s : {in_stream_, out_stream_})
+    for (cudaStream_t s : {in_stream_.get(), out_stream_.get()})
         if (s) cudaStreamSynchronize(s);
-    for (cudaEvent_t e : {start_, in_done_[0], in_done_[1], computed_[0], computed_[1], out_done_[0], out_done_[1]})
-        if (e) cudaEventDestroy(e);
-    for (cudaStream_t s : {in_stream_, out_stream_})
-        if (s) cudaStreamDestroy(s);
 }
 
 void OptimizerState::upload_segments(const std::vector<cuda::ParamSegment>& segments, cudaStream_t stream) {

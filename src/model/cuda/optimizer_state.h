@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/kernels.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/model_options.h"
 
@@ -54,8 +55,8 @@ private:
     OptimizerBuffers buf_;
     DType m_type_, v_type_, grad_type_, model_type_;
     bool staged_ = false;  // --offload-double-buffer with something offloaded
-    cudaStream_t in_stream_ = nullptr, out_stream_ = nullptr;
-    cudaEvent_t start_ = nullptr, in_done_[2] = {}, computed_[2] = {}, out_done_[2] = {};
+    cuda::Stream in_stream_, out_stream_;
+    cuda::Event start_, in_done_[2], computed_[2], out_done_[2];
 };
 
 }  // namespace qtrain

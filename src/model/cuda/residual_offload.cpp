@@ -8,17 +8,13 @@ namespace qtrain {
 ResidualOffload::ResidualOffload(void* host, void* const slots[2], std::size_t layer_bytes, cudaStream_t compute)
     : host_(host), slots_{slots[0], slots[1]}, bytes_(layer_bytes), compute_(compute) {
     if (!enabled()) return;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    auto event = [](cudaEvent_t& e) { CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)); };
-    for (int s = 0; s < 2; ++s) event(written_[s]), event(saved_[s]), event(free_[s]), event(loaded_[s]);
+    stream_ = cuda::Stream::non_blocking();
+    for (int s = 0; s < 2; ++s)
+        for (cuda::Event* e : {&written_[s], &saved_[s], &free_[s], &loaded_[s]}) *e = cuda::Event::ordering();
 }
 
 ResidualOffload::~ResidualOffload() {
     if (stream_) cudaStreamSynchronize(stream_);
-    for (int s = 0; s < 2; ++s)
-        for (cudaEvent_t e : {written_[s], saved_[s], free_[s], loaded_[s]})
-            if (e) cudaEventDestroy(e);
-    if (stream_) cudaStreamDestroy(stream_);
 }
 
 void ResidualOffload::before_write(int l) {

@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/stream.h"
+
 namespace qtrain {
 
 class ResidualOffload {
@@ -38,8 +40,9 @@ private:
     void* host_ = nullptr;
     void* slots_[2] = {nullptr, nullptr};
     std::size_t bytes_ = 0;
-    cudaStream_t compute_ = nullptr, stream_ = nullptr;
-    cudaEvent_t written_[2] = {}, saved_[2] = {}, free_[2] = {}, loaded_[2] = {};
+    cudaStream_t compute_ = nullptr;
+    cuda::Stream stream_;
+    cuda::Event written_[2], saved_[2], free_[2], loaded_[2];
     int slot_layer_[2] = {-1, -1};  // the layer whose input residual each slot holds
 };
 

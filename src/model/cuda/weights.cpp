@@ -50,19 +50,12 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
     shard_ = param_shard(layout.total, 1, 0);
     quant_stored_.assign(persist_quants_ ? layers_ : 0, 0);
     if (!streamed_) return;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    for (int s = 0; s < 2; ++s) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&ready_[s], cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&free_[s], cudaEventDisableTiming));
-    }
+    copy_stream_ = cuda::Stream::non_blocking();
+    for (int s = 0; s < 2; ++s) ready_[s] = cuda::Event::ordering(), free_[s] = cuda::Event::ordering();
 }
 
 Weights::~Weights() {
     if (copy_stream_) cudaStreamSynchronize(copy_stream_);
-    for (int s = 0; s < 2; ++s)
-        for (cudaEvent_t e : {ready_[s], free_[s]})
-            if (e) cudaEventDestroy(e);
-    if (copy_stream_) cudaStreamDestroy(copy_stream_);
 }
 
 void Weights::sync() const {
@@ -225,7 +218,7 @@ void Weights::changed() {
     // the next copies into the slots must wait for whatever just wrote the host weights
     slot_layer_[0] = slot_layer_[1] = -1;
     std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use
-    for (cudaEvent_t e : free_) CUDA_CHECK(cudaEventRecord(e, compute_));
+    for (const cuda::Event& e : free_) CUDA_CHECK(cudaEventRecord(e, compute_));
 }
 
 // ---- FP8 copies ----

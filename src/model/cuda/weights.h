@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/op_timer.h"
+#include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/layer_matrices.h"
@@ -130,8 +131,9 @@ private:
     ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
     bool persist_quants_ = false;      // streamed_quants_persist (gpu_buffers.h)
-    cudaStream_t compute_ = nullptr, copy_stream_ = nullptr;
-    cudaEvent_t ready_[2] = {}, free_[2] = {};
+    cudaStream_t compute_ = nullptr;
+    cuda::Stream copy_stream_;
+    cuda::Event ready_[2], free_[2];
     int slot_layer_[2] = {-1, -1};  // the layer each slot holds (-1: none)
     // --persistent-quants: whether layer l's FP8 copy is in buf_.quant_store for the current weights,
     // and whether each slot holds its layer's bf16 matrices (a layer filled from the store gets only
