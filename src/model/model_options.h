@@ -1,6 +1,8 @@
 // Everything a model backend needs to know about how to train: shapes of the micro-batch, the
-// precision of each role, recompute, offload and sharding. Filled from TrainOptions by the engine;
-// the model layer knows nothing of the training loop.
+// precision of each role, recompute, offload and sharding. Filled from TrainOptions by the engine
+// (TrainOptions::model_options: each flag's entry of the option table, src/train/option_table.cpp,
+// fills the fields it decides, with its implications applied); the model layer knows nothing of the
+// training loop.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +45,10 @@ struct ModelOptions {
     // reading it zero-copy; chunk size in elements (a multiple of 64; tests make it small)
     bool offload_double_buffer = false;
     int64_t optimizer_chunk = int64_t{1} << 24;
-    // sharding (ZeRO)
+    // Sharding, the one encoding of the ZeRO level (zero_level below; --zero-level=2|3 reach the model as
+    // these): with several ranks shard_gradients is ZeRO-2 and shard_weights ZeRO-3 (which shards the
+    // gradients too); on one GPU they stream the weights, and the gradients per layer, from host memory.
     bool shard_weights = false, shard_gradients = false;
-    int zero_level = 1;
     int gpus = 1;         // ranks of the data-parallel run (the trainer resolves mpirun's -np into it; the GPU plan's block sizes)
     // The CUDA device of this rank (the GPU model makes it current with cudaSetDevice): set by the
     // trainer per rank from --gpu-ids, by default rank r -> device r in threads mode and the process's
@@ -59,6 +62,17 @@ struct ModelOptions {
     Fp8FastAccum fp8_fast_accum = Fp8FastAccum::Off;
     bool gemm_autotune = false;  // time cuBLASLt's candidate algorithms per shape (cuda/gemm.h)
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
+
+    bool operator==(const ModelOptions&) const = default;
 };
+
+// ZeRO with several ranks: what each rank keeps 1/N of (the optimizer state; + the gradients; + the
+// weights). The number is the level (--zero-level, IModel::set_communicator, "ZeRO-N").
+enum class ZeroLevel { Optimizer = 1, Gradients = 2, Weights = 3 };
+
+// The level the sharding of `o` is with several ranks.
+inline ZeroLevel zero_level(const ModelOptions& o) {
+    return o.shard_weights ? ZeroLevel::Weights : o.shard_gradients ? ZeroLevel::Gradients : ZeroLevel::Optimizer;
+}
 
 }  // namespace qtrain

@@ -4,81 +4,110 @@
 
 #include <algorithm>
 #include <fstream>
-#include <iterator>
+#include <initializer_list>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "core/error.h"
 #include "backends/model_backends.h"
 #include "train/model_source.h"
+#include "train/option_table.h"
 
 namespace qtrain {
 
+namespace {
+
+// A flag as a suggestion gives it: a field of TrainOptions (its entry of the option table has the
+// name) and its value: "" for a boolean flag turned on, "off" for one turned off ("without --x").
+struct Setting {
+    OptionMember flag;
+    std::string value;
+};
+
+Setting on(bool TrainOptions::* flag) { return {flag, ""}; }
+Setting off(bool TrainOptions::* flag) { return {flag, "off"}; }
+template <class V>
+Setting set(V TrainOptions::* flag, const std::string& value) {
+    return {flag, value};
+}
+
+std::string describe(const std::vector<Setting>& settings) {
+    std::string out;
+    for (const Setting& s : settings) {
+        const std::string flag = flag_name(train_option_of(s.flag));
+        if (!out.empty()) out += " ";
+        out += s.value.empty() ? flag : s.value == "off" ? "without " + flag : flag + "=" + s.value;
+    }
+    return out;
+}
+
+// `o` with the settings given, as the model sees it (so with what each flag implies).
+ModelOptions with(TrainOptions o, const std::vector<Setting>& settings, const std::string& device) {
+    for (const Setting& s : settings)
+        std::visit(
+            [&](auto member) {
+                auto& field = o.*member;
+                using F = std::decay_t<decltype(field)>;
+                if constexpr (std::is_same_v<F, bool>) field = s.value != "off";
+                else if constexpr (std::is_same_v<F, std::string>) field = s.value;
+                else if constexpr (std::is_same_v<F, int>) field = std::stoi(s.value);
+                else throw std::logic_error("memory_fit: a suggested flag of a type it does not set");
+            },
+            s.flag);
+    return o.model_options(device);
+}
+
+}  // namespace
+
 // The first of a ladder of memory-saving flag sets (each saving more than the one before, at more
 // recomputation) with which the plan fits `limit`; empty when none does or the backend refuses them.
-std::string flags_that_fit(const ModelConfig& cfg, ModelOptions m, const std::string& device, uint64_t limit) {
-    struct Step {
-        const char* flags;
-        void (*apply)(ModelOptions&);
-    };
+std::string flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const std::string& device, uint64_t limit) {
+    using T = TrainOptions;
+    const Setting block = on(&T::recompute_block), opt_m = on(&T::offload_opt_m), opt_v = on(&T::offload_opt_v),
+                  master = on(&T::offload_master), gradients = on(&T::offload_gradients);
     // recomputation first (cheapest in memory traffic), the same on one GPU and on several
-    static const Step recompute[] = {
-        {"--recompute-swiglu", [](ModelOptions& o) { o.recompute_swiglu = true; }},
-        {"--recompute-ffn", [](ModelOptions& o) { o.recompute_ffn = o.recompute_swiglu = true; }},
-        {"--recompute-ffn --recompute-norm", [](ModelOptions& o) { o.recompute_norm = true; }},
-        {"--recompute-ffn --recompute-norm --recompute-att",
-         [](ModelOptions& o) { o.recompute_att = o.recompute_qkv = true; }},
-        {"--recompute-block", [](ModelOptions& o) { o.recompute_block = true; }},
+    std::vector<std::vector<Setting>> ladder = {
+        {on(&T::recompute_swiglu)},
+        {on(&T::recompute_ffn)},
+        {on(&T::recompute_ffn), on(&T::recompute_norm)},
+        {on(&T::recompute_ffn), on(&T::recompute_norm), on(&T::recompute_att)},
+        {block},
     };
-    // then, on one GPU, host memory
-    static const Step one_gpu[] = {
-        {"--recompute-block --offload-opt-m --offload-opt-v",
-         [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
-        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master",
-         [](ModelOptions& o) { o.offload_master = true; }},
-        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
-         [](ModelOptions& o) { o.offload_gradients = true; }},
-        {"--recompute-block --offload-opt-m --offload-opt-v --offload-master --offload-gradients --shard-weights",
-         [](ModelOptions& o) { o.shard_weights = true; }},
-    };
-    // Data parallel: sharding over the ranks (ZeRO-2, then ZeRO-3) costs communication but no PCIe
-    // traffic, so it comes before offloading; with --offload-master ZeRO-3 streams the rank's block
-    // of the weights from host memory.
-    static const Step ranks[] = {
-        {"--recompute-block --zero-level=2", [](ModelOptions& o) { o.shard_gradients = true, o.zero_level = 2; }},
-        {"--recompute-block --zero-level=3", [](ModelOptions& o) { o.shard_weights = true, o.zero_level = 3; }},
-        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v",
-         [](ModelOptions& o) { o.offload_opt_m = o.offload_opt_v = true; }},
-        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v --offload-master",
-         [](ModelOptions& o) { o.offload_master = true; }},
-        {"--recompute-block --zero-level=3 --offload-opt-m --offload-opt-v --offload-master --offload-gradients",
-         [](ModelOptions& o) { o.offload_gradients = true; }},
-    };
-    std::vector<Step> ladder(std::begin(recompute), std::end(recompute));
-    if (m.gpus > 1) ladder.insert(ladder.end(), std::begin(ranks), std::end(ranks));
-    else ladder.insert(ladder.end(), std::begin(one_gpu), std::end(one_gpu));
+    if (o.gpus > 1) {
+        // Data parallel: sharding over the ranks (ZeRO-2, then ZeRO-3) costs communication but no PCIe
+        // traffic, so it comes before offloading; with --offload-master ZeRO-3 streams the rank's block
+        // of the weights from host memory.
+        const Setting zero2 = set(&T::zero_level, "2"), zero3 = set(&T::zero_level, "3");
+        ladder.insert(ladder.end(), {{block, zero2},
+                                     {block, zero3},
+                                     {block, zero3, opt_m, opt_v},
+                                     {block, zero3, opt_m, opt_v, master},
+                                     {block, zero3, opt_m, opt_v, master, gradients}});
+    } else {
+        // then, on one GPU, host memory
+        ladder.insert(ladder.end(), {{block, opt_m, opt_v},
+                                     {block, opt_m, opt_v, master},
+                                     {block, opt_m, opt_v, master, gradients},
+                                     {block, opt_m, opt_v, master, gradients, on(&T::shard_weights)}});
+    }
     // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
-    auto fits = [&](const ModelOptions& t) {
+    auto fits = [&](const std::vector<Setting>& settings) {
         try {
-            return plan_model(cfg, t, device).total_device() <= limit;
+            return plan_model(cfg, with(o, settings, device), device).total_device() <= limit;
         } catch (const Error&) {
             return false;  // this backend does not take these flags
         }
     };
-    const int more_chunks = std::max(m.lmhead_chunks, 8);
-    const std::string chunk_flag = cat("--lmhead-chunks=", more_chunks);
-    ModelOptions t = m;
-    if (more_chunks != m.lmhead_chunks) {
-        t.lmhead_chunks = more_chunks;
-        if (fits(t)) return chunk_flag;
-        t.lmhead_chunks = m.lmhead_chunks;
-    }
-    for (const Step& s : ladder) {
-        s.apply(t);
-        if (fits(t)) return s.flags;
-        if (more_chunks != m.lmhead_chunks) {
-            ModelOptions c = t;
-            c.lmhead_chunks = more_chunks;
-            if (fits(c)) return cat(s.flags, " ", chunk_flag);
+    const int more_chunks = std::max(o.lmhead_chunks, 8);
+    const Setting chunks = set(&T::lmhead_chunks, std::to_string(more_chunks));
+    if (more_chunks != o.lmhead_chunks && fits({chunks})) return describe({chunks});
+    for (std::vector<Setting>& rung : ladder) {
+        if (fits(rung)) return describe(rung);
+        if (more_chunks != o.lmhead_chunks) {
+            rung.push_back(chunks);
+            if (fits(rung)) return describe(rung);
         }
     }
     return {};
@@ -113,35 +142,29 @@ int largest_batch_that_fits(const ModelConfig& cfg, ModelOptions m, const std::s
 // The first of a ladder of host-memory-saving precision flags (cumulative) with which the pinned
 // plan fits `host_limit` (and the device plan still fits `limit`); empty when none does. Rungs that
 // change nothing for these options (say, moments already bf16) are skipped.
-std::string pinned_flags_that_fit(const ModelConfig& cfg, ModelOptions t, const std::string& device, uint64_t limit,
-                                  uint64_t host_limit) {
-    auto fits = [&](const ModelOptions& o) {
+std::string pinned_flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const std::string& device,
+                                  uint64_t limit, uint64_t host_limit) {
+    using T = TrainOptions;
+    std::vector<Setting> settings;
+    ModelOptions t = o.model_options(device);  // the options so far
+    // adds `rung` when it `applies` to the options so far; whether all so far make the plan fit
+    auto fits_with = [&](bool applies, std::initializer_list<Setting> rung) {
+        if (!applies) return false;
+        settings.insert(settings.end(), rung);
         try {
-            const MemoryPlan p = plan_model(cfg, o, device);
+            t = with(o, settings, device);
+            const MemoryPlan p = plan_model(cfg, t, device);
             return p.total_pinned() <= host_limit && (!limit || p.total_device() <= limit);
         } catch (const Error&) {
             return false;
         }
     };
-    std::string flags;
-    auto rung = [&](bool applies, const char* f, auto apply) {
-        if (!applies) return false;
-        apply(t);
-        flags += flags.empty() ? f : cat(" ", f);
-        return fits(t);
-    };
-    if (rung(t.offload_gradients && t.param_grad_dtype == DType::F32, "--param-grad-dtype=bf16",
-             [](ModelOptions& o) { o.param_grad_dtype = DType::BF16; }))
-        return flags;
-    if (rung((t.offload_opt_m && t.opt_m_dtype == DType::F32) || (t.offload_opt_v && t.opt_v_dtype == DType::F32),
-             "--opt-m-dtype=bf16 --opt-v-dtype=bf16", [](ModelOptions& o) { o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }))
-        return flags;
-    if (rung(t.offload_master && t.master_dtype == DType::F32 && t.model_dtype == DType::BF16,
-             "--master-dtype=bf16 without --offload-master", [](ModelOptions& o) {
-                 o.master_dtype = DType::BF16;
-                 o.offload_master = false;
-             }))
-        return flags;
+    if (fits_with(t.offload_gradients && t.param_grad_dtype == DType::F32, {set(&T::param_grad_dtype, "bf16")}) ||
+        fits_with((t.offload_opt_m && t.opt_m_dtype == DType::F32) || (t.offload_opt_v && t.opt_v_dtype == DType::F32),
+                  {set(&T::opt_m_dtype, "bf16"), set(&T::opt_v_dtype, "bf16")}) ||
+        fits_with(t.offload_master && t.master_dtype == DType::F32 && t.model_dtype == DType::BF16,
+                  {set(&T::master_dtype, "bf16"), off(&T::offload_master)}))
+        return describe(settings);
     return {};
 }
 

@@ -8,12 +8,18 @@
 #include "model/model_config.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <type_traits>
+
+#include "core/error.h"
+#include "core/files.h"
 
 namespace qtrain {
 
 namespace {
 
 using T = TrainOptions;
+using M = ModelOptions;
 using R = ResumeRule;
 
 const char* const kModel = "Model";
@@ -26,11 +32,49 @@ const char* const kPerf = "Performance and memory";
 const char* const kOptim = "Optimisation";
 const char* const kOutput = "Evaluation, checkpoints and output";
 
+// An entry under construction: opt(...), then what the model takes from it (.model) and what it
+// implies (.implying).
+struct Entry : OptionSpec {
+    // The flag's value copied into the model's field `to`, which has the flag field's type.
+    template <class V>
+    Entry&& model(V M::* to) && {
+        const auto* from = std::get_if<V T::*>(&member);
+        if (!from) throw std::logic_error("option table: --" + name + " and its ModelOptions field differ in type");
+        to_model = [from = *from, to](const OptionSpec&, const T& o, const std::string&, M& m) { m.*to = o.*from; };
+        return std::move(*this);
+    }
+    Entry&& model(ModelSetter set) && {
+        to_model = std::move(set);
+        return std::move(*this);
+    }
+    Entry&& implying(std::vector<OptionImplication> flags) && {
+        implies = std::move(flags);
+        return std::move(*this);
+    }
+};
+
+// `flag` turned on when this one's value is at least `from` (a bool flag: when given), with
+// `several_ranks` only when --gpus > 1.
+OptionImplication turns_on(bool T::* flag, int from = 1, bool several_ranks = false) {
+    OptionImplication i;
+    i.flag = flag;
+    i.from = from;
+    i.several_ranks = several_ranks;
+    return i;
+}
+
+// A dtype flag whose value is given ("fp32" by default), one of `allowed` ("fp32|bf16").
+ModelSetter dtype_to(DType M::* to, const char* allowed) {
+    return [to, allowed](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+        m.*to = parse_dtype(o.*std::get<std::string T::*>(spec.member), flag_name(spec), allowed);
+    };
+}
+
 // One entry; `names` is the long name, then any aliases, comma-separated ("batch-size,batch").
 // Functions rather than aggregate initialisers: -Wextra warns about every omitted member of those.
-OptionSpec opt(const char* group, std::string_view names, OptionMember member, R resume, std::string help,
-               OptionCheck check = {}, std::string python = {}) {
-    OptionSpec spec;
+Entry opt(const char* group, std::string_view names, OptionMember member, R resume, std::string help,
+          OptionCheck check = {}, std::string python = {}) {
+    Entry spec;
     for (size_t start = 0; start <= names.size();) {
         const size_t end = std::min(names.find(',', start), names.size());
         std::string name(names.substr(start, end - start));
@@ -89,68 +133,95 @@ std::vector<OptionSpec> make_table() {
             "Training token file(s), BIN.TOK format; a glob (quote it)"),
         opt(kData, "eval-file", &T::eval_file, R::MayChange, "Evaluation token file(s); a glob"),
         opt(kData, "batch-size,batch", &T::batch_size, R::MustMatch,
-            "Micro-batch size (sequences per GPU per micro-step)"),
-        opt(kData, "seq-len", &T::seq_len, R::MustMatch, "Sequence length in tokens"),
+            "Micro-batch size (sequences per GPU per micro-step)").model(&M::batch_size),
+        opt(kData, "seq-len", &T::seq_len, R::MustMatch, "Sequence length in tokens").model(&M::seq_len),
 
         // Precision ("" dtypes are the device's defaults, so they are compared resolved)
         opt(kPrecision, "model-dtype", &T::model_dtype, R::Resolved,
-            "Weights and activations: fp32|bf16 (default: fp32 on cpu, bf16 on cuda)"),
+            "Weights and activations: fp32|bf16 (default: fp32 on cpu, bf16 on cuda)")
+            .model([](const OptionSpec& spec, const T& o, const std::string& device, M& m) {
+                const std::string dtype = o.model_dtype.empty() ? (device == "cpu" ? "fp32" : "bf16") : o.model_dtype;
+                m.model_dtype = parse_dtype(dtype, flag_name(spec), "fp32|bf16");
+            }),
         opt(kPrecision, "matmul-dtype", &T::matmul_dtype, R::Resolved,
-            "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)"),
+            "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)")
+            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+                m.matmul_dtype = o.matmul_dtype.empty()
+                                     ? m.model_dtype
+                                     : parse_dtype(o.matmul_dtype, flag_name(spec), "fp32|bf16|e4m3");
+            }),
         opt(kPrecision, "gradient-dtype", &T::gradient_dtype, R::Resolved,
             "Activation gradients into matmuls: fp32|bf16|e4m3|e5m2 (default: the matmul dtype; bf16 when matmuls "
-            "are fp8)"),
+            "are fp8)")
+            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+                // "" = the matmul dtype, bf16 when matmuls are fp8
+                m.gradient_dtype = !o.gradient_dtype.empty()
+                                       ? parse_dtype(o.gradient_dtype, flag_name(spec), "fp32|bf16|e4m3|e5m2")
+                                   : m.matmul_dtype == DType::E4M3 ? DType::BF16
+                                                                   : m.matmul_dtype;
+            }),
         opt(kPrecision, "opt-m-dtype", &T::opt_m_dtype, R::MustMatch,
-            "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)"),
+            "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)")
+            .model(dtype_to(&M::opt_m_dtype, "fp32|bf16")),
         opt(kPrecision, "opt-v-dtype", &T::opt_v_dtype, R::MustMatch,
-            "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)"),
+            "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)")
+            .model(dtype_to(&M::opt_v_dtype, "fp32|bf16")),
         opt(kPrecision, "master-dtype", &T::master_dtype, R::MustMatch,
             "Master weights: fp32|bf16. bf16 (with --model-dtype=bf16, GPU): no fp32 copy, AdamW updates the bf16 "
-            "weights with stochastic rounding; saves 4 bytes per parameter"),
+            "weights with stochastic rounding; saves 4 bytes per parameter")
+            .model(dtype_to(&M::master_dtype, "fp32|bf16")),
         opt(kPrecision, "param-grad-dtype", &T::param_grad_dtype, R::MustMatch,
             "Accumulated parameter gradients: fp32|bf16. bf16 needs --offload-gradients (GPU): the host copy is "
-            "bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory"),
+            "bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory")
+            .model(dtype_to(&M::param_grad_dtype, "fp32|bf16")),
 
         // Recompute
         opt(kRecompute, "recompute-swiglu", &T::recompute_swiglu, R::MayChange,
-            "Recompute the SwiGLU activation in the backward pass"),
+            "Recompute the SwiGLU activation in the backward pass").model(&M::recompute_swiglu),
         opt(kRecompute, "recompute-norm", &T::recompute_norm, R::MayChange,
-            "Recompute RMSNorm outputs in the backward pass"),
+            "Recompute RMSNorm outputs in the backward pass").model(&M::recompute_norm),
         opt(kRecompute, "recompute-qkv", &T::recompute_qkv, R::MayChange,
-            "Recompute the QKV projection in the backward pass"),
+            "Recompute the QKV projection in the backward pass").model(&M::recompute_qkv),
         opt(kRecompute, "recompute-ffn", &T::recompute_ffn, R::MayChange,
-            "Recompute the whole feed-forward block (implies --recompute-swiglu)"),
+            "Recompute the whole feed-forward block (implies --recompute-swiglu)")
+            .model(&M::recompute_ffn).implying({turns_on(&T::recompute_swiglu)}),
         opt(kRecompute, "recompute-att", &T::recompute_att, R::MayChange,
-            "Recompute the whole attention block (implies --recompute-qkv)"),
+            "Recompute the whole attention block (implies --recompute-qkv)")
+            .model(&M::recompute_att).implying({turns_on(&T::recompute_qkv)}),
         opt(kRecompute, "recompute-block", &T::recompute_block, R::MayChange,
-            "Recompute the whole transformer block (implies all of the above)"),
+            "Recompute the whole transformer block (implies all of the above)")
+            .model(&M::recompute_block)
+            .implying({turns_on(&T::recompute_ffn), turns_on(&T::recompute_att), turns_on(&T::recompute_norm)}),
 
         // Offload
         opt(kOffload, "offload-residual", &T::offload_residual, R::MayChange,
-            "Keep the residual stream of each layer in pinned host memory"),
-        opt(kOffload, "offload-master", &T::offload_master, R::MayChange, "Keep master weights in pinned host memory"),
+            "Keep the residual stream of each layer in pinned host memory").model(&M::offload_residual),
+        opt(kOffload, "offload-master", &T::offload_master, R::MayChange, "Keep master weights in pinned host memory")
+            .model(&M::offload_master),
         opt(kOffload, "offload-opt-m", &T::offload_opt_m, R::MayChange,
-            "Keep Adam's first moment in pinned host memory"),
+            "Keep Adam's first moment in pinned host memory").model(&M::offload_opt_m),
         opt(kOffload, "offload-opt-v", &T::offload_opt_v, R::MayChange,
-            "Keep Adam's second moment in pinned host memory"),
+            "Keep Adam's second moment in pinned host memory").model(&M::offload_opt_v),
         opt(kOffload, "offload-quants", &T::offload_quants, R::MayChange,
             "Keep the FP8 copies of streamed layers (--persistent-quants) in pinned host memory instead of on the GPU "
-            "(implies --persistent-quants; needs --shard-weights)"),
+            "(implies --persistent-quants; needs --shard-weights)").model(&M::offload_quants),
         opt(kOffload, "offload-gradients", &T::offload_gradients, R::MayChange,
             "Keep (sharded) gradients in pinned host memory (untied models: the embedding's gradient is summed there "
-            "directly, so no [vocab, hidden] fp32 table stays on the GPU)"),
+            "directly, so no [vocab, hidden] fp32 table stays on the GPU)").model(&M::offload_gradients),
         opt(kOffload, "persistent-quants", &T::persistent_quants, R::MayChange,
             "With --shard-weights and FP8 (e4m3 matmuls, e4m3|e5m2 gradients): quantise each streamed layer once per "
             "optimizer step and keep its FP8 copy, so later passes move 1 byte per weight instead of 2 (resident FP8 "
-            "weights are always kept)"),
+            "weights are always kept)").model(&M::persistent_quants),
         opt(kOffload, "offload-double-buffer", &T::offload_double_buffer, R::MayChange,
             "The optimizer stages offloaded master/moments/gradients/weights through two device chunks copied on side "
-            "streams (copy engines, double-buffered) instead of reading host memory zero-copy"),
+            "streams (copy engines, double-buffered) instead of reading host memory zero-copy")
+            .model(&M::offload_double_buffer),
         opt(kOffload, "write-combined", &T::write_combined, R::MayChange,
-            "Allocate offload buffers write-combined (faster host-to-device)"),
+            "Allocate offload buffers write-combined (faster host-to-device)").model(&M::write_combined),
         opt(kOffload, "memcpy-all-gather", &T::memcpy_all_gather, R::MayChange,
             "GPU data parallel in threads mode: the copy-engine communicator (cudaMemcpy on the copy engines, sums by "
-            "one rank-order kernel) instead of NCCL; also runs several ranks on one GPU (--gpu-ids=0,0)"),
+            "one rank-order kernel) instead of NCCL; also runs several ranks on one GPU (--gpu-ids=0,0)")
+            .model(&M::memcpy_all_gather),
 
         // Multi-GPU
         opt(kMultiGpu, "gpus", &T::gpus, R::MustMatch,
@@ -159,7 +230,7 @@ std::vector<OptionSpec> make_table() {
             "`mpirun -np N train ...` one rank per process (then --gpus must be 1 or N). With --device=cpu the ranks "
             "are CPU reference models. On the GPU: one rank per GPU (--gpu-ids) over NCCL, or over the copy engines "
             "with --memcpy-all-gather; ZeRO-1 keeps 1/N of the master weights and Adam moments per rank, ZeRO-2 also "
-            "1/N of the gradient, ZeRO-3 also 1/N of the weights"),
+            "1/N of the gradient, ZeRO-3 also 1/N of the weights").model(&M::gpus),
         opt(kMultiGpu, "gpu-ids", &T::gpu_ids, R::MayChange,
             "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; repeats allowed: 0,0 puts two "
             "ranks on device 0). Default: rank r on device r in threads mode, each process's local rank "
@@ -167,13 +238,16 @@ std::vector<OptionSpec> make_table() {
         opt(kMultiGpu, "shard-weights", &T::shard_weights, R::MayChange,
             "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: each rank holds 1/N of them and every layer "
             "is gathered from its owners just before it is used, in the forward and again in the backward); on one "
-            "GPU: stream them from host"),
+            "GPU: stream them from host")
+            .model(&M::shard_weights)
+            .implying({turns_on(&T::shard_gradients, 1, true)}),
         opt(kMultiGpu, "shard-gradients", &T::shard_gradients, R::MayChange,
             "Shard gradients across GPUs (ZeRO-2, as --zero-level=2: each layer's gradient reduced to its owning rank "
-            "during the backward); on one GPU: needs --offload-gradients"),
+            "during the backward); on one GPU: needs --offload-gradients").model(&M::shard_gradients),
         opt(kMultiGpu, "zero-level", &T::zero_level, R::MayChange,
             "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights",
-            range(1, 3)),
+            range(1, 3))
+            .implying({turns_on(&T::shard_gradients, 2), turns_on(&T::shard_weights, 3)}),
         opt(kMultiGpu, "comm-timeout", &T::comm_timeout, R::MayChange,
             "Seconds a data-parallel rank may go without finishing a micro-batch, the optimizer step or a round of "
             "evaluation before it decides a peer has died or hangs (a GPU collective waits forever otherwise): it says "
@@ -190,29 +264,42 @@ std::vector<OptionSpec> make_table() {
 
         // Performance and memory
         opt(kPerf, "use-cuda-graphs", &T::use_cuda_graphs, R::MayChange,
-            "Capture the steady-state step in a CUDA graph"),
+            "Capture the steady-state step in a CUDA graph").model(&M::use_cuda_graphs),
         opt(kPerf, "lmhead-chunks", &T::lmhead_chunks, R::MayChange,
-            "Compute the LM head + loss in this many chunks of tokens"),
+            "Compute the LM head + loss in this many chunks of tokens").model(&M::lmhead_chunks),
         opt(kPerf, "attn-bwd-chunks", &T::attn_bwd_chunks, R::MayChange,
             "Run the attention backward in this many chunks of sequences (must divide --batch-size); its workspace "
-            "holds one chunk"),
+            "holds one chunk").model(&M::attn_bwd_chunks),
         opt(kPerf, "attention", &T::attention, R::MayChange,
             "Attention kernels on the GPU: cudnn (cuDNN's fused flash attention, deterministic backward), flash "
             "(qtrain's own kernels) or auto (cudnn where this build and machine have it and --model-dtype=bf16, else "
             "flash)",
-            choices({"auto", "flash", "cudnn"})),
+            choices({"auto", "flash", "cudnn"}))
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.attention = o.attention == "flash"   ? AttentionImpl::Flash
+                              : o.attention == "cudnn" ? AttentionImpl::Cudnn
+                                                       : AttentionImpl::Auto;
+            }),
         // fast accumulation is less accurate (other products, not only another order of a sum): must match
         opt(kPerf, "fp8-fast-accum", &T::fp8_fast_accum, R::MustMatch,
             "FP8 GEMMs that use cuBLASLt's fast accumulation (partial sums kept at tensor-core precision, not promoted "
             "to fp32 every few blocks): off, forward (the forward products, as TransformerEngine does) or all; faster, "
             "slightly less accurate",
-            choices({"off", "forward", "all"})),
+            choices({"off", "forward", "all"}))
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.fp8_fast_accum = o.fp8_fast_accum == "forward" ? Fp8FastAccum::Forward
+                                   : o.fp8_fast_accum == "all"   ? Fp8FastAccum::All
+                                                                 : Fp8FastAccum::Off;
+            }),
         opt(kPerf, "gemm-autotune", &T::gemm_autotune, R::MayChange,
             "Try cuBLASLt's candidate algorithms for each GEMM shape on the step's own calls, timed in place, and keep "
             "the fastest (decided within ~25 steps; CUDA graphs are captured after that); runs are then reproducible "
-            "only to the last bits"),
+            "only to the last bits").model(&M::gemm_autotune),
         opt(kPerf, "memory-limit", &T::memory_limit, R::MayChange,
-            "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)"),
+            "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)")
+            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+                m.memory_limit = o.memory_limit.empty() ? 0 : parse_bytes(o.memory_limit, flag_name(spec));
+            }),
         opt(kPerf, "host-memory-limit", &T::host_memory_limit, R::MayChange,
             "Cap the pinned host memory of the plan, e.g. 64GiB (default for a training run: this machine's RAM, or its "
             "container's memory limit if lower, less 5%, at least 4 GiB kept free; --plan-only checks only an explicit "
@@ -289,6 +376,38 @@ const OptionSpec* find_train_option(std::string_view name) {
     for (const OptionSpec& spec : train_option_table())
         if (spec.name == name) return &spec;
     return nullptr;
+}
+
+const OptionSpec& train_option_of(const OptionMember& member) {
+    for (const OptionSpec& spec : train_option_table())
+        if (spec.member == member) return spec;
+    throw std::logic_error("option table: a TrainOptions field without an entry");
+}
+
+std::string flag_name(const OptionSpec& spec) { return "--" + spec.name; }
+
+TrainOptions with_implications(TrainOptions o) {
+    // to a fixed point: --recompute-block turns on --recompute-ffn, which turns on --recompute-swiglu
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (const OptionSpec& spec : train_option_table())
+            for (const OptionImplication& i : spec.implies) {
+                const double value = std::visit(
+                    [&](auto member) {
+                        const auto& field = o.*member;
+                        if constexpr (std::is_arithmetic_v<std::decay_t<decltype(field)>>)
+                            return static_cast<double>(field);
+                        else
+                            return 0.0;  // a text flag implies nothing
+                    },
+                    spec.member);
+                if (value >= i.from && (!i.several_ranks || o.gpus > 1) && !(o.*i.flag)) {
+                    o.*i.flag = true;
+                    changed = true;
+                }
+            }
+    }
+    return o;
 }
 
 const char* resume_rule_name(ResumeRule rule) {

@@ -29,7 +29,7 @@ CheckedPlan check_memory_plan(const TrainOptions& o, const ModelConfig& cfg, con
     c.plan = plan_model(cfg, mopt, device);
     if (c.limit && c.plan.total_device() > c.limit) {
         Logger("/dev/null", true).log_memory(c.plan, c.limit);  // show where the memory goes, then fail
-        const std::string fit = flags_that_fit(cfg, mopt, device, c.limit);
+        const std::string fit = flags_that_fit(cfg, o, device, c.limit);
         const int fitting_batch = largest_batch_that_fits(cfg, mopt, device, c.limit, 0, mopt.batch_size);
         const std::string smaller = fitting_batch > 0
                                         ? cat("with the current flags --batch-size=", fitting_batch, " fits")
@@ -48,7 +48,7 @@ CheckedPlan check_memory_plan(const TrainOptions& o, const ModelConfig& cfg, con
                                    : usable_host_memory();
     if (c.host_limit && c.plan.total_pinned() > c.host_limit) {
         Logger("/dev/null", true).log_memory(c.plan, c.limit);
-        const std::string fit = pinned_flags_that_fit(cfg, mopt, device, c.limit, c.host_limit);
+        const std::string fit = pinned_flags_that_fit(cfg, o, device, c.limit, c.host_limit);
         throw_error(cat("the memory plan pins ", human_bytes(c.plan.total_pinned()), " of host memory but ",
                         c.explicit_host ? "--host-memory-limit is " : "this machine can pin about ",
                         human_bytes(c.host_limit), "; ",
@@ -62,18 +62,18 @@ CheckedPlan check_memory_plan(const TrainOptions& o, const ModelConfig& cfg, con
 void print_plan_only(const CheckedPlan& c, const ModelConfig& cfg, const ModelOptions& mopt, const std::string& device) {
     Logger plan_logger("/dev/null", true);
     plan_logger.log_memory(c.plan, c.limit);
-    if (mopt.gpus > 1)
+    if (const ZeroLevel zero = zero_level(mopt); mopt.gpus > 1)
         plan_logger.message(cat(
             "note: the plan of each of the ", mopt.gpus, " ranks (", device == "cpu" ? "CPU ranks" : "one GPU each",
             device == "cpu" ? std::string("; the CPU model keeps its whole state on every rank)")
-                            : mopt.shard_weights
-                                ? cat("; ZeRO-3: the master weights, Adam's moments, the gradients and the weights are "
-                                      "one rank's block, 1/", mopt.gpus, " of them, beside the whole non-layer weights "
-                                      "and two layer slots the layers are gathered into)")
-                                : cat("; ZeRO-", mopt.shard_gradients ? 2 : 1, ": the master weights and Adam's moments",
-                                      mopt.shard_gradients ? " and the gradients" : "", " are one rank's block, 1/",
-                                      mopt.gpus, " of them; the weights", mopt.shard_gradients ? "" : " and gradients",
-                                      " are whole on every rank)")));
+            : zero == ZeroLevel::Weights
+                ? cat("; ZeRO-3: the master weights, Adam's moments, the gradients and the weights are one rank's "
+                      "block, 1/", mopt.gpus, " of them, beside the whole non-layer weights and two layer slots the "
+                      "layers are gathered into)")
+                : cat("; ZeRO-", static_cast<int>(zero), ": the master weights and Adam's moments",
+                      zero == ZeroLevel::Gradients ? " and the gradients" : "", " are one rank's block, 1/", mopt.gpus,
+                      " of them; the weights", zero == ZeroLevel::Gradients ? "" : " and gradients",
+                      " are whole on every rank)")));
     // a plan may be made for another machine, so only a note: a training run here would fail
     if (const uint64_t here = usable_host_memory(); !c.explicit_host && here && c.plan.total_pinned() > here)
         plan_logger.message(cat("note: the plan pins ", human_bytes(c.plan.total_pinned()),

@@ -155,12 +155,11 @@ void RankSession::start() {
     if (world_ > 1) {
         // the model's collectives go over its own communicator when its backend has one (backends/model_backends.h)
         if (ctx_.model_communicator) s.model_comm = ctx_.model_communicator(host_, mopt.device_index);
-        // --zero-level=3 or --shard-weights (train_options.cpp sets both flags below it too)
-        const int zero_level = mopt.shard_weights ? 3 : mopt.shard_gradients ? 2 : 1;
-        s.model->set_communicator(s.model_comm ? s.model_comm.get() : &host_, zero_level);
+        const int zero = static_cast<int>(zero_level(mopt));
+        s.model->set_communicator(s.model_comm ? s.model_comm.get() : &host_, zero);
         if (lead_)
             s.log->message(cat("[Setup] ", ctx_.launch, ": ", world_, ctx_.device == "cpu" ? " CPU" : " GPU",
-                               " ranks, ZeRO-", zero_level, " (every rank trains, evaluates its share of the eval "
+                               " ranks, ZeRO-", zero, " (every rank trains, evaluates its share of the eval "
                                "batches and writes its part of each checkpoint; rank 0 logs and exports)"));
     }
 

@@ -52,6 +52,11 @@ RunContext make_run_context(const TrainOptions& options, const std::string& comm
     if (planning_for_gpu) device = "cuda";
     QT_CHECK(o.gpu_ids.empty() || device != "cpu", "--gpu-ids is not supported on --device=cpu (it places ranks on "
              "CUDA devices; the CPU ranks are threads or processes of this machine): leave it out");
+    // --zero-level=2|3 reach the model as the sharding they imply (model_options.h), which the CPU model
+    // refuses on one rank under the implied flag's name, so the level the user gave is named here
+    QT_CHECK(device != "cpu" || world > 1 || o.zero_level <= 1, "--zero-level=", o.zero_level,
+             " on --device=cpu needs several ranks (--gpus > 1 or mpirun): one rank has nothing to shard; leave it out "
+             "or give --zero-level=1");
     ctx.source = resolve_model_source(o);
     const ModelConfig& cfg = ctx.source.config;
     QT_CHECK(o.seq_len <= cfg.max_position_embeddings, "--seq-len=", o.seq_len,

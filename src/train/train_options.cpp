@@ -70,10 +70,6 @@ void add_flags(CLI::App& app, TrainOptions& o) {
     }
 }
 
-DType dtype_flag(const std::string& value, const char* flag, const char* allowed) {
-    return parse_dtype(value, flag, allowed);
-}
-
 }  // namespace
 
 void TrainOptions::validate(bool need_train_file) const {
@@ -114,53 +110,14 @@ void TrainOptions::validate(bool need_train_file) const {
     if (!host_memory_limit.empty()) (void)parse_bytes(host_memory_limit, "--host-memory-limit");
 }
 
+// Each entry of the option table fills the model's fields it decides (its `to_model`), from the
+// options with every implication applied (--recompute-block turns on the other recompute flags,
+// --zero-level=3 --shard-weights, ...).
 ModelOptions TrainOptions::model_options(const std::string& dev) const {
+    const TrainOptions o = with_implications(*this);
     ModelOptions m;
-    m.batch_size = batch_size;
-    m.seq_len = seq_len;
-    const std::string model_dt = model_dtype.empty() ? (dev == "cpu" ? "fp32" : "bf16") : model_dtype;
-    m.model_dtype = dtype_flag(model_dt, "--model-dtype", "fp32|bf16");
-    m.matmul_dtype = matmul_dtype.empty() ? m.model_dtype : dtype_flag(matmul_dtype, "--matmul-dtype", "fp32|bf16|e4m3");
-    if (!gradient_dtype.empty()) m.gradient_dtype = dtype_flag(gradient_dtype, "--gradient-dtype", "fp32|bf16|e4m3|e5m2");
-    else m.gradient_dtype = (m.matmul_dtype == DType::E4M3) ? DType::BF16 : m.matmul_dtype;
-    m.opt_m_dtype = dtype_flag(opt_m_dtype, "--opt-m-dtype", "fp32|bf16");
-    m.opt_v_dtype = dtype_flag(opt_v_dtype, "--opt-v-dtype", "fp32|bf16");
-    m.master_dtype = dtype_flag(master_dtype, "--master-dtype", "fp32|bf16");
-    m.param_grad_dtype = dtype_flag(param_grad_dtype, "--param-grad-dtype", "fp32|bf16");
-
-    // implications, as in the seed design's table
-    m.recompute_block = recompute_block;
-    m.recompute_ffn = recompute_ffn || recompute_block;
-    m.recompute_att = recompute_att || recompute_block;
-    m.recompute_swiglu = recompute_swiglu || m.recompute_ffn;
-    m.recompute_qkv = recompute_qkv || m.recompute_att;
-    m.recompute_norm = recompute_norm || recompute_block;
-
-    m.offload_residual = offload_residual;
-    m.offload_master = offload_master;
-    m.offload_opt_m = offload_opt_m;
-    m.offload_opt_v = offload_opt_v;
-    m.offload_quants = offload_quants;
-    m.offload_gradients = offload_gradients;
-    m.offload_double_buffer = offload_double_buffer;
-    m.persistent_quants = persistent_quants;
-    m.write_combined = write_combined;
-    m.memcpy_all_gather = memcpy_all_gather;
-    m.zero_level = zero_level;
-    m.shard_weights = shard_weights || zero_level >= 3;
-    // with several ranks --shard-weights is ZeRO-3, which shards the gradients too (on one GPU it
-    // streams the weights from host memory and leaves the gradients alone)
-    m.shard_gradients = shard_gradients || zero_level >= 2 || (m.shard_weights && gpus > 1);
-    m.gpus = gpus;
-    m.use_cuda_graphs = use_cuda_graphs;
-    m.lmhead_chunks = lmhead_chunks;
-    m.attn_bwd_chunks = attn_bwd_chunks;
-    m.attention = attention == "flash" ? AttentionImpl::Flash : attention == "cudnn" ? AttentionImpl::Cudnn : AttentionImpl::Auto;
-    m.fp8_fast_accum = fp8_fast_accum == "forward" ? Fp8FastAccum::Forward
-                       : fp8_fast_accum == "all"   ? Fp8FastAccum::All
-                                                   : Fp8FastAccum::Off;
-    m.gemm_autotune = gemm_autotune;
-    m.memory_limit = memory_limit.empty() ? 0 : parse_bytes(memory_limit, "--memory-limit");
+    for (const OptionSpec& spec : train_option_table())
+        if (spec.to_model) spec.to_model(spec, o, dev, m);
     return m;
 }
 

@@ -1,7 +1,8 @@
 // Every flag of the `train` program in one struct. The CLI (CLI11) and the Python bindings fill the
 // same struct; `to_json` records it in the log and in checkpoints. Each field's flag (name, help,
-// check, resume rule) is an entry of the option table (option_table.h), which registers, writes and
-// reads them; a new field needs its entry there.
+// check, resume rule, the model's fields it fills and the flags it implies) is an entry of the option
+// table (option_table.h), which registers, writes and reads them and makes the model's options; a new
+// field needs its entry there.
 #pragma once
 
 #include <algorithm>
@@ -90,7 +91,8 @@ struct TrainOptions {
     // Throws a clear error for values out of range (names the flag). need_train_file=false: the
     // Python session may feed its own tokens instead of --train-file's.
     void validate(bool need_train_file = true) const;
-    // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved.
+    // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved: every
+    // implication of the option table applied, then each entry's `to_model`.
     ModelOptions model_options(const std::string& resolved_device) const;
     std::string to_json() const;  // one JSON object, flag names as keys (options_json.cpp)
     // The options a to_json recorded: missing keys keep their defaults, unknown keys are ignored, a

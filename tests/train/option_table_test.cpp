@@ -3,10 +3,12 @@
 // package's view) covers every flag --help lists.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
 #include <string>
+#include <variant>
 
 #include "test_util.h"
 #include "train/option_info.h"
@@ -142,4 +144,66 @@ TEST(OptionTable, DescribeCoversEveryFlagOfHelp) {
     EXPECT_EQ(by_flag["steps"].resume, "may-change");
     EXPECT_EQ(by_flag["warmup"].resume, "resolved");
     EXPECT_EQ(by_flag["export-checkpoint"].resume, "not-recorded");
+}
+
+// What the model is given comes from the entries (TrainOptions::model_options): the flags that fill a
+// ModelOptions field are the ones the hand-written copy listed (commit 3e79bfc), and each of them,
+// given, changes the model's options; no other flag does.
+TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
+    const Names kToModel = {
+        "batch-size", "seq-len", "model-dtype", "matmul-dtype", "gradient-dtype", "opt-m-dtype", "opt-v-dtype",
+        "master-dtype", "param-grad-dtype", "recompute-swiglu", "recompute-norm", "recompute-qkv", "recompute-ffn",
+        "recompute-att", "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v",
+        "offload-quants", "offload-gradients", "persistent-quants", "offload-double-buffer", "write-combined",
+        "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
+        "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit"};
+    Names to_model;
+    for (const OptionSpec& spec : train_option_table())
+        if (spec.to_model) to_model.insert(spec.name);
+    EXPECT_EQ(to_model, kToModel);
+    // a value other than the default, per flag that has one the model can take
+    const std::map<std::string, std::string> kValue = {
+        {"batch-size", "8"},        {"seq-len", "64"},          {"model-dtype", "fp32"},   {"matmul-dtype", "e4m3"},
+        {"gradient-dtype", "e5m2"}, {"opt-m-dtype", "bf16"},    {"opt-v-dtype", "bf16"},   {"master-dtype", "bf16"},
+        {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
+        {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"}};
+    const ModelOptions base = TrainOptions().model_options("cuda");
+    for (const OptionSpec& spec : train_option_table()) {
+        const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);
+        if (!is_bool && !kValue.count(spec.name)) continue;
+        const std::string arg = "--" + spec.name + (is_bool ? "" : "=" + kValue.at(spec.name));
+        const bool changes = train_options_from_args({arg}).model_options("cuda") != base;
+        // --zero-level reaches the model through what it implies (model_options.h, zero_level)
+        EXPECT_EQ(changes, spec.to_model != nullptr || !spec.implies.empty()) << arg;
+    }
+}
+
+// The implications, against the hand-written formulas they replaced, over every combination.
+TEST(OptionTable, ImplicationsAreTheHandWrittenOnes) {
+    for (int bits = 0; bits < 64; ++bits) {
+        TrainOptions o;
+        o.recompute_swiglu = bits & 1, o.recompute_norm = bits & 2, o.recompute_qkv = bits & 4;
+        o.recompute_ffn = bits & 8, o.recompute_att = bits & 16, o.recompute_block = bits & 32;
+        const ModelOptions m = o.model_options("cuda");
+        const bool ffn = o.recompute_ffn || o.recompute_block, att = o.recompute_att || o.recompute_block;
+        EXPECT_EQ(m.recompute_block, o.recompute_block) << bits;
+        EXPECT_EQ(m.recompute_ffn, ffn) << bits;
+        EXPECT_EQ(m.recompute_att, att) << bits;
+        EXPECT_EQ(m.recompute_swiglu, o.recompute_swiglu || ffn) << bits;
+        EXPECT_EQ(m.recompute_qkv, o.recompute_qkv || att) << bits;
+        EXPECT_EQ(m.recompute_norm, o.recompute_norm || o.recompute_block) << bits;
+    }
+    for (int gpus : {1, 2})
+        for (int zero : {1, 2, 3})
+            for (bool weights : {false, true})
+                for (bool gradients : {false, true}) {
+                    SCOPED_TRACE(cat("gpus ", gpus, " zero ", zero, " weights ", weights, " gradients ", gradients));
+                    TrainOptions o;
+                    o.gpus = gpus, o.zero_level = zero, o.shard_weights = weights, o.shard_gradients = gradients;
+                    const ModelOptions m = o.model_options("cuda");
+                    const bool w = weights || zero >= 3;
+                    EXPECT_EQ(m.shard_weights, w);
+                    EXPECT_EQ(m.shard_gradients, gradients || zero >= 2 || (w && gpus > 1));
+                    if (gpus > 1) EXPECT_EQ(static_cast<int>(zero_level(m)), w ? 3 : std::max(zero, gradients ? 2 : 1));
+                }
 }

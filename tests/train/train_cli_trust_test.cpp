@@ -68,6 +68,10 @@ TEST(TrainCliTrust, GpuFlagsOnTheCpuAreRefusedUnderTheirOwnName) {
         const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
         expect_refused(run_command(f.base_cmd("x") + " --steps=1 " + flag), name + " is not supported on --device=cpu");
     }
+    // a ZeRO level reaches the model as the sharding it implies; the error names the level
+    for (const char* level : {"2", "3"})
+        expect_refused(run_command(f.base_cmd("x") + " --steps=1 --zero-level=" + level),
+                       cat("--zero-level=", level, " on --device=cpu needs several ranks"));
 }
 
 TEST(TrainCliTrust, HelpShowsDefaultsAndWhatGpusDoesToday) {

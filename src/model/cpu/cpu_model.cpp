@@ -77,7 +77,8 @@ void CpuModel::check_options(const ModelOptions& o) {
         QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
                  "reference model runs every role in fp32: use ", flag, "=fp32)");
     // GPU settings mean nothing to the CPU model, so each is refused (not ignored; with several ranks
-    // --shard-gradients is ZeRO-2 and --shard-weights ZeRO-3, --gpus > 1 in threads mode). The recompute
+    // --shard-gradients is ZeRO-2 and --shard-weights ZeRO-3, --gpus > 1 in threads mode; the engine
+    // refuses --zero-level=2|3 on one CPU rank by that name, run_context.cpp). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
     const std::pair<const char*, bool> flags[] = {
@@ -93,9 +94,6 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
         {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off},
         {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
-    // the levels shard over ranks; --zero-level=2|3 sets --shard-gradients|weights, which would be blamed below
-    QT_CHECK(o.gpus > 1 || o.zero_level <= 1, "--zero-level=", o.zero_level, " on --device=cpu needs several ranks "
-             "(--gpus > 1 or mpirun): one rank has nothing to shard; leave it out or give --zero-level=1");
     for (const auto& [flag, on] : flags)
         QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
     QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, " on --device=cpu: give the number of ranks (threads), at least 1");
