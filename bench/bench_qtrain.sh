@@ -14,12 +14,15 @@ MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
 BUILD=${BUILD_DIR:-build-gpu}
 WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
-[ -f "$WORK/random.bin" ] || python3 bench/make_random_tokens.py "$WORK/random.bin" --tokens 40000000 >/dev/null
+# VOCAB: the token file's vocabulary (default Qwen's; Llama 3's is 128000 ordinary tokens)
+VOCAB=${VOCAB:-151643}
+TOKENS="$WORK/random.bin"; [ "$VOCAB" = 151643 ] || TOKENS="$WORK/random-$VOCAB.bin"
+[ -f "$TOKENS" ] || python3 bench/make_random_tokens.py "$TOKENS" --tokens 40000000 --vocab "$VOCAB" >/dev/null
 STEPS=${STEPS:-12}
 rm -f "$WORK/log.jsonl"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
 smi=$!
-"$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$WORK/random.bin" \
+"$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$TOKENS" \
   --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
   --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" --overwrite "$@" > "$WORK/train.out" 2>&1 &
