@@ -79,6 +79,27 @@ ModelOptions options(DType act, int B, int T) {
     return o;
 }
 
+// Every gradient of the GPU model against the CPU model's: fp32 within 1e-4 (max relative error),
+// bf16 by cosine > 0.99 (bf16 activations and gradients through every layer); prints the worst.
+void expect_gradients_match(const CudaModel& gpu, CpuModel& cpu, DType act, const char* label) {
+    double worst_cos = 1, worst_rel = 0;
+    std::string worst_name;
+    for (const auto& p : cpu.params()) {
+        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
+        auto g = gpu.download(p.name, CudaModel::Which::Grad);
+        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
+        if (act == DType::F32) {
+            EXPECT_LT(rel, 1e-4) << p.name;
+        } else {
+            EXPECT_GT(cos, 0.99) << p.name;
+        }
+        if (cos < worst_cos) { worst_cos = cos; worst_name = p.name; }
+        worst_rel = std::max(worst_rel, rel);
+    }
+    std::printf("[%s %s] worst grad cosine %.6f (%s), worst rel max error %.3g\n", label,
+                std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
+}
+
 void compare_models(const Shape& s, DType act) {
     const int B = 2, T = 40;
     ModelConfig cfg = make_config(s);
@@ -101,22 +122,7 @@ void compare_models(const Shape& s, DType act) {
 
     cpu.forward_backward(batch, 0.5f);
     gpu.forward_backward(batch, 0.5f);
-    double worst_cos = 1, worst_rel = 0;
-    std::string worst_name;
-    for (const auto& p : cpu.params()) {
-        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
-        auto g = gpu.download(p.name, CudaModel::Which::Grad);
-        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
-        if (act == DType::F32) {
-            EXPECT_LT(rel, 1e-4) << p.name;
-        } else {
-            EXPECT_GT(cos, 0.99) << p.name;  // bf16 activations/gradients through every layer
-        }
-        if (cos < worst_cos) { worst_cos = cos; worst_name = p.name; }
-        worst_rel = std::max(worst_rel, rel);
-    }
-    std::printf("[%s %s] worst grad cosine %.6f (%s), worst rel max error %.3g\n", s.name,
-                std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
+    expect_gradients_match(gpu, cpu, act, s.name);
 
     // epsilon 1e-2: Adam's first step moves every weight by ~lr * sign(g), so with a tiny epsilon a
     // gradient element that is ~0 (and differs in the last bits between GPU and CPU) may flip its
@@ -1157,19 +1163,7 @@ TEST_P(CudaModelFamilyVsCpu, LossGradientsAndStepMatch) {
         EXPECT_GE(vse.worst, vs32.worst);
         return;
     }
-    double worst_cos = 1, worst_rel = 0;
-    std::string worst_name;
-    for (const auto& p : cpu.params()) {
-        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
-        auto g = gpu.download(p.name, CudaModel::Which::Grad);
-        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
-        if (act == DType::F32) EXPECT_LT(rel, 1e-4) << p.name;
-        else EXPECT_GT(cos, 0.99) << p.name;
-        if (cos < worst_cos) { worst_cos = cos; worst_name = p.name; }
-        worst_rel = std::max(worst_rel, rel);
-    }
-    std::printf("[%s %s] worst grad cosine %.6f (%s), worst rel max error %.3g\n", kFamilies[which].name,
-                std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
+    expect_gradients_match(gpu, cpu, act, kFamilies[which].name);
     OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, 1};
     StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
     EXPECT_NEAR(sg.loss, sc.loss, (act == DType::F32 ? 1e-5 : 2e-2) * sc.loss);

@@ -20,25 +20,8 @@ using test::central_difference;
 using test::Near;
 using test::random_vector;
 
-// As cpu_ops_test.cpp: O(1) inputs, a step of 1e-2 keeps truncation and fp32 noise near 1e-5.
-constexpr double kStep = 1e-2;
-constexpr double kRtol = 2e-3;
-constexpr double kAtol = 2e-4;
-
-double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
-    double s = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
-    return s;
-}
-
-void expect_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
-                     const std::function<double()>& loss) {
-    ASSERT_EQ(x.size(), analytic.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-        const double fd = central_difference(loss, &x[i], kStep);
-        EXPECT_TRUE(Near(analytic[i], fd, kRtol, kAtol)) << what << "[" << i << "]";
-    }
-}
+using test::expect_gradient;
+using test::weighted_sum;
 
 // Weights 1 + N(0, 0.5^2), as trained norm weights drift: far from a no-op multiply.
 std::vector<float> norm_weight(int D, uint64_t seed) {

@@ -21,27 +21,8 @@ using test::central_difference;
 using test::Near;
 using test::random_vector;
 
-// Inputs are O(1): a step of 1e-2 keeps the truncation error (~h^2) and the fp32 rounding noise of
-// the forward (~1e-7 / h) both near 1e-5, far below the tolerances.
-constexpr double kStep = 1e-2;
-constexpr double kRtol = 2e-3;
-constexpr double kAtol = 2e-4;
-
-double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
-    double s = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
-    return s;
-}
-
-// Compares every element of `analytic` with the finite difference of `loss` in `x`.
-void expect_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
-                     const std::function<double()>& loss) {
-    ASSERT_EQ(x.size(), analytic.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-        const double fd = central_difference(loss, &x[i], kStep);
-        EXPECT_TRUE(Near(analytic[i], fd, kRtol, kAtol)) << what << "[" << i << "]";
-    }
-}
+using test::expect_gradient;
+using test::weighted_sum;
 
 TEST(CpuOps, MatmulForwardBackward) {
     const int N = 5, IC = 7, OC = 3;

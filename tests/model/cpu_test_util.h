@@ -115,4 +115,24 @@ inline ::testing::AssertionResult Near(double actual, double expected, double rt
                                          << " > " << atol << " + " << rtol << " * |expected|)";
 }
 
+// Op-level gradient checks (cpu_ops_test, cpu_head_norm_test): L = sum(out * r) for a random r, and
+// every element of `analytic` against the central difference of `loss` in `x`. Inputs are O(1): a
+// step of 1e-2 keeps the truncation error (~h^2) and the fp32 rounding noise of the forward
+// (~1e-7 / h) both near 1e-5, far below the tolerances.
+inline double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
+    double s = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
+    return s;
+}
+
+inline void expect_gradient(const char* what, std::vector<float>& x, const std::vector<float>& analytic,
+                            const std::function<double()>& loss) {
+    constexpr double kStep = 1e-2, kRtol = 2e-3, kAtol = 2e-4;
+    ASSERT_EQ(x.size(), analytic.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double fd = central_difference(loss, &x[i], kStep);
+        EXPECT_TRUE(Near(analytic[i], fd, kRtol, kAtol)) << what << "[" << i << "]";
+    }
+}
+
 }  // namespace qtrain::test
