@@ -117,6 +117,12 @@ std::string hf_tokenizer_json_from_ranks(const Tokenizer& tok) {
     return j.dump(2) + "\n";
 }
 
+// One entry of tokenizer_config.json's added_tokens_decoder, as transformers writes it.
+static ordered_json added_token_entry(const AddedToken& t) {
+    return {{"content", t.content}, {"lstrip", false},        {"normalized", t.normalized},
+            {"rstrip", false},      {"single_word", false},   {"special", t.special}};
+}
+
 std::string hf_tokenizer_config_json(const Tokenizer& tok) {
     if (tok.bos_id()) {
         // Llama 3's: the fast tokenizer of tokenizer.json as it is (its post-processor adds the BOS),
@@ -125,12 +131,7 @@ std::string hf_tokenizer_config_json(const Tokenizer& tok) {
         const std::optional<std::string> eos = tok.end_of_text();
         ordered_json decoder = ordered_json::object();
         for (const AddedToken& t : added_by_id(tok)) {
-            decoder[std::to_string(t.id)] = {{"content", t.content},
-                                             {"lstrip", false},
-                                             {"normalized", t.normalized},
-                                             {"rstrip", false},
-                                             {"single_word", false},
-                                             {"special", t.special}};
+            decoder[std::to_string(t.id)] = added_token_entry(t);
         }
         ordered_json j = {
             {"added_tokens_decoder", std::move(decoder)},
@@ -147,12 +148,7 @@ std::string hf_tokenizer_config_json(const Tokenizer& tok) {
     ordered_json decoder = ordered_json::object();
     ordered_json additional = ordered_json::array();
     for (const AddedToken& t : added_by_id(tok)) {
-        decoder[std::to_string(t.id)] = {{"content", t.content},
-                                         {"lstrip", false},
-                                         {"normalized", t.normalized},
-                                         {"rstrip", false},
-                                         {"single_word", false},
-                                         {"special", t.special}};
+        decoder[std::to_string(t.id)] = added_token_entry(t);
         if (t.special && t.content != kEndOfText) additional.push_back(t.content);
     }
     // Qwen2.5's base models end documents (and pad) with <|endoftext|>, which is also what
