@@ -25,6 +25,18 @@ struct Batch {
     const int32_t* targets = nullptr;
     int batch_size = 0;
     int seq_len = 0;
+    // Document masking (packed rows, issue 31): the RoPE position of every token [B*T], 0 at the first
+    // token of each document and +1 per token after it, so a document is a run of consecutive
+    // positions and token t of a row starts its document at t - positions[t]. Query t then sees keys
+    // s with t - positions[t] <= s <= t: attention never crosses a document boundary. nullptr: every
+    // row is one causal sequence at positions 0..T-1 (the model needs ModelOptions::document_masking
+    // to take positions).
+    const int32_t* positions = nullptr;
+    // > 0: the micro-batch's summed token loss is divided by this instead of by its own count of
+    // valid targets (then times grad_scale). The engine sets it to the trained tokens of the whole
+    // optimizer step over all ranks / the number of ranks (transformers' num_items_in_batch), so a
+    // row weighs what its trained tokens weigh. 0: the micro-batch mean, as before.
+    float loss_denominator = 0.0f;
 };
 
 struct OptimizerParams {

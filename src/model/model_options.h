@@ -56,6 +56,9 @@ struct ModelOptions {
     int device_index = 0;
 
     bool use_cuda_graphs = false;
+    // Packed rows of several documents (--document-masking): batches carry Batch::positions, attention
+    // is block-causal per document and RoPE restarts at each document.
+    bool document_masking = false;
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     AttentionImpl attention = AttentionImpl::Auto;

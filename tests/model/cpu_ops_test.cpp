@@ -241,6 +241,54 @@ TEST(CpuOps, CausalGqaAttention) {
             for (int i = 0; i < D; ++i) EXPECT_NE(dv[((b * T + T - 1) * Hkv + h) * D + i], 0.0f);
 }
 
+// Document masking: a packed row (documents of 5 and 4 tokens, then 3 of padding) gives, per
+// document, exactly what that document gives run alone as its own row — attention, RoPE and their
+// backwards — so nothing of one document reaches another.
+TEST(CpuOps, DocumentMaskedAttentionAndRopeEqualEachDocumentAlone) {
+    const int T = 12, Hq = 4, Hkv = 2, D = 4;
+    const std::vector<int> docs = {5, 4, 3};
+    std::vector<int32_t> positions;
+    for (int len : docs)
+        for (int p = 0; p < len; ++p) positions.push_back(p);
+    std::vector<float> cos(T * D / 2), sin(T * D / 2);
+    cpu::rope_tables(cos.data(), sin.data(), T, D, 10000.0);
+    auto q = random_vector(T * Hq * D, 31), k = random_vector(T * Hkv * D, 32), v = random_vector(T * Hkv * D, 33);
+    const auto r = random_vector(q.size(), 34);
+    cpu::rope_forward(q.data(), q.data(), cos.data(), sin.data(), 1, T, Hq, D, positions.data());
+    cpu::rope_forward(k.data(), k.data(), cos.data(), sin.data(), 1, T, Hkv, D, positions.data());
+    std::vector<float> out(q.size()), lse(Hq * T), dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+    cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), 1, T, Hq, Hkv, D, positions.data());
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), r.data(), q.data(), k.data(), v.data(), lse.data(), 1, T,
+                            Hq, Hkv, D, positions.data());
+    cpu::rope_backward(dq.data(), dq.data(), cos.data(), sin.data(), 1, T, Hq, D, positions.data());
+
+    int start = 0;
+    for (int len : docs) {
+        auto slice = [&](const std::vector<float>& x, int H) {
+            return std::vector<float>(x.begin() + static_cast<long>(start) * H * D,
+                                      x.begin() + static_cast<long>(start + len) * H * D);
+        };
+        // The document alone: the same pre-RoPE inputs, positions 0..len-1.
+        auto q1 = random_vector(T * Hq * D, 31), k1 = random_vector(T * Hkv * D, 32);
+        auto qd = slice(q1, Hq), kd = slice(k1, Hkv), vd = slice(v, Hkv), rd = slice(r, Hq);
+        cpu::rope_forward(qd.data(), qd.data(), cos.data(), sin.data(), 1, len, Hq, D);
+        cpu::rope_forward(kd.data(), kd.data(), cos.data(), sin.data(), 1, len, Hkv, D);
+        std::vector<float> od(qd.size()), ld(Hq * len), dqd(qd.size(), 0.0f), dkd(kd.size(), 0.0f), dvd(vd.size(), 0.0f);
+        cpu::attention_forward(od.data(), ld.data(), qd.data(), kd.data(), vd.data(), 1, len, Hq, Hkv, D);
+        cpu::attention_backward(dqd.data(), dkd.data(), dvd.data(), rd.data(), qd.data(), kd.data(), vd.data(),
+                                ld.data(), 1, len, Hq, Hkv, D);
+        cpu::rope_backward(dqd.data(), dqd.data(), cos.data(), sin.data(), 1, len, Hq, D);
+        const auto o = slice(out, Hq), g_q = slice(dq, Hq), g_k = slice(dk, Hkv), g_v = slice(dv, Hkv);
+        for (size_t i = 0; i < od.size(); ++i) EXPECT_EQ(o[i], od[i]) << "doc at " << start << " out[" << i << "]";
+        for (size_t i = 0; i < dqd.size(); ++i) EXPECT_EQ(g_q[i], dqd[i]) << "doc at " << start << " dq[" << i << "]";
+        for (size_t i = 0; i < dkd.size(); ++i) EXPECT_EQ(g_k[i], dkd[i]) << "doc at " << start << " dk[" << i << "]";
+        for (size_t i = 0; i < dvd.size(); ++i) EXPECT_EQ(g_v[i], dvd[i]) << "doc at " << start << " dv[" << i << "]";
+        for (int h = 0; h < Hq; ++h)
+            for (int t = 0; t < len; ++t) EXPECT_EQ(lse[h * T + start + t], ld[h * len + t]);
+        start += len;
+    }
+}
+
 TEST(CpuOps, SwiGlu) {
     const int n = 40;
     auto gate = random_vector(n, 18, 2.0f), up = random_vector(n, 19);

@@ -19,8 +19,13 @@ static inline float dot(const float* a, const float* b, int D) {
     return s;
 }
 
+// The first key query t of row b sees: its document's first token, or 0 without document masking.
+static inline int first_key(const int32_t* positions, int b, int T, int t) {
+    return positions ? t - positions[static_cast<int64_t>(b) * T + t] : 0;
+}
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int B, int T, int Hq,
-                       int Hkv, int D) {
+                       int Hkv, int D, const int32_t* positions) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const int group = Hq / Hkv;
     const int64_t rows = static_cast<int64_t>(B) * Hq * T;
@@ -35,19 +40,20 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             const int h = static_cast<int>((row / T) % Hq);
             const int b = static_cast<int>(row / (static_cast<int64_t>(T) * Hq));
             const int kvh = h / group;
+            const int s0 = first_key(positions, b, T, t);
             const float* qt = q + ((static_cast<int64_t>(b) * T + t) * Hq + h) * D;
             float mx = -std::numeric_limits<float>::infinity();
-            for (int s = 0; s <= t; ++s) {
+            for (int s = s0; s <= t; ++s) {
                 const float* ks = k + ((static_cast<int64_t>(b) * T + s) * Hkv + kvh) * D;
                 score[s] = dot(qt, ks, D) * scale;
                 mx = std::max(mx, score[s]);
             }
             float sum = 0.0f;
-            for (int s = 0; s <= t; ++s) sum += std::exp(score[s] - mx);
+            for (int s = s0; s <= t; ++s) sum += std::exp(score[s] - mx);
             const float l = mx + std::log(sum);
             float* o = out + ((static_cast<int64_t>(b) * T + t) * Hq + h) * D;
             for (int d = 0; d < D; ++d) o[d] = 0.0f;
-            for (int s = 0; s <= t; ++s) {
+            for (int s = s0; s <= t; ++s) {
                 const float p = std::exp(score[s] - l);
                 const float* vs = v + ((static_cast<int64_t>(b) * T + s) * Hkv + kvh) * D;
                 for (int d = 0; d < D; ++d) o[d] += p * vs[d];
@@ -58,7 +64,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* lse, int B, int T, int Hq, int Hkv, int D) {
+                        const float* v, const float* lse, int B, int T, int Hq, int Hkv, int D,
+                        const int32_t* positions) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const int group = Hq / Hkv;
     // One task per (batch row, kv head): it owns dk/dv of that kv head and dq of the query heads that
@@ -76,15 +83,16 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* qt = q + qi;
                         const float* go = dout + qi;
                         const float l = lse[(static_cast<int64_t>(b) * Hq + h) * T + t];
+                        const int s0 = first_key(positions, b, T, t);
                         float pdp = 0.0f;  // sum_s p_s * dp_s = d(loss)/d(out) . out
-                        for (int s = 0; s <= t; ++s) {
+                        for (int s = s0; s <= t; ++s) {
                             const int64_t ki = ((static_cast<int64_t>(b) * T + s) * Hkv + kvh) * D;
                             p[s] = std::exp(dot(qt, k + ki, D) * scale - l);
                             dp[s] = dot(go, v + ki, D);
                             pdp += p[s] * dp[s];
                         }
                         float* gq = dq + qi;
-                        for (int s = 0; s <= t; ++s) {
+                        for (int s = s0; s <= t; ++s) {
                             const int64_t ki = ((static_cast<int64_t>(b) * T + s) * Hkv + kvh) * D;
                             const float ds = p[s] * (dp[s] - pdp) * scale;  // d(loss)/d(raw q.k)
                             const float* ks = k + ki;

@@ -145,13 +145,14 @@ void rope_tables(float* cos, float* sin, int T, const ModelConfig& cfg) {
 
 // Rotates each (i, i + D/2) pair by +angle (forward) or -angle (backward: the transpose of a rotation).
 static void rope_rotate(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D,
-                        float direction) {
+                        float direction, const int32_t* positions) {
     const int half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static) if (int64_t{B} * T * H * D > kMinParallelWork)
     for (int b = 0; b < B; ++b) {
         for (int t = 0; t < T; ++t) {
-            const float* cs = cos + static_cast<int64_t>(t) * half;
-            const float* sn = sin + static_cast<int64_t>(t) * half;
+            const int64_t p = positions ? positions[static_cast<int64_t>(b) * T + t] : t;
+            const float* cs = cos + p * half;
+            const float* sn = sin + p * half;
             for (int h = 0; h < H; ++h) {
                 const int64_t base = ((static_cast<int64_t>(b) * T + t) * H + h) * D;
                 const float* x = inp + base;
@@ -168,12 +169,14 @@ static void rope_rotate(float* out, const float* inp, const float* cos, const fl
     }
 }
 
-void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D) {
-    rope_rotate(out, inp, cos, sin, B, T, H, D, 1.0f);
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D,
+                  const int32_t* positions) {
+    rope_rotate(out, inp, cos, sin, B, T, H, D, 1.0f, positions);
 }
 
-void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D) {
-    rope_rotate(dinp, dout, cos, sin, B, T, H, D, -1.0f);
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D,
+                   const int32_t* positions) {
+    rope_rotate(dinp, dout, cos, sin, B, T, H, D, -1.0f, positions);
 }
 
 double sum_squares(const float* x, int64_t n) {

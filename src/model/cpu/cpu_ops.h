@@ -62,20 +62,27 @@ void rope_tables(float* cos, float* sin, int T, int D, double theta);
 // transformers' rope_init_fn computes them in float32; and its tables [T, head_dim/2].
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 void rope_tables(float* cos, float* sin, int T, const ModelConfig& cfg);
-// Rotate-half RoPE on x [B, T, H, D]: pairs (i, i + D/2) rotate by angle(t, i). In place allowed.
-void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D);
+// Rotate-half RoPE on x [B, T, H, D]: pairs (i, i + D/2) rotate by angle(p, i) where p is the token's
+// position: t, or positions[b*T + t] when positions (Batch::positions, each < T) is given. In place
+// allowed.
+void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int B, int T, int H, int D,
+                  const int32_t* positions = nullptr);
 // The inverse rotation of the gradient. WRITES dinp (not +=); in place allowed.
-void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D);
+void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int B, int T, int H, int D,
+                   const int32_t* positions = nullptr);
 
 // ---- causal GQA attention (cpu_attention.cpp) ----
 
 // q, out [B, T, Hq, D]; k, v [B, T, Hkv, D]; query head h reads kv head h / (Hq / Hkv); scale 1/sqrt(D).
 // lse [B, Hq, T] receives the log-sum-exp of each softmax row (scaled scores), which is all the
 // backward needs to recompute the probabilities (as flash attention does).
+// positions (Batch::positions, [B*T], may be null): document masking — query t sees keys
+// t - positions[b*T + t] .. t only (its own document); null = plain causal (keys 0..t).
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, int B, int T, int Hq,
-                       int Hkv, int D);
+                       int Hkv, int D, const int32_t* positions = nullptr);
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* lse, int B, int T, int Hq, int Hkv, int D);
+                        const float* v, const float* lse, int B, int T, int Hq, int Hkv, int D,
+                        const int32_t* positions = nullptr);
 
 // ---- cross-entropy and the fused LM head (cpu_lmhead.cpp) ----
 
