@@ -49,19 +49,25 @@ TokenFile::TokenFile(const std::string& path) : path_(path), file_(path, "token 
         if (header_.version >= 2) {  // v1 has neither field: vocab unknown, no masks
             QT_CHECK(h[5] >= 0, path, ": negative vocab size ", h[5], " in the header");
             QT_CHECK(h[6] == 0 || h[6] == 1, path, ": has-masks field is ", h[6], " (expected 0 or 1)");
+            QT_CHECK(h[7] == 0 || h[7] == 1, path, ": has-document-starts field is ", h[7], " (expected 0 or 1)");
             header_.vocab_size = h[5];
             header_.has_masks = h[6] == 1;
+            header_.has_document_starts = h[7] == 1;
         } else {
             header_.vocab_size = 0;
             header_.has_masks = false;
+            header_.has_document_starts = false;
         }
         const uint64_t n = static_cast<uint64_t>(header_.num_tokens);
-        const uint64_t expected = kHeaderBytes + 4 * n + (header_.has_masks ? mask_bytes(header_.num_tokens) : 0);
+        const uint64_t bits = mask_bytes(header_.num_tokens);
+        const uint64_t expected = kHeaderBytes + 4 * n + (header_.has_masks ? bits : 0) +
+                                  (header_.has_document_starts ? bits : 0);
         QT_CHECK(file_size == expected, path, ": file is ", file_size, " bytes but its header (", n, " tokens",
-                 header_.has_masks ? " with masks" : "", ") implies ", expected, " bytes (",
-                 file_size < expected ? "truncated?" : "trailing data?", ")");
+                 header_.has_masks ? " with masks" : "", header_.has_document_starts ? " with document starts" : "",
+                 ") implies ", expected, " bytes (", file_size < expected ? "truncated?" : "trailing data?", ")");
         tokens_ = reinterpret_cast<const int32_t*>(bytes + kHeaderBytes);  // page-aligned + 1024: aligned
         if (header_.has_masks) masks_ = bytes + kHeaderBytes + 4 * n;
+        if (header_.has_document_starts) doc_starts_ = bytes + kHeaderBytes + 4 * n + (header_.has_masks ? bits : 0);
     }
 }
 
@@ -93,9 +99,9 @@ void TokenFile::validate_tokens(int vocab_size, const std::string& what) const {
 
 // ---------------------------------------------------------------------------------------------
 
-TokenFileWriter::TokenFileWriter(const std::string& path, int vocab_size, bool with_masks)
+TokenFileWriter::TokenFileWriter(const std::string& path, int vocab_size, bool with_masks, bool with_document_starts)
     : path_(path), tmp_path_(path + ".tmp." + std::to_string(::getpid())), vocab_size_(vocab_size),
-      with_masks_(with_masks) {
+      with_masks_(with_masks), with_doc_starts_(with_document_starts) {
     QT_CHECK(vocab_size >= 0, path, ": vocab size must be >= 0 (0 = unknown), got ", vocab_size);
     std::filesystem::path p(path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
@@ -141,10 +147,25 @@ void TokenFileWriter::append(const int32_t* tokens, std::size_t n, const uint8_t
     num_tokens_ += static_cast<int64_t>(n);
 }
 
+void TokenFileWriter::start_document() {
+    QT_CHECK(with_doc_starts_, path_, ": start_document() on a file opened without document starts");
+    doc_start_bits_.resize(mask_bytes(num_tokens_ + 1), 0);
+    doc_start_bits_[num_tokens_ >> 3] |= static_cast<uint8_t>(1u << (num_tokens_ & 7));
+}
+
 void TokenFileWriter::finish() {
     QT_CHECK(!finished_ && file_, path_, ": finish() called twice");
     FILE* f = static_cast<FILE*>(file_);
+    mask_bits_.resize(with_masks_ ? mask_bytes(num_tokens_) : 0, 0);
     bool ok = mask_bits_.empty() || std::fwrite(mask_bits_.data(), 1, mask_bits_.size(), f) == mask_bits_.size();
+    if (with_doc_starts_) {
+        // A start marked after the last token (an empty last document) has no token to sit on.
+        doc_start_bits_.resize(mask_bytes(num_tokens_), 0);
+        if (num_tokens_ > 0) doc_start_bits_[0] |= 1u;
+        if (num_tokens_ & 7) doc_start_bits_.back() &= static_cast<uint8_t>((1u << (num_tokens_ & 7)) - 1);
+        ok = ok && (doc_start_bits_.empty() ||
+                    std::fwrite(doc_start_bits_.data(), 1, doc_start_bits_.size(), f) == doc_start_bits_.size());
+    }
     int32_t h[kHeaderInts] = {};
     std::memcpy(h, kMagic, 8);
     h[2] = 2;
@@ -152,6 +173,7 @@ void TokenFileWriter::finish() {
     h[4] = static_cast<int32_t>(num_tokens_);
     h[5] = vocab_size_;
     h[6] = with_masks_ ? 1 : 0;
+    h[7] = with_doc_starts_ ? 1 : 0;
     ok = ok && std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(h, 1, kHeaderBytes, f) == kHeaderBytes;
     ok = std::fflush(f) == 0 && ok;
     ok = ::fsync(::fileno(f)) == 0 && ok;
@@ -165,11 +187,24 @@ void TokenFileWriter::finish() {
 }
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size,
-                      const std::vector<uint8_t>* mask) {
+                      const std::vector<uint8_t>* mask, const std::vector<int64_t>* document_starts) {
     QT_CHECK(!mask || mask->size() == tokens.size(), path, ": ", tokens.size(), " tokens but ", mask->size(),
              " mask entries");
-    TokenFileWriter w(path, vocab_size, mask != nullptr);
-    w.append(tokens.data(), tokens.size(), mask ? mask->data() : nullptr);
+    TokenFileWriter w(path, vocab_size, mask != nullptr, document_starts != nullptr);
+    std::size_t done = 0;
+    auto append_to = [&](std::size_t end) {
+        w.append(tokens.data() + done, end - done, mask ? mask->data() + done : nullptr);
+        done = end;
+    };
+    if (document_starts) {
+        for (int64_t s : *document_starts) {
+            QT_CHECK(s >= static_cast<int64_t>(done) && s <= static_cast<int64_t>(tokens.size()), path,
+                     ": document starts must be ascending token indices, got ", s);
+            append_to(static_cast<std::size_t>(s));
+            w.start_document();
+        }
+    }
+    append_to(tokens.size());
     w.finish();
 }
 

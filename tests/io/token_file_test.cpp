@@ -36,6 +36,11 @@ int32_t header_int(const std::vector<uint8_t>& bytes, int i) {
     return v;
 }
 
+void bad_doc_field(TempDir& d) {
+    write_file(d.file("bad7.bin"), raw_token_file({0, 0, 2, 4, 1, 10, 0, 3}, {1}));
+    TokenFile f(d.file("bad7.bin"));
+}
+
 TEST(TokenFile, RoundTripWithoutMasks) {
     TempDir d;
     std::vector<int32_t> tokens(100);
@@ -90,6 +95,48 @@ TEST(TokenFile, RoundTripWithMasks) {
     EXPECT_EQ(f.size(), n);
     for (int i = 0; i < n; ++i) EXPECT_EQ(f.mask(i), mask[i] != 0) << i;
     EXPECT_EQ(std::vector<int32_t>(f.tokens(), f.tokens() + n), tokens);
+}
+
+// Document starts (qtrain's header field [7]): one bit per token after the masks; the first token
+// always starts a document; a hand-made file with the same bytes reads the same.
+TEST(TokenFile, RoundTripWithDocumentStarts) {
+    TempDir d;
+    const int n = 11;
+    std::vector<int32_t> tokens(n);
+    std::vector<uint8_t> mask(n, 0);
+    for (int i = 0; i < n; ++i) tokens[i] = 10 + i;
+    mask[2] = mask[3] = 1;
+    const std::vector<int64_t> starts = {4, 9};  // documents [0,4) [4,9) [9,11); 0 is implied
+    write_token_file(d.file("chat.bin"), tokens, 100, &mask, &starts);
+    const auto bytes = read_binary_file(d.file("chat.bin"));
+    ASSERT_EQ(bytes.size(), 1024u + 4 * n + 2 + 2);
+    EXPECT_EQ(header_int(bytes, 6), 1);
+    EXPECT_EQ(header_int(bytes, 7), 1);
+    EXPECT_EQ(bytes[1024 + 4 * n], 0x0c);      // mask: tokens 2, 3
+    EXPECT_EQ(bytes[1024 + 4 * n + 2], 0x11);  // starts: tokens 0, 4
+    EXPECT_EQ(bytes[1024 + 4 * n + 3], 0x02);  // token 9
+    TokenFile f(d.file("chat.bin"));
+    EXPECT_TRUE(f.has_document_starts());
+    for (int i = 0; i < n; ++i) EXPECT_EQ(f.document_start(i), i == 0 || i == 4 || i == 9) << i;
+    for (int i = 0; i < n; ++i) EXPECT_EQ(f.mask(i), i == 2 || i == 3) << i;
+
+    // Without masks the starts follow the tokens directly; a start after the last token is dropped.
+    TokenFileWriter w(d.file("docs.bin"), 100, false, true);
+    w.append(tokens.data(), 3);
+    w.start_document();
+    w.append(tokens.data(), 5);
+    w.start_document();
+    w.finish();
+    write_file(d.file("hand.bin"), raw_token_file({0, 0, 2, 4, 8, 100, 0, 1}, {10, 11, 12, 10, 11, 12, 13, 14},
+                                                   std::string("\x09", 1)));
+    for (const char* name : {"docs.bin", "hand.bin"}) {
+        TokenFile g(d.file(name));
+        EXPECT_FALSE(g.has_masks());
+        ASSERT_EQ(g.size(), 8);
+        for (int i = 0; i < 8; ++i) EXPECT_EQ(g.document_start(i), i == 0 || i == 3) << name << " " << i;
+    }
+    TokenFile plain(d.file("hand.bin"));
+    EXPECT_ERROR(bad_doc_field(d), "has-document-starts", "3");
 }
 
 TEST(TokenFile, AppendsInPiecesEqualOneAppend) {
