@@ -10,7 +10,7 @@
 # under a usable licence; these are real human-written conversations that do ship):
 #   chitchat-dataset 0.9.0, MIT, (c) 2019 BYU Perception, Control and Cognition Lab,
 #     https://github.com/BYU-PCCL/chitchat-dataset: 7,168 English conversations between two people
-#     (Chit-Chat Challenge, 2018); 4,018 have two participants and are kept, most of them long and
+#     (Chit-Chat Challenge, 2018); the 4,008 with two participants (and no empty turn) are kept, most long and
 #     multi-turn (median 17 turns).
 #   chatterbot-corpus 1.3.3, BSD-3-Clause, Gunther Cox, https://github.com/gunthercox/chatterbot-corpus:
 #     short hand-written exchanges in 28 languages (English, Persian, Japanese, Italian, Chinese,
