@@ -99,17 +99,18 @@ def main():
     dropped = collections.Counter()
     records = list(chitchat_records(chitchat_wheel, dropped)) + list(chatterbot_records(chatterbot_wheel, dropped))
     counts = collections.Counter()
-    paths = {split: os.path.join(out_dir, f"{split}.jsonl") for split in ("train", "eval")}
-    files = {split: open(path + ".tmp", "w", encoding="utf-8") for split, path in paths.items()}
+    splits = {"train": [], "eval": []}
     for i, record in enumerate(records):
         split = "eval" if i % EVAL_EVERY == EVAL_EVERY - 1 else "train"
-        files[split].write(json.dumps(record, ensure_ascii=False) + "\n")
-        source = record["id"].split("/")[0]
-        counts[split, source] += 1
+        splits[split].append(record)
+        counts[split, record["id"].split("/")[0]] += 1
         counts[split, "messages"] += len(record["messages"])
-    for split, f in files.items():
-        f.close()
-        os.replace(paths[split] + ".tmp", paths[split])
+    paths = {split: os.path.join(out_dir, f"{split}.jsonl") for split in splits}
+    for split, path in paths.items():
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            for record in splits[split]:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(path + ".tmp", path)
     for split, path in paths.items():
         n = counts[split, "chitchat"] + counts[split, "chatterbot"]
         print(f"wrote {path}: {n} conversations ({counts[split, 'chitchat']} chitchat, "
