@@ -80,6 +80,7 @@ private:
     void start();
     int load_start_state();
     void export_files(const std::string& dir);
+    void log_packing();
     std::string write_checkpoint_now(int completed_steps);
     [[noreturn]] void stop_at_broken_step(int step, float loss, float grad_norm, int64_t valid_targets);
 
