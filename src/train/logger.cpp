@@ -117,7 +117,12 @@ void Logger::log_dataset(const char* split, const DataLoader& loader) {
     json j = event("dataset", 0);
     j["split"] = split;
     j["tokens"] = loader.num_tokens();
-    j["chunks"] = loader.num_chunks();
+    j["chunks"] = loader.num_chunks();  // rows, when packed
+    if (loader.packed()) {  // --document-masking
+        const PackStats& p = loader.pack_stats();
+        j["packed"] = {{"documents", p.documents}, {"split_documents", p.split_documents}, {"rows", p.rows},
+                       {"document_tokens", p.document_tokens}, {"trained_targets", p.trained_targets}};
+    }
     json files = json::array();
     for (const auto& f : loader.files()) files.push_back({{"file", f->path()}, {"tokens", f->size()}});
     j["files"] = files;

@@ -70,6 +70,8 @@ TEST(TrainCliPacking, ChatDataPacksByDefaultAndTrains) {
     ASSERT_EQ(evals.size(), 2u);
     EXPECT_TRUE(std::isfinite(evals[1]));
     EXPECT_TRUE(Contains(read_file(f.dir / "chat/log.jsonl"), "trained tokens of the whole eval pass"));
+    EXPECT_EQ(event_values(f.dir / "chat/log.jsonl", "dataset", "chunks").size(), 2u);
+    EXPECT_TRUE(Contains(read_file(f.dir / "chat/log.jsonl"), R"("packed":{"document_tokens":)"));
 
     // --document-masking=off on the same files: the token stream as before, another run
     auto off = run_command(kLimit + f.base_cmd("chat-off") + " --train-file=" + train + " --eval-file=" + eval +
