@@ -140,6 +140,17 @@ TEST(TrainCliPacking, TokenNormalisationOverRanksEqualsOneRank) {
     }
 }
 
+// Rows replace chunks in the loader's state: --continue from a checkpoint of a packed run reproduces
+// the uninterrupted run bit for bit (losses and weights), on one rank and on two.
+TEST(TrainCliPacking, ContinueReproducesThePackedRunExactly) {
+    Fixture f;
+    const std::string train = write_chat_file(f, "chat.bin", 6, 300);
+    expect_continue_reproduces_full_run(f, "cpu", " --train-file=" + train);
+    Fixture g;
+    const std::string train2 = write_chat_file(g, "chat.bin", 7, 300);
+    expect_continue_reproduces_full_run(g, "cpu", " --train-file=" + train2 + " --gpus=2 --grad-accumulation=1", kLimit);
+}
+
 TEST(TrainCliPacking, BadValuesAreNamed) {
     Fixture f;
     for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
