@@ -24,4 +24,12 @@ Packing loader_packing(const PackingDecision& d, int eos_token_id) {
     return p;
 }
 
+void positions_after_eos(const int32_t* inputs, int64_t rows, int seq_len, int eos_token_id, int32_t* positions) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int32_t* in = inputs + r * seq_len;
+        int32_t* pos = positions + r * seq_len;
+        for (int t = 0; t < seq_len; ++t) pos[t] = t > 0 && in[t - 1] != eos_token_id ? pos[t - 1] + 1 : 0;
+    }
+}
+
 }  // namespace qtrain

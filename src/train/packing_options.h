@@ -25,4 +25,9 @@ PackingDecision decide_packing(const TrainOptions& o, const std::vector<std::str
 // document starts).
 Packing loader_packing(const PackingDecision& d, int eos_token_id);
 
+// Positions (Batch::positions) for rows given without them (the Python session's own tokens under
+// --document-masking=on): each row's documents end after each `eos_token_id` input, as the loader's
+// rule for files without document starts.
+void positions_after_eos(const int32_t* inputs, int64_t rows, int seq_len, int eos_token_id, int32_t* positions);
+
 }  // namespace qtrain

@@ -263,6 +263,11 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
             const int64_t first = (static_cast<int64_t>(micro) * world_ + rank_) * B * T;
             in = tokens->inputs + first;
             tgt = tokens->targets + first;
+            if (s.packing.document_masking) {  // documents end after each EOS (packing_options.h)
+                s.positions.resize(static_cast<size_t>(B) * T);
+                positions_after_eos(in, B, T, ctx_.source.config.eos_token_id, s.positions.data());
+                pos = s.positions.data();
+            }
         } else {
             s.train_data->next_batch(s.inputs, s.targets, &s.positions);
             in = s.inputs.data();
