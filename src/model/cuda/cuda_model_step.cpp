@@ -189,7 +189,8 @@ void CudaModel::forward_backward_ops(int B, int T) {
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
     const int B = batch.batch_size, T = batch.seq_len, N = B * T;
     const int valid = cpu::count_valid_targets(batch.targets, N);
-    const float dscale = valid ? grad_scale / static_cast<float>(valid) : 0.0f;
+    const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
+    const float dscale = valid ? grad_scale / denominator : 0.0f;  // Batch::loss_denominator: the step's count
     upload_batch(batch, true, dscale, dscale);
     if (valid == 0) {  // nothing to learn from: no loss, no gradient
         if (!grads_->reduced_per_layer() && !weights_->sharded()) {
