@@ -51,7 +51,8 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
 void DataLoader::pack_files() {
     int used = seq_len_;  // slots taken in the current row (a full row: the first document opens one)
     auto place = [&](int32_t file, int64_t begin, int64_t length) {
-        if (used + length > seq_len_) {  // a new row; the old one's tail stays padding
+        // a new row; the old one's tail stays padding
+        if (used + length > seq_len_ || (packing_.one_per_row && used > 0)) {
             chunks_.push_back({-1, static_cast<int64_t>(segments_.size())});
             row_valid_.push_back(0);
             used = 0;

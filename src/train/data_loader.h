@@ -31,6 +31,7 @@ struct DataLoaderState {
 struct Packing {
     bool enabled = false;   // false: chunks of seq_len+1 tokens (bit-identical to before packing)
     int eos_token_id = -1;  // a document ends after it when a file has no document starts (< 0: none)
+    bool one_per_row = false;  // every document (or piece) in a row of its own, the rest padding
 };
 
 // What packing made of the files (all zero without packing).

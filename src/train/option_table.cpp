@@ -150,6 +150,11 @@ std::vector<OptionSpec> make_table() {
             "and ranks), so every trained token weighs alike; micro-batch: the mean of each micro-batch's mean. "
             "auto: tokens with document masking, micro-batch otherwise",
             choices({"auto", "tokens", "micro-batch"})),
+        opt(kData, "packing", &T::packing, R::MustMatch,
+            "With document masking: greedy fills each --seq-len row with as many whole documents as fit (only the "
+            "row's tail is padding); one-per-row gives every document a row of its own, padded (llm.q's way; "
+            "for comparing speed, it wastes the padding's compute)",
+            choices({"greedy", "one-per-row"})),
 
         // Precision ("" dtypes are the device's defaults, so they are compared resolved)
         opt(kPrecision, "model-dtype", &T::model_dtype, R::Resolved,

@@ -14,6 +14,7 @@ PackingDecision decide_packing(const TrainOptions& o, const std::vector<std::str
         for (const std::string& f : train_files) d.document_masking = d.document_masking && TokenFile(f).has_document_starts();
     }
     d.token_normalization = o.loss_normalization == "tokens" || (o.loss_normalization == "auto" && d.document_masking);
+    d.one_per_row = o.packing == "one-per-row";
     return d;
 }
 
@@ -21,6 +22,7 @@ Packing loader_packing(const PackingDecision& d, int eos_token_id) {
     Packing p;
     p.enabled = d.document_masking;
     p.eos_token_id = eos_token_id;
+    p.one_per_row = d.one_per_row;
     return p;
 }
 

@@ -14,6 +14,7 @@ namespace qtrain {
 struct PackingDecision {
     bool document_masking = false;     // pack documents into rows, Batch::positions given
     bool token_normalization = false;  // Batch::loss_denominator = the step's trained tokens
+    bool one_per_row = false;          // --packing=one-per-row: one document per row, padded
 };
 
 // --document-masking: on, off, or auto = on when there are train files and every one records document

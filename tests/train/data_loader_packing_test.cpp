@@ -111,6 +111,26 @@ TEST(DataLoaderPacking, DocumentStartsPackGreedilyWithSplitsAndPadding) {
     EXPECT_FALSE(dl.next_batch_no_wrap(in, tgt, &pos));
 }
 
+// --packing=one-per-row: the same documents, each in a row of its own (pieces of a long one too).
+TEST(DataLoaderPacking, OnePerRowGivesEveryDocumentItsOwnRow) {
+    TempDir d;
+    const int T = 8, eos = 17;
+    const MadeFile f = make_docs(d, "chat.bin", {5, 3, 7, 2, 12}, 11);
+    Packing p = packing(eos);
+    p.one_per_row = true;
+    DataLoader dl({f.path}, 1, T, 0, false, kVocab, "--train-file", p);
+    const std::vector<std::vector<Doc>> rows = {{{0, 5}}, {{5, 3}}, {{8, 7}}, {{15, 2}}, {{17, 8}}, {{25, 4}}};
+    ASSERT_EQ(dl.num_chunks(), static_cast<int64_t>(rows.size()));
+    EXPECT_EQ(dl.pack_stats().document_tokens, 29);
+    EXPECT_DOUBLE_EQ(dl.pack_stats().fill_rate(T), 29.0 / 48.0);
+    std::vector<int32_t> in, tgt, pos;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+        SCOPED_TRACE("row " + std::to_string(r));
+        ASSERT_TRUE(dl.next_batch_no_wrap(in, tgt, &pos));
+        expect_row(f, rows[r], in.data(), tgt.data(), pos.data(), T, eos);
+    }
+}
+
 // Without document starts a document ends after each EOS token; without EOS either, the file is one
 // document cut into pieces of seq_len.
 TEST(DataLoaderPacking, EosEndsDocumentsInFilesWithoutStarts) {

@@ -61,7 +61,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "gpus", "fp8-fast-accum", "grad-accumulation", "learning-rate", "lr-schedule", "cooldown",
         "final-lr-fraction", "weight-decay", "grad-clip", "beta-1", "beta-2", "adam-epsilon", "seed",
         // added since (issue 31): they change the data and the math
-        "document-masking", "loss-normalization"};
+        "document-masking", "loss-normalization", "packing"};
     EXPECT_EQ(with_rule(ResumeRule::MustMatch), kMustMatch);
     for (const OptionSpec& spec : train_option_table())
         EXPECT_NE(std::string(resume_rule_name(spec.resume)), "?") << spec.name << " has no resume rule";

@@ -20,7 +20,7 @@ using json = nlohmann::json;
 namespace {
 
 // TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table),
-// with the flags added since (--document-masking, --loss-normalization: issue 31).
+// with the flags added since (--document-masking, --loss-normalization, --packing: issue 31).
 const char* const kOldDefaultJson =
     R"({"adam-epsilon":9.99999993922529e-09,"attention":"auto","attn-bwd-chunks":1,"batch-size":4,)"
     R"("beta-1":0.8999999761581421,"beta-2":0.949999988079071,"checkpoint-dir":"ckpt","ckpt-interval":0,)"
@@ -33,7 +33,7 @@ const char* const kOldDefaultJson =
     R"("master-dtype":"fp32","matmul-dtype":"","memcpy-all-gather":false,"memory-limit":"","model":"",)"
     R"("model-dtype":"","offload-double-buffer":false,"offload-gradients":false,"offload-master":false,)"
     R"("offload-opt-m":false,"offload-opt-v":false,"offload-quants":false,"offload-residual":false,)"
-    R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,)"
+    R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,"packing":"greedy",)"
     R"("param-grad-dtype":"fp32","persistent-quants":false,"plan-only":false,"recompute-att":false,)"
     R"("recompute-block":false,"recompute-ffn":false,"recompute-norm":false,"recompute-qkv":false,)"
     R"("recompute-swiglu":false,"rendezvous-timeout":600.0,"seed":42,"seq-len":1024,"shard-gradients":false,)"
@@ -50,7 +50,7 @@ const std::set<std::string> kOldKeys = {
     "learning-rate", "lmhead-chunks", "log-file", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype",
     "memcpy-all-gather", "memory-limit", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",
-    "opt-v-dtype", "out-dir", "overwrite", "param-grad-dtype", "persistent-quants", "plan-only",
+    "opt-v-dtype", "out-dir", "overwrite", "packing", "param-grad-dtype", "persistent-quants", "plan-only",
     "recompute-att", "recompute-block", "recompute-ffn", "recompute-norm", "recompute-qkv", "recompute-swiglu",
     "rendezvous-timeout", "seed", "seq-len", "shard-gradients", "shard-weights", "steps", "tokenizer",
     "train-file", "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};
