@@ -251,12 +251,11 @@ TEST_P(CudaModelDocMasking, PackedBatchMatchesTheCpuModel) {
     CudaModel gpu(cfg, gpu_options(act, kB, kT, true));
     const auto weights = random_weights(gpu, 31);
     set_weights(gpu, weights);
-    for (const auto& [name, v] : weights) std::copy(v.begin(), v.end(), cpu.param(name));
-    if (act != DType::F32)  // the CPU computes with the weights the GPU rounded
-        for (const auto& [name, v] : weights) {
-            const auto w = gpu.download(name, CudaModel::Which::Weights);
-            std::copy(w.begin(), w.end(), cpu.param(name));
-        }
+    for (const auto& s : cpu.params()) {  // the CPU computes with the weights the GPU computes with
+        const auto w = gpu.download(s.name, act == DType::F32 ? CudaModel::Which::Master : CudaModel::Which::Weights);
+        ASSERT_EQ(static_cast<int64_t>(w.size()), s.numel()) << s.name;
+        std::copy(w.begin(), w.end(), cpu.param(s.name));
+    }
     const Packed p = make_packed(cfg.vocab_size, 41);
     if (!cpu_honours_positions(cpu, p)) GTEST_SKIP() << "the CPU model on this branch ignores Batch::positions";
     const bool f32 = act == DType::F32;
