@@ -88,12 +88,11 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
     const int key_lo = kw0 + g, key_hi = kw0 + g + 8;
 
     const int qb_first = k0 / kBr;  // first query block holding a query >= k0
-    int n_qb = (T + kBr - 1) / kBr;
     const int32_t* pos_row = kDoc ? positions + static_cast<int64_t>(b) * T : nullptr;
-    if constexpr (kDoc)  // no query past the end of the last key's document sees a key of this CTA
-        n_qb = (doc_end(pos_row, min(k0 + kBc, T) - 1, T) - 1) / kBr + 1;
-    const int n_per_head = n_qb - qb_first;
-    const int n_steps = group * n_per_head;
+    // With documents, the query blocks end where the last key's document does; that binary search
+    // runs after the first loads are issued (step 0 is the first query block of the first head
+    // whatever the count, so 1 stands in for it until then).
+    int n_per_head = kDoc ? 1 : (T + kBr - 1) / kBr - qb_first;
 
     // Loads of step `it` (head kvh*group + it / n_per_head, query block qb_first + it % n_per_head).
     auto load_step = [&](int it, int st) {
@@ -120,6 +119,9 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
     load_tile_async<kBc, D, kThreads>(sV, seq + (Hq + Hkv + kvh) * D, ld, k0, T);
     load_step(0, 0);
     cp_async_commit();
+    if constexpr (kDoc)  // no query past the end of the last key's document sees a key of this CTA
+        n_per_head = (doc_end(pos_row, min(k0 + kBc, T) - 1, T) - 1) / kBr + 1 - qb_first;
+    const int n_steps = group * n_per_head;
 
     float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -328,7 +330,12 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
     const int n_kb = (min(q0 + kBr, T) - 1) / kBc + 1;
     // Document masking, as in the forward: first key block, per-row bounds, the warp's smallest and
     // largest bound.
+    // (read after the Q and dO loads are issued, so the positions' latency overlaps them)
     int j0 = 0, lo_row[2] = {0, 0}, warp_lo_min = 0, warp_lo_max = 0;
+
+    load_tile_async<kBr, D, kThreads>(sQ, seq + h * D, ld, q0, T);
+    load_tile_async<kBr, D, kThreads>(sdO, dout + static_cast<int64_t>(b) * T * ldo + h * D, ldo, q0, T);
+    cp_async_commit();
     if constexpr (kDoc) {
         const int32_t* pos_row = positions + static_cast<int64_t>(b) * T;
         j0 = doc_start(pos_row, q0) / kBc;
@@ -339,10 +346,6 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
             warp_lo_max = doc_start(pos_row, min(wq0 + 15, T - 1));
         }
     }
-
-    load_tile_async<kBr, D, kThreads>(sQ, seq + h * D, ld, q0, T);
-    load_tile_async<kBr, D, kThreads>(sdO, dout + static_cast<int64_t>(b) * T * ldo + h * D, ldo, q0, T);
-    cp_async_commit();
     load_tile_async<kBc, D, kThreads>(sK + (j0 & 1) * kBc * kS, gk, ld, j0 * kBc, T);
     load_tile_async<kBc, D, kThreads>(sV + (j0 & 1) * kBc * kS, gv, ld, j0 * kBc, T);
     cp_async_commit();

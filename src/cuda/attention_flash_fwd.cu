@@ -80,7 +80,11 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
     // Document masking: the first key block (that of the CTA's first query's document start), each
     // row's lower key bound (rows past T keep 0: their results are dropped), and the smallest and
     // largest bound among the warp's valid rows (its first and last; see the header).
+    // (read after Q's load is issued, so the positions' latency overlaps it)
     int j0 = 0, lo_row[2] = {0, 0}, warp_lo_min = 0, warp_lo_max = 0;
+
+    load_tile_async<kBr, D, kThreads>(sQ, gq, ld, q0, T);
+    cp_async_commit();
     if constexpr (kDoc) {
         const int32_t* pos_row = positions + static_cast<int64_t>(b) * T;
         j0 = doc_start(pos_row, q0) / kBc;  // q0 < T: the grid covers T
@@ -91,9 +95,6 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
             warp_lo_max = doc_start(pos_row, min(wq0 + 15, T - 1));
         }
     }
-
-    load_tile_async<kBr, D, kThreads>(sQ, gq, ld, q0, T);
-    cp_async_commit();
     load_tile_async<kBc, D, kThreads>(sK + (j0 & 1) * kBc * kS, gk, ld, j0 * kBc, T);
     load_tile_async<kBc, D, kThreads>(sV + (j0 & 1) * kBc * kS, gv, ld, j0 * kBc, T);
     cp_async_commit();
