@@ -23,6 +23,12 @@ bool gpu_visible() {
 AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string* why_not_cudnn) {
     if (o.attention == AttentionImpl::Flash) return AttentionBackend::Flash;
     const bool explicit_cudnn = o.attention == AttentionImpl::Cudnn;
+    std::string why;
+    if (o.model_dtype != DType::BF16) {
+        QT_CHECK(!explicit_cudnn, "--attention=cudnn needs --model-dtype=bf16 (fp32 attention runs qtrain's "
+                                  "fp32 kernels); use --attention=auto or flash");
+        return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
+    }
     // Packed rows need block-causal masks over each row's documents: qtrain's kernels do that (a
     // per-row key bound from Batch::positions); cuDNN's variable-length SDPA would need one ragged
     // sequence per document, a graph shape that changes with every micro-batch (docs/design.md).
@@ -32,12 +38,6 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
                                   "--document-masking");
         if (why_not_cudnn) *why_not_cudnn = "document masking runs on qtrain's flash kernels";
         return AttentionBackend::Flash;
-    }
-    std::string why;
-    if (o.model_dtype != DType::BF16) {
-        QT_CHECK(!explicit_cudnn, "--attention=cudnn needs --model-dtype=bf16 (fp32 attention runs qtrain's "
-                                  "fp32 kernels); use --attention=auto or flash");
-        return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
     }
     bool ok = false;
     if (!gpu_visible()) {
