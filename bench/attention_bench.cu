@@ -13,6 +13,9 @@
 //                                        # and 4096. TFLOP/s stay counted as plain causal (same work
 //                                        # asked of the model), so packed/plain is the tokens/s ratio;
 //                                        # "visible" is the packed pairs' share of the causal ones.
+//   attention_bench --doc-lengths=FILE [...]  # as --packed, the documents' lengths drawn (uniformly,
+//                                        # with replacement) from FILE: whitespace-separated token
+//                                        # counts, e.g. a dataset's measured conversation lengths
 //
 // Each figure is the median of 20 timed runs (CUDA events around each run) after 3 warm-up runs;
 // inputs are uniform random in [-2, 2) generated on the device.
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -84,17 +88,44 @@ float median_ms(F&& f, int warmup = 3, int iters = 20) {
     return ms[iters / 2];
 }
 
-// Batch::positions of B rows packed with documents of exponential lengths (mean `mean`), and the share
-// of the causal (query, key) pairs that stay visible.
-std::vector<int32_t> packed_positions(const AttentionShape& s, double mean, uint64_t seed, double* visible) {
+// Where packed documents' lengths come from: exponential with mean `mean`, or drawn from `lengths`.
+struct DocLengths {
+    double mean = 0;
+    std::vector<int> lengths;
+    bool on() const { return mean > 0 || !lengths.empty(); }
+    int draw(qtrain::Rng& r) const {
+        if (!lengths.empty()) return lengths[r.below(lengths.size())];
+        const double u = std::max(1e-12, 1.0 - r.uniform());
+        return std::max(1, static_cast<int>(std::lround(-mean * std::log(u))));
+    }
+};
+
+std::vector<int> read_lengths(const char* path) {
+    std::ifstream f(path);
+    QT_CHECK(f, "--doc-lengths=", path, ": cannot open the file");
+    std::vector<int> v;
+    long long x = 0;
+    while (f >> x) {
+        QT_CHECK(x >= 1 && x <= (1 << 30), "--doc-lengths=", path, ": length ", x, " (entry ", v.size() + 1,
+                 ") is not a positive token count");
+        v.push_back(static_cast<int>(x));
+    }
+    QT_CHECK(f.eof(), "--doc-lengths=", path, ": entry ", v.size() + 1, " is not a number");
+    QT_CHECK(!v.empty(), "--doc-lengths=", path, ": no lengths in the file");
+    return v;
+}
+
+// Batch::positions of B rows packed with documents of the given lengths (each cut at its row's
+// end), and the share of the causal (query, key) pairs that stay visible.
+std::vector<int32_t> packed_positions(const AttentionShape& s, const DocLengths& docs, uint64_t seed,
+                                      double* visible) {
     qtrain::Rng r(seed);
     std::vector<int32_t> pos;
     double pairs = 0;
     for (int b = 0; b < s.B; ++b) {
         int t = 0;
         while (t < s.T) {
-            const double u = std::max(1e-12, 1.0 - r.uniform());
-            const int len = std::min(s.T - t, std::max(1, static_cast<int>(std::lround(-mean * std::log(u)))));
+            const int len = std::min(s.T - t, docs.draw(r));
             for (int p = 0; p < len; ++p) pos.push_back(p);
             pairs += 0.5 * len * (len + 1.0);
             t += len;
@@ -104,11 +135,11 @@ std::vector<int32_t> packed_positions(const AttentionShape& s, double mean, uint
     return pos;
 }
 
-void bench(const AttentionShape& s, DType dt, AttentionBackend be, double packed_mean = 0) {
+void bench(const AttentionShape& s, DType dt, AttentionBackend be, const DocLengths* docs = nullptr) {
     int32_t* positions = nullptr;
     double visible = 1;
-    if (packed_mean > 0) {
-        const std::vector<int32_t> pos = packed_positions(s, packed_mean, 1234, &visible);
+    if (docs) {
+        const std::vector<int32_t> pos = packed_positions(s, *docs, 1234, &visible);
         CUDA_CHECK(cudaMalloc(&positions, pos.size() * sizeof(int32_t)));
         CUDA_CHECK(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     }
@@ -136,9 +167,14 @@ void bench(const AttentionShape& s, DType dt, AttentionBackend be, double packed
                                           : be == AttentionBackend::Cudnn ? "bf16-cudnn"
                                                                           : "bf16-flash") +
                               (positions ? "-packed" : "");
-    if (positions)
-        std::printf("            (packed: documents of mean %.0f tokens, %.1f%% of the causal pairs visible)\n",
-                    packed_mean, 100.0 * visible);
+    if (positions) {
+        if (docs->lengths.empty())
+            std::printf("            (packed: documents of mean %.0f tokens, %.1f%% of the causal pairs visible)\n",
+                        docs->mean, 100.0 * visible);
+        else
+            std::printf("            (packed: documents drawn from %zu lengths, %.1f%% of the causal pairs visible)\n",
+                        docs->lengths.size(), 100.0 * visible);
+    }
     std::printf("%-18s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
                 " | fwd+bwd %7.1f TFLOP/s | bwd workspace %.1f MiB\n",
                 label.c_str(), s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
@@ -159,11 +195,13 @@ int main(int argc, char** argv) {
         DType dt = DType::BF16;
         std::vector<AttentionBackend> backends{AttentionBackend::Flash, AttentionBackend::Cudnn};
         std::vector<int> nums;
-        double packed_mean = 0;
+        DocLengths docs;
         for (int i = 1; i < argc; ++i) {
             if (std::strncmp(argv[i], "--packed=", 9) == 0) {
-                packed_mean = std::atof(argv[i] + 9);
-                QT_CHECK(packed_mean >= 1, "--packed=", argv[i] + 9, ": the mean document length must be >= 1");
+                docs.mean = std::atof(argv[i] + 9);
+                QT_CHECK(docs.mean >= 1, "--packed=", argv[i] + 9, ": the mean document length must be >= 1");
+            } else if (std::strncmp(argv[i], "--doc-lengths=", 14) == 0) {
+                docs.lengths = read_lengths(argv[i] + 14);
             } else if (std::strcmp(argv[i], "--fp32") == 0)
                 dt = DType::F32;
             else if (std::strcmp(argv[i], "--flash") == 0)
@@ -176,7 +214,7 @@ int main(int argc, char** argv) {
         std::vector<AttentionShape> shapes;
         if (nums.size() == 5) {
             shapes.push_back({nums[0], nums[1], nums[2], nums[3], nums[4]});
-        } else if (nums.empty() && packed_mean > 0) {
+        } else if (nums.empty() && docs.on()) {
             shapes = {
                 {8, 2048, 14, 2, 64},    // Qwen2.5-0.5B at seq 2048
                 {4, 4096, 14, 2, 64},    // 0.5B at seq 4096
@@ -191,7 +229,7 @@ int main(int argc, char** argv) {
                 {4, 1024, 28, 4, 128},   // Qwen2.5-7B, batch 4
             };
         } else {
-            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN] [B T Hq Hkv D]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN | --doc-lengths=FILE] [B T Hq Hkv D]\n", argv[0]);
             return 2;
         }
         cudaDeviceProp prop{};
@@ -206,7 +244,7 @@ int main(int argc, char** argv) {
         for (const auto& s : shapes)
             for (AttentionBackend be : backends) {
                 bench(s, dt, be);
-                if (packed_mean > 0 && be == AttentionBackend::Flash) bench(s, dt, be, packed_mean);
+                if (docs.on() && be == AttentionBackend::Flash) bench(s, dt, be, &docs);
             }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
