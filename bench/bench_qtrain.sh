@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times qtrain on one GPU with the settings llm.q publishes its H100 numbers with:
 #   --from-scratch --seq-len=1024 --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16, random tokens.
-# usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]
+# usage: bench/bench_qtrain.sh MODEL BATCH [extra train flags...]   (SEQ=n: --seq-len, default 1024)
 # GA=n sets --grad-accumulation (default 1); SKIP=n leaves out the first n steps (default 3; --gemm-autotune
 # needs ~25: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
 # steps after those, and the plan's memory.
@@ -16,14 +16,17 @@ WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
 # VOCAB: the token file's vocabulary (default Qwen's; Llama 3's is 128000 ordinary tokens)
 VOCAB=${VOCAB:-151643}
+# TOKENS=FILE trains on that token file instead (e.g. chat data from tokenize --chat)
+if [ -z "${TOKENS:-}" ]; then
 TOKENS="$WORK/random.bin"; [ "$VOCAB" = 151643 ] || TOKENS="$WORK/random-$VOCAB.bin"
+fi
 [ -f "$TOKENS" ] || python3 bench/make_random_tokens.py "$TOKENS" --tokens 40000000 --vocab "$VOCAB" >/dev/null
 STEPS=${STEPS:-12}
 rm -f "$WORK/log.jsonl"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
 smi=$!
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$TOKENS" \
-  --seq-len=1024 --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
+  --seq-len="${SEQ:-1024}" --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
   --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" --overwrite "$@" > "$WORK/train.out" 2>&1 &
 train=$!
@@ -37,17 +40,21 @@ status=0; wait $train || status=$?
 kill $smi 2>/dev/null || true; wait $smi 2>/dev/null || true
 [ -n "${STOP_AFTER:-}" ] && [ $status -eq 137 ] && status=0
 [ $status -eq 0 ] || { tail -5 "$WORK/train.out"; exit $status; }
-python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" "${SKIP:-3}" "$WORK/smi.txt" <<'PY'
+python3 - "$WORK/log.jsonl" "$MODEL" "$BATCH" "${SKIP:-3}" "$WORK/smi.txt" "${SEQ:-1024}" <<'PY'
 import json, statistics, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 steps = [e for e in ev if e["log"] == "step"][int(sys.argv[4]):]
 alloc = next(e for e in ev if e["log"] == "allocator")
 tps = statistics.median(e["step_tokens"] / e["duration_ms"] * 1000 for e in steps)
 sol = next(e for e in ev if e["log"] == "sol")
+# packed rows (--document-masking): useful tokens = the slots holding a document's token, padding not counted
+ds = next((e for e in ev if e["log"] == "dataset" and e.get("packed")), None)
+fill = ds["packed"]["document_tokens"] / (ds["packed"]["rows"] * int(sys.argv[6])) if ds else 1.0
 print(json.dumps({"system": "qtrain", "model": sys.argv[2], "batch": int(sys.argv[3]), "tokens_per_s": round(tps),
                   "mfu": round(tps * sol["flops_per_token"] / 989e12, 4),
                   "plan_gib": round(sum(s["device"] for s in alloc["stats"]) / 2**30, 2),
                   "pinned_gib": round(sum(s.get("pinned", 0) for s in alloc["stats"]) / 2**30, 2),
                   "peak_mib": max((int(x) for x in open(sys.argv[5]).read().split() if x.isdigit()), default=None),
-                  "final_loss": steps[-1]["loss"] if steps else None}))
+                  "final_loss": steps[-1]["loss"] if steps else None,
+                  **({"fill_rate": round(fill, 4), "useful_tokens_per_s": round(tps * fill)} if ds else {})}))
 PY

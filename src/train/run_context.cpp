@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "train/output_tokenizer.h"
+#include "train/packing_options.h"
 #include "train/rank_devices.h"
 #include "train/rendezvous_bound.h"
 #include "train/run_guard.h"
@@ -70,6 +72,16 @@ RunContext make_run_context(const TrainOptions& options, const std::string& comm
         if (std::optional<Tokenizer> t = load_output_tokenizer(o.tokenizer, cfg.vocab_size))
             ctx.tokenizer = std::make_shared<const Tokenizer>(std::move(*t));
     ctx.model_options = o.model_options(device);
+    // --document-masking=auto is decided by the train files' headers: the plan (the positions buffer,
+    // the attention kernels) must see the decision the ranks will make (RankSession::start).
+    if (o.document_masking == "auto" && !o.train_file.empty()) {
+        try {
+            ctx.model_options.document_masking =
+                decide_packing(o, expand_glob(o.train_file, "--train-file")).document_masking;
+        } catch (const Error&) {
+            // a missing or bad --train-file: the loader names it when the run opens the files
+        }
+    }
     if (planning_for_gpu)
         std::printf("note: no GPU here; --plan-only plans for the GPU (--device=cuda). --device=cpu plans the CPU "
                     "reference model instead\n\n");
