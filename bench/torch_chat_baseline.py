@@ -16,6 +16,7 @@ usage: python3 bench/torch_chat_baseline.py --model Qwen2.5-0.5B --tokens chat.b
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -99,6 +100,7 @@ def main():
         t0 = time.perf_counter()
         step(ids, labels, attn).item()
         torch.cuda.synchronize()
+        print(f"step {s}: width {ids.shape[1]}, {time.perf_counter() - t0:.3f} s", file=sys.stderr, flush=True)
         if s >= a.warmup:
             rates.append(useful / (time.perf_counter() - t0))
             useful_total += useful
