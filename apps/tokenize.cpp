@@ -378,6 +378,7 @@ int main(int argc, char** argv) {
             qtrain::ChatProcess renderer(process_options);
             std::string eot_list;
             for (const auto& t : process_options.end_of_turn) eot_list += (eot_list.empty() ? "" : ", ") + t;
+            if (eot_list.empty()) eot_list = "none (a turn runs to the end of the render; see --end-of-turn)";
             std::cerr << fmt::format("chat template: {} ({}); trained: {}\n", info.source,
                                      renderer.generation_blocks() ? "{% generation %} blocks"
                                                                   : "assistant turns through the end-of-turn token: " + eot_list,
