@@ -340,6 +340,7 @@ int main(int argc, char** argv) {
             QT_CHECK(id, "--bos: '", bos, "' is not a token of ", tokenizer.source());
             encode_options.bos_id = *id;
         }
+        if (chat) eos = "none";  // the chat template ends each turn itself
         if (eos == "auto") {
             const auto end = tokenizer.end_of_text();
             QT_CHECK(end, "--eos=auto: ", tokenizer.source(),
@@ -354,17 +355,23 @@ int main(int argc, char** argv) {
         auto named_id = [&](int32_t id) {
             return id >= 0 ? fmt::format("{} = {}", tokenizer.decode(std::span(&id, 1)), id) : std::string("none");
         };
-        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); BOS {}; EOS {}\n",
+        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); {}\n",
                                  tokenizer.source(), tokenizer.regular_vocab_size(),
                                  tokenizer.added_tokens().size(), seconds_since(load_start),
-                                 named_id(encode_options.bos_id), named_id(encode_options.eos_id));
+                                 chat ? std::string("BOS and end-of-turn tokens: the chat template's")
+                                      : fmt::format("BOS {}; EOS {}", named_id(encode_options.bos_id),
+                                                    named_id(encode_options.eos_id)));
 
         if (chat) {
             QT_CHECK(!tokenizer_spec.empty(), "--chat needs --tokenizer=PATH (its directory has the chat template)");
             QT_CHECK(reader_options.prompt_field.empty() && reader_options.response_field.empty(),
                      "--chat excludes --prompt-field/--response-field (a chat record's prompt/completion are read "
                      "as a user and an assistant message)");
-            QT_CHECK(eval_fraction < 0, "--chat: use --eval-input, --eval-documents or --eval-tokens (not --eval-fraction)");
+            QT_CHECK(app.count("--bos") + app.count("--eos") + app.count("--special-tokens") + app.count("--text-field") +
+                             app.count("--doc-separator") == 0,
+                     "--bos, --eos, --special-tokens, --text-field and --doc-separator do not apply to --chat: the chat "
+                     "template decides every token (its bos_token, end-of-turn tokens), and the render is tokenized "
+                     "with all added tokens recognised, as transformers' apply_chat_template(..., tokenize=True) does");
             const qtrain::ChatTemplateInfo info = qtrain::load_chat_template(
                 qtrain::resolve_tokenizer_path(tokenizer_spec, "--tokenizer"), chat_template_file);
             qtrain::ChatProcessOptions process_options;
@@ -392,10 +399,13 @@ int main(int argc, char** argv) {
             qtrain::ChatStats total;
             auto run_chat = [&](const std::vector<std::string>& files, bool all_eval) {
                 qtrain::ChatReader reader(files, renderer, tokenizer, max_tokens, threads);
+                const uint64_t eval_bytes =
+                    eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
                 std::vector<qtrain::Conversation> batch;
                 while (reader.read_batch(batch, 4u << 20)) {
                     for (auto& c : batch) {
-                        const bool eval = all_eval || (eval_tokens > 0 && eval_so_far < eval_tokens) ||
+                        const bool eval = all_eval || (eval_fraction > 0 && c.offset < eval_bytes) ||
+                                          (eval_tokens > 0 && eval_so_far < eval_tokens) ||
                                           (eval_documents > 0 && docs < eval_documents);
                         qtrain::EncodedDocument doc{std::move(c.tokens.tokens), std::move(c.tokens.mask)};
                         writer.add(doc, eval);
