@@ -280,8 +280,13 @@ def byte_spans(text: str, spans):
     return [[byte_at[b], byte_at[e]] for b, e in spans if e > b]
 
 
-def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
+def serve(stdin=None, stdout=None) -> int:
     """The child-process loop of `tokenize` (protocol above)."""
+    import io
+
+    # UTF-8 whatever the locale says; bytes that are not UTF-8 become lone surrogates, refused per record
+    stdin = stdin or io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
+    stdout = stdout or sys.stdout
     config = json.loads(stdin.readline())
     try:
         renderer = ChatRenderer(config["template"], config.get("special_tokens"), config.get("end_of_turn", ()),
@@ -302,9 +307,10 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
             if "text" in answer:
                 answer["text"].encode("utf-8")  # a lone surrogate (from a \\ud800 escape) fails here
         except RecordError as e:
-            answer = {"error": str(e)}
+            # (lone surrogates of bad input would make invalid JSON escapes: shown as \\udcXX)
+            answer = {"error": str(e).encode("utf-8", "backslashreplace").decode("utf-8")}
         except UnicodeEncodeError:
-            answer = {"error": "the record holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape), not text"}
+            answer = {"error": "the record is not valid UTF-8 text (or holds a lone \\uD800-\\uDFFF escape)"}
         stdout.write(json.dumps(answer) + "\n")  # ASCII: safe for any text, surrogates included
         stdout.flush()
     return 0

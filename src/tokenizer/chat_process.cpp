@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -97,12 +98,14 @@ ChatProcess::~ChatProcess() {
 }
 
 std::string ChatProcess::read_line() {
-    std::string line;
-    for (;;) {
-        const int c = std::fgetc(from_child_);
-        if (c == EOF) break;
-        if (c == '\n') return line;
-        line.push_back(static_cast<char>(c));
+    char* buffer = nullptr;
+    std::size_t capacity = 0;
+    const ssize_t n = ::getline(&buffer, &capacity, from_child_);
+    std::string line = n > 0 ? std::string(buffer, static_cast<std::size_t>(n)) : std::string();
+    std::free(buffer);
+    if (!line.empty() && line.back() == '\n') {
+        line.pop_back();
+        return line;
     }
     throw Error(cat("the chat renderer (", options_.python, ") exited unexpectedly; its messages are above"));
 }
