@@ -430,12 +430,12 @@ int main(int argc, char** argv) {
             progress.done();
             QT_CHECK(total.conversations > 0, "no conversation to train on in --input (", total.records, " records; ",
                      total.skipped_no_assistant, " without an assistant message, ", total.skipped_cut,
-                     " whose assistant part --max-tokens cut away)");
+                     " with no trained token: cut away by --max-tokens, or none)");
             QT_CHECK(writer.has_train(), "no training data: every conversation went to eval.bin");
             const auto files = writer.finish();
             const double secs = std::max(1e-9, seconds_since(start));
             fmt::print("tokenize: {} conversations ({} records; skipped: {} without an assistant message, {} with "
-                       "every trained token beyond --max-tokens; {} cut at --max-tokens) -> {} tokens, {} trained "
+                       "no trained token (beyond --max-tokens, or none); {} cut at --max-tokens) -> {} tokens, {} trained "
                        "({:.1f}%), in {:.2f} s\n",
                        total.conversations, total.records, total.skipped_no_assistant, total.skipped_cut,
                        total.truncated, total.tokens, total.trained,

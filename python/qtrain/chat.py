@@ -67,8 +67,8 @@ def tokenize_chat(records: Iterable, tok, tokenizer_file: str, chat_template: "s
             fmt = answer["format"]
         elif answer["format"] != fmt:
             raise ValueError(f"record {k}: a {answer['format']} record among {fmt} records; one call takes one format")
-        if "skip" in answer:
-            stats["skipped_no_assistant"] += 1
+        if "skip" in answer:  # no assistant message, or generation blocks that emit nothing
+            stats["skipped_no_assistant" if answer["skip"] == "no assistant message" else "skipped_cut"] += 1
             continue
         ids, offsets = tok.encode_with_offsets(answer["text"])
         ids = np.asarray(ids, dtype=np.int32)

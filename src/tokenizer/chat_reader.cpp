@@ -103,7 +103,9 @@ bool ChatReader::read_batch(std::vector<Conversation>& out, std::size_t max_byte
 
     for (std::size_t i = 0; i < rendered.size(); ++i) {
         if (!rendered[i].skip.empty()) {
-            if (++stats_.skipped_no_assistant <= kWarnings) {
+            // (the other reason: a template whose generation blocks emit nothing, i.e. nothing to train)
+            const bool no_assistant = rendered[i].skip == "no assistant message";
+            if (++(no_assistant ? stats_.skipped_no_assistant : stats_.skipped_cut) <= kWarnings) {
                 std::cerr << "tokenize: skipped " << file << ":" << where[i].line_no << ": " << rendered[i].skip << "\n";
             }
             continue;

@@ -22,7 +22,7 @@ struct ChatStats {
     int64_t records = 0;                 // non-blank lines read
     int64_t conversations = 0;           // written
     int64_t skipped_no_assistant = 0;    // no assistant message
-    int64_t skipped_cut = 0;             // every trained token cut away by max_tokens
+    int64_t skipped_cut = 0;             // no trained token: all cut away by max_tokens, or none emitted
     int64_t truncated = 0;               // written, but cut at max_tokens
     int64_t tokens = 0, trained = 0;     // of the conversations written
 };

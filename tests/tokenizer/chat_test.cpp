@@ -206,8 +206,8 @@ TEST_F(ChatApp, MaxTokensCutsAndSkipsConversationsWithNothingLeftToTrain) {
                             "--max-tokens=20");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("c.jsonl:1: no trained token within --max-tokens"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("1 conversations (2 records; skipped: 0 without an assistant message, 1 with every trained "
-                            "token beyond --max-tokens; 1 cut at --max-tokens)"),
+    EXPECT_NE(r.output.find("1 conversations (2 records; skipped: 0 without an assistant message, 1 with no trained "
+                            "token (beyond --max-tokens, or none); 1 cut at --max-tokens)"),
               std::string::npos)
         << r.output;
     const TokenFile f(out_.file("train.bin"));
