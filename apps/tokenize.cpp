@@ -265,7 +265,8 @@ int main(int argc, char** argv) {
                  "user, assistant, tool; assistant tool_calls; an optional `tools` list) or `prompt`/`completion` "
                  "(a user and an assistant message), rendered with the model's chat template as transformers' "
                  "apply_chat_template(..., tokenize=True) does (ids equal). Each conversation is one document; "
-                 "the files get loss masks and document starts. Needs python3 with jinja2 (see --python)");
+                 "the files get loss masks and document starts. Needs python3 with jinja2 (see --python); one renderer "
+                 "process per --threads");
     app.add_option("--chat-template", chat_template_file,
                    "--chat: a Jinja chat template file (default: chat_template.jinja in the tokenizer's directory, "
                    "else tokenizer_config.json's chat_template)");
@@ -382,7 +383,11 @@ int main(int argc, char** argv) {
             process_options.end_of_turn = end_of_turn.empty() ? qtrain::default_end_of_turn(tokenizer, info.eos_token)
                                                               : end_of_turn;
             process_options.train_on = train_on;
-            qtrain::ChatProcess renderer(process_options);
+            // one renderer per thread: rendering (Python) and tokenizing share the cores
+            const auto renderers = qtrain::start_chat_processes(process_options, threads);
+            std::vector<qtrain::ChatProcess*> renderer_ptrs;
+            for (const auto& r : renderers) renderer_ptrs.push_back(r.get());
+            const qtrain::ChatProcess& renderer = *renderers.front();
             std::string eot_list;
             for (const auto& t : process_options.end_of_turn) eot_list += (eot_list.empty() ? "" : ", ") + t;
             if (eot_list.empty()) eot_list = "none (a turn runs to the end of the render; see --end-of-turn)";
@@ -398,7 +403,7 @@ int main(int argc, char** argv) {
             uint64_t bytes = 0;
             qtrain::ChatStats total;
             auto run_chat = [&](const std::vector<std::string>& files, bool all_eval) {
-                qtrain::ChatReader reader(files, renderer, tokenizer, max_tokens, threads);
+                qtrain::ChatReader reader(files, renderer_ptrs, tokenizer, max_tokens);
                 const uint64_t eval_bytes =
                     eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
                 std::vector<qtrain::Conversation> batch;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -155,6 +156,26 @@ std::vector<RenderedChat> ChatProcess::render(const std::vector<std::string>& re
     writer.join();
     if (read_error) std::rethrow_exception(read_error);
     if (write_error) std::rethrow_exception(write_error);
+    return out;
+}
+
+std::vector<std::unique_ptr<ChatProcess>> start_chat_processes(const ChatProcessOptions& options, int n) {
+    std::vector<std::unique_ptr<ChatProcess>> out(static_cast<std::size_t>(std::max(1, n)));
+    std::vector<std::exception_ptr> errors(out.size());
+    std::vector<std::thread> starters;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        starters.emplace_back([&, i] {
+            try {
+                out[i] = std::make_unique<ChatProcess>(options);
+            } catch (...) {
+                errors[i] = std::current_exception();
+            }
+        });
+    }
+    for (auto& t : starters) t.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
     return out;
 }
 

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,10 @@ private:
     std::FILE* from_child_ = nullptr;
     bool generation_blocks_ = false;
 };
+
+// `n` renderers started side by side (each takes a python start and a template compile), for
+// rendering on several cores; throws the first one's error.
+std::vector<std::unique_ptr<ChatProcess>> start_chat_processes(const ChatProcessOptions& options, int n);
 
 // The Python source run as the renderer (the generated header's copy of chat_template.py).
 const char* chat_renderer_source();

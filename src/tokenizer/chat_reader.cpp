@@ -13,10 +13,10 @@ namespace {
 constexpr int64_t kWarnings = 5;  // skipped records named one by one; the summary counts them all
 }  // namespace
 
-ChatReader::ChatReader(std::vector<std::string> files, ChatProcess& renderer, const Tokenizer& tokenizer,
-                       int64_t max_tokens, int threads)
-    : files_(std::move(files)), renderer_(renderer), tokenizer_(tokenizer), max_tokens_(max_tokens),
-      threads_(std::max(1, threads)) {
+ChatReader::ChatReader(std::vector<std::string> files, std::vector<ChatProcess*> renderers, const Tokenizer& tokenizer,
+                       int64_t max_tokens)
+    : files_(std::move(files)), renderers_(std::move(renderers)), tokenizer_(tokenizer), max_tokens_(max_tokens) {
+    QT_CHECK(!renderers_.empty(), "ChatReader: no renderer");
     for (const std::string& f : files_) {
         std::error_code ec;
         const auto size = std::filesystem::file_size(f, ec);
@@ -66,7 +66,34 @@ bool ChatReader::read_batch(std::vector<Conversation>& out, std::size_t max_byte
         records.push_back(std::move(line));
     }
     if (records.empty()) return false;
-    const std::vector<RenderedChat> rendered = renderer_.render(records);
+    // one contiguous piece per renderer: its thread renders, then tokenizes what it rendered
+    const std::size_t pieces = std::min(renderers_.size(), records.size());
+    std::vector<RenderedChat> rendered(records.size());
+    std::vector<ChatTokens> tokens(records.size());
+    std::vector<std::exception_ptr> errors(pieces);
+    auto work = [&](std::size_t p) {
+        try {
+            const std::size_t begin = records.size() * p / pieces, end = records.size() * (p + 1) / pieces;
+            const std::vector<std::string> mine(std::make_move_iterator(records.begin() + begin),
+                                                std::make_move_iterator(records.begin() + end));
+            std::vector<RenderedChat> done = renderers_[p]->render(mine);
+            for (std::size_t i = begin; i < end; ++i) {
+                rendered[i] = std::move(done[i - begin]);
+                if (rendered[i].error.empty() && rendered[i].skip.empty()) {
+                    tokens[i] = tokenize_chat(tokenizer_, rendered[i], max_tokens_);
+                }
+            }
+        } catch (...) {
+            errors[p] = std::current_exception();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t p = 1; p < pieces; ++p) pool.emplace_back(work, p);
+    work(0);
+    for (auto& th : pool) th.join();
+    for (auto& e : errors) {
+        if (e) std::rethrow_exception(e);
+    }
     stats_.records += static_cast<int64_t>(records.size());
 
     // checks in input order, so the first bad line is the one reported
@@ -79,26 +106,6 @@ bool ChatReader::read_batch(std::vector<Conversation>& out, std::size_t max_byte
         }
         QT_CHECK(r.format == format_, file, ":", where[i].line_no, ": a ", r.format, " record in a file of ", format_,
                  " records (line ", format_line_, "); one file holds one format");
-    }
-
-    // tokenize on several threads; each takes every threads-th conversation
-    std::vector<ChatTokens> tokens(rendered.size());
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads_));
-    auto work = [&](int t) {
-        try {
-            for (std::size_t i = static_cast<std::size_t>(t); i < rendered.size(); i += static_cast<std::size_t>(threads_)) {
-                if (rendered[i].skip.empty()) tokens[i] = tokenize_chat(tokenizer_, rendered[i], max_tokens_);
-            }
-        } catch (...) {
-            errors[static_cast<std::size_t>(t)] = std::current_exception();
-        }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads_ && static_cast<std::size_t>(t) < rendered.size(); ++t) pool.emplace_back(work, t);
-    work(0);
-    for (auto& th : pool) th.join();
-    for (auto& e : errors) {
-        if (e) std::rethrow_exception(e);
     }
 
     for (std::size_t i = 0; i < rendered.size(); ++i) {

@@ -1,8 +1,8 @@
 // Chat JSON Lines -> tokenized conversations with loss masks, a batch at a time (`tokenize --chat`).
 // Each line is a record with `messages` (role/content, roles system/user/assistant/tool; assistant
 // `tool_calls`; an optional `tools` list for the template) or `prompt`/`completion`; one file holds
-// one of the two formats. The records are rendered by the chat template (ChatProcess), tokenized
-// (tokenize_chat) on several threads and cut at max_tokens. Errors name the file and line; records
+// one of the two formats. A batch is cut into one piece per renderer (ChatProcess); a thread per
+// piece renders it and tokenizes the renders (tokenize_chat), cut at max_tokens. Errors name the file and line; records
 // that are not trained on (no assistant turn, or its part cut away by max_tokens) are counted.
 #pragma once
 
@@ -34,8 +34,8 @@ struct Conversation {
 
 class ChatReader {
 public:
-    ChatReader(std::vector<std::string> files, ChatProcess& renderer, const Tokenizer& tokenizer,
-               int64_t max_tokens, int threads);
+    ChatReader(std::vector<std::string> files, std::vector<ChatProcess*> renderers, const Tokenizer& tokenizer,
+               int64_t max_tokens);
     ~ChatReader();
 
     // Appends the conversations of about `max_bytes` of input to `out`; false at the end.
@@ -49,10 +49,9 @@ private:
     bool open_next_file();
 
     std::vector<std::string> files_;
-    ChatProcess& renderer_;
+    std::vector<ChatProcess*> renderers_;
     const Tokenizer& tokenizer_;
     int64_t max_tokens_;
-    int threads_;
     uint64_t total_bytes_ = 0, done_bytes_ = 0, file_pos_ = 0;
     std::size_t next_file_ = 0;
     std::unique_ptr<std::ifstream> in_;
