@@ -250,6 +250,28 @@ TEST_F(ChatApp, TemplateThatIsNotPrefixStableIsRefused) {
     EXPECT_NE(r.output.find("--chat-template=FILE with {% generation %} blocks"), std::string::npos) << r.output;
 }
 
+TEST_F(ChatApp, TemplateProblemsAreNamed) {
+    REQUIRE_JINJA2();
+    test::TempDir dir;
+    write_file(dir.file("broken.jinja"), "{% for m in messages %}{{ m.content }");
+    write_file(in_.file("c.jsonl"), R"({"prompt":"a","completion":"b"})" "\n");
+    const std::string base = std::string(QTRAIN_TOKENIZE_EXE) + " --no-progress --chat --tokenizer=" + tokenizer_path_ +
+                             " --out-dir=" + out_.str() + " --input=" + in_.file("c.jsonl");
+    const RunResult broken = test::run_command(base + " --chat-template=" + dir.file("broken.jinja") + " 2>&1");
+    EXPECT_NE(broken.exit_code, 0);
+    EXPECT_NE(broken.output.find("the chat template does not compile"), std::string::npos) << broken.output;
+    // the tiny tokenizer's directory has no tokenizer_config.json and no chat_template.jinja
+    const RunResult none = test::run_command(base + " 2>&1");
+    EXPECT_NE(none.exit_code, 0);
+    EXPECT_NE(none.output.find("no chat template"), std::string::npos) << none.output;
+    EXPECT_NE(none.output.find("--chat-template=FILE"), std::string::npos) << none.output;
+    // a chat_template.jinja beside the tokenizer is found
+    write_file(tok_dir_.file("chat_template.jinja"), "{% for m in messages %}{{ m.content }}<|endoftext|>{% endfor %}");
+    const RunResult found = test::run_command(base + " --end-of-turn='<|endoftext|>' 2>&1");
+    EXPECT_EQ(found.exit_code, 0) << found.output;
+    EXPECT_NE(found.output.find("chat_template.jinja"), std::string::npos) << found.output;
+}
+
 TEST_F(ChatApp, MissingPythonSaysWhatToInstall) {
     const RunResult r = run(R"({"prompt":"a","completion":"b"})" "\n", "--python=/nonexistent/python3");
     EXPECT_NE(r.exit_code, 0);
