@@ -240,6 +240,21 @@ def check_family(args, family, tokdir, template, rng, tmp):
               f"naming file:line: {refused}")
         ok &= refused
 
+    # prompt/completion records: a user and an assistant message
+    pairs = [{"prompt": text(rng, 1), "completion": text(rng, 1)} for _ in range(max(10, args.n // 10))]
+    ppath = os.path.join(tmp, f"{family}-pc.jsonl")
+    with open(ppath, "w", encoding="utf-8") as f:
+        for r in pairs:
+            f.write(json.dumps(r) + "\n")
+    p = run_qtrain(args.tokenize, d, ppath, out + "-pc")
+    assert p.returncode == 0, f"{family} prompt/completion: tokenize failed:\n{p.stderr}"
+    got = read_token_file(os.path.join(out + "-pc", "train.bin"))
+    pwant = [expected(tok, template, {"messages": [{"role": "user", "content": r["prompt"]},
+                                                   {"role": "assistant", "content": r["completion"]}]}, eot) for r in pairs]
+    pbad = sum(1 for w, g in zip(pwant, got) if w is None or list(w) != list(g)) + abs(len(got) - len(pwant))
+    print(f"{family} prompt/completion: {len(pairs)} records, differ in {pbad}")
+    ok &= pbad == 0
+
     # {% generation %} blocks: against transformers' return_assistant_tokens_mask directly
     gen_template = with_generation_blocks(template, family)
     gen_file = os.path.join(tmp, f"{family}-generation.jinja")
@@ -272,7 +287,12 @@ def main():
     ap.add_argument("--families", default="qwen2.5,qwen3,llama3.1,llama3.2")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    print(f"seed {seed}")
+    import jinja2
+    import tokenizers
+    import transformers
+
+    print(f"seed {seed}; transformers {transformers.__version__}, tokenizers {tokenizers.__version__}, "
+          f"jinja2 {jinja2.__version__}")
     rng = random.Random(seed)
     qwen = args.qwen or next((p for p in ("../shared/data/qwen2.5-tokenizer", "/work/shared/data/qwen2.5-tokenizer")
                               if os.path.isdir(p)), None)
