@@ -82,6 +82,14 @@ TEST(ChatOffsets, QwenNfcTextMapsBackToTheOriginal) {
     EXPECT_TRUE(covered) << "no token covers the composed e + U+0301";
 }
 
+TEST(ChatOffsets, Llama3TokensSpellTheirRanges) {
+    // no normalizer, ignore_merges (whole-piece tokens), Llama 3's added tokens
+    for (const char* name : {"llama3.2", "llama3"}) {
+        QTRAIN_REQUIRE_LLAMA3_TOKENIZER(tok, name);
+        check_offsets(*tok, std::random_device{}());
+    }
+}
+
 TEST(ChatOffsets, InvalidUtf8IsRefused) {
     test::TempDir dir;
     const Tokenizer tok = Tokenizer::load(test::write_tiny_tokenizer_json(dir.str(), {}, false));
