@@ -11,6 +11,8 @@
 #include "io/token_file.h"
 #include "tokenizer/chat_mask.h"
 #include "tokenizer/tokenizer.h"
+#include "reference_corpus.h"
+#include "tokenizer/utf8.h"
 #include "tokenizer_test_data.h"
 
 namespace qtrain {
@@ -80,6 +82,29 @@ TEST(ChatOffsets, QwenNfcTextMapsBackToTheOriginal) {
     bool covered = false;
     for (const auto& o : off) covered |= o.begin <= 2 && o.end >= 5;
     EXPECT_TRUE(covered) << "no token covers the composed e + U+0301";
+}
+
+TEST(ChatOffsets, ReferenceCorpusGivesHfIdsAndCoversEveryByte) {
+    // HF's ids with every added token recognised (what a rendered chat is tokenized with)
+    QTRAIN_REQUIRE_QWEN_TOKENIZER(tok);
+    QTRAIN_REQUIRE_REFERENCE(docs);
+    int checked = 0;
+    for (std::size_t i = 0; i < docs->size(); ++i) {
+        const RefDoc& d = (*docs)[i];
+        if (utf8::valid_prefix(d.raw) != d.raw.size()) continue;  // (offsets take valid UTF-8 only)
+        std::vector<int32_t> ids;
+        std::vector<TokenOffset> off;
+        tok->encode_with_offsets(d.raw, ids, off);
+        ASSERT_EQ(ids, d.ids[1]) << "document " << i;
+        uint32_t end = 0;
+        for (const TokenOffset& o : off) {
+            ASSERT_LE(o.begin, end) << "document " << i;
+            end = std::max(end, o.end);
+        }
+        ASSERT_EQ(end, d.raw.size()) << "document " << i;
+        ++checked;
+    }
+    EXPECT_GT(checked, 100);
 }
 
 TEST(ChatOffsets, Llama3TokensSpellTheirRanges) {
