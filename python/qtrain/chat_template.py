@@ -317,4 +317,9 @@ def serve(stdin=None, stdout=None) -> int:
 
 
 if __name__ == "__main__" and "--serve" in sys.argv:
-    sys.exit(serve())
+    try:
+        sys.exit(serve())
+    except (BrokenPipeError, KeyboardInterrupt):  # tokenize stopped (an error, Ctrl-C): it says why
+        import os
+
+        os._exit(1)
