@@ -6,6 +6,16 @@
 //   attention_bench --flash | --cudnn   # one bf16 backend only
 //   attention_bench --fp32              # the fp32 (debug) path instead
 //   attention_bench B T Hq Hkv D        # one shape
+//   attention_bench --packed=MEAN [...]  # document masking: each shape plain causal, then packed rows of
+//                                        # documents of random lengths (exponential, mean MEAN tokens,
+//                                        # at least 1, cut at the row end), flash only (cuDNN has no
+//                                        # document masking); default shapes: 0.5B and 1.5B at seq 2048
+//                                        # and 4096. TFLOP/s stay counted as plain causal (same work
+//                                        # asked of the model), so packed/plain is the tokens/s ratio;
+//                                        # "visible" is the packed pairs' share of the causal ones.
+//   attention_bench --doc-lengths=FILE [...]  # as --packed, the documents' lengths drawn (uniformly,
+//                                        # with replacement) from FILE: whitespace-separated token
+//                                        # counts, e.g. a dataset's measured conversation lengths
 //
 // Each figure is the median of 20 timed runs (CUDA events around each run) after 3 warm-up runs;
 // inputs are uniform random in [-2, 2) generated on the device.
@@ -13,9 +23,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +35,7 @@
 #include "cuda/attention.h"
 #include "cuda/attention_cudnn.h"
 #include "cuda/check.h"
+#include "core/rng.h"
 
 namespace {
 
@@ -75,7 +88,61 @@ float median_ms(F&& f, int warmup = 3, int iters = 20) {
     return ms[iters / 2];
 }
 
-void bench(const AttentionShape& s, DType dt, AttentionBackend be) {
+// Where packed documents' lengths come from: exponential with mean `mean`, or drawn from `lengths`.
+struct DocLengths {
+    double mean = 0;
+    std::vector<int> lengths;
+    bool on() const { return mean > 0 || !lengths.empty(); }
+    int draw(qtrain::Rng& r) const {
+        if (!lengths.empty()) return lengths[r.below(lengths.size())];
+        const double u = std::max(1e-12, 1.0 - r.uniform());
+        return std::max(1, static_cast<int>(std::lround(-mean * std::log(u))));
+    }
+};
+
+std::vector<int> read_lengths(const char* path) {
+    std::ifstream f(path);
+    QT_CHECK(f, "--doc-lengths=", path, ": cannot open the file");
+    std::vector<int> v;
+    long long x = 0;
+    while (f >> x) {
+        QT_CHECK(x >= 1 && x <= (1 << 30), "--doc-lengths=", path, ": length ", x, " (entry ", v.size() + 1,
+                 ") is not a positive token count");
+        v.push_back(static_cast<int>(x));
+    }
+    QT_CHECK(f.eof(), "--doc-lengths=", path, ": entry ", v.size() + 1, " is not a number");
+    QT_CHECK(!v.empty(), "--doc-lengths=", path, ": no lengths in the file");
+    return v;
+}
+
+// Batch::positions of B rows packed with documents of the given lengths (each cut at its row's
+// end), and the share of the causal (query, key) pairs that stay visible.
+std::vector<int32_t> packed_positions(const AttentionShape& s, const DocLengths& docs, uint64_t seed,
+                                      double* visible) {
+    qtrain::Rng r(seed);
+    std::vector<int32_t> pos;
+    double pairs = 0;
+    for (int b = 0; b < s.B; ++b) {
+        int t = 0;
+        while (t < s.T) {
+            const int len = std::min(s.T - t, docs.draw(r));
+            for (int p = 0; p < len; ++p) pos.push_back(p);
+            pairs += 0.5 * len * (len + 1.0);
+            t += len;
+        }
+    }
+    *visible = pairs / (s.B * 0.5 * s.T * (s.T + 1.0));
+    return pos;
+}
+
+void bench(const AttentionShape& s, DType dt, AttentionBackend be, const DocLengths* docs = nullptr) {
+    int32_t* positions = nullptr;
+    double visible = 1;
+    if (docs) {
+        const std::vector<int32_t> pos = packed_positions(s, *docs, 1234, &visible);
+        CUDA_CHECK(cudaMalloc(&positions, pos.size() * sizeof(int32_t)));
+        CUDA_CHECK(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    }
     const size_t n_tok = static_cast<size_t>(s.B) * s.T;
     const size_t n_qkv = n_tok * (s.Hq + 2 * s.Hkv) * s.D, n_out = n_tok * s.Hq * s.D;
     void* qkv = alloc_random(n_qkv, dt, 1);
@@ -88,23 +155,37 @@ void bench(const AttentionShape& s, DType dt, AttentionBackend be) {
     const size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
     CUDA_CHECK(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 256)));
 
-    const float fwd_ms = median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr, nullptr, be, ws); });
-    const float bwd_ms =
-        median_ms([&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, 1, be); });
+    const float fwd_ms =
+        median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr, nullptr, be, ws, positions); });
+    const float bwd_ms = median_ms(
+        [&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, 1, be, positions); });
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
     const double bwd_flops = 2.5 * fwd_flops;
-    std::printf("%-11s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
+    const std::string label = std::string(dt != DType::BF16                   ? "fp32"
+                                          : be == AttentionBackend::Cudnn ? "bf16-cudnn"
+                                                                          : "bf16-flash") +
+                              (positions ? "-packed" : "");
+    if (positions) {
+        if (docs->lengths.empty())
+            std::printf("            (packed: documents of mean %.0f tokens, %.1f%% of the causal pairs visible)\n",
+                        docs->mean, 100.0 * visible);
+        else
+            std::printf("            (packed: documents drawn from %zu lengths, %.1f%% of the causal pairs visible)\n",
+                        docs->lengths.size(), 100.0 * visible);
+    }
+    std::printf("%-18s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
                 " | fwd+bwd %7.1f TFLOP/s | bwd workspace %.1f MiB\n",
-                dt != DType::BF16 ? "fp32" : be == AttentionBackend::Cudnn ? "bf16-cudnn" : "bf16-flash", s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
+                label.c_str(), s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
                 bwd_ms, bwd_flops / bwd_ms * 1e-9, (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9,
                 ws_bytes / 1048576.0);
     if (be == AttentionBackend::Cudnn)  // what --plan-only assumes without a GPU
         std::printf("            (workspace estimate without a GPU: %.1f MiB)\n",
                     qtrain::detail::cudnn_attention_backward_workspace_estimate(s) / 1048576.0);
     std::fflush(stdout);
-    for (void* p : {qkv, dout, out, dqkv, ws, static_cast<void*>(lse)}) CUDA_CHECK(cudaFree(p));
+    for (void* p : {qkv, dout, out, dqkv, ws, static_cast<void*>(lse), static_cast<void*>(positions)})
+        CUDA_CHECK(cudaFree(p));
 }
 
 }  // namespace
@@ -114,8 +195,14 @@ int main(int argc, char** argv) {
         DType dt = DType::BF16;
         std::vector<AttentionBackend> backends{AttentionBackend::Flash, AttentionBackend::Cudnn};
         std::vector<int> nums;
+        DocLengths docs;
         for (int i = 1; i < argc; ++i) {
-            if (std::strcmp(argv[i], "--fp32") == 0)
+            if (std::strncmp(argv[i], "--packed=", 9) == 0) {
+                docs.mean = std::atof(argv[i] + 9);
+                QT_CHECK(docs.mean >= 1, "--packed=", argv[i] + 9, ": the mean document length must be >= 1");
+            } else if (std::strncmp(argv[i], "--doc-lengths=", 14) == 0) {
+                docs.lengths = read_lengths(argv[i] + 14);
+            } else if (std::strcmp(argv[i], "--fp32") == 0)
                 dt = DType::F32;
             else if (std::strcmp(argv[i], "--flash") == 0)
                 backends = {AttentionBackend::Flash};
@@ -127,6 +214,13 @@ int main(int argc, char** argv) {
         std::vector<AttentionShape> shapes;
         if (nums.size() == 5) {
             shapes.push_back({nums[0], nums[1], nums[2], nums[3], nums[4]});
+        } else if (nums.empty() && docs.on()) {
+            shapes = {
+                {8, 2048, 14, 2, 64},    // Qwen2.5-0.5B at seq 2048
+                {4, 4096, 14, 2, 64},    // 0.5B at seq 4096
+                {8, 2048, 12, 2, 128},   // Qwen2.5-1.5B at seq 2048
+                {4, 4096, 12, 2, 128},   // 1.5B at seq 4096
+            };
         } else if (nums.empty()) {
             shapes = {
                 {32, 1024, 14, 2, 64},   // Qwen2.5-0.5B, batch 32
@@ -135,7 +229,7 @@ int main(int argc, char** argv) {
                 {4, 1024, 28, 4, 128},   // Qwen2.5-7B, batch 4
             };
         } else {
-            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [B T Hq Hkv D]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN | --doc-lengths=FILE] [B T Hq Hkv D]\n", argv[0]);
             return 2;
         }
         cudaDeviceProp prop{};
@@ -148,7 +242,10 @@ int main(int argc, char** argv) {
             std::erase(backends, AttentionBackend::Cudnn);
         }
         for (const auto& s : shapes)
-            for (AttentionBackend be : backends) bench(s, dt, be);
+            for (AttentionBackend be : backends) {
+                bench(s, dt, be);
+                if (docs.on() && be == AttentionBackend::Flash) bench(s, dt, be, &docs);
+            }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

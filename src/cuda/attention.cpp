@@ -38,6 +38,15 @@ bool use_cudnn(DType dtype, AttentionBackend backend) {
     return dtype == DType::BF16 && backend == AttentionBackend::Cudnn;
 }
 
+// Document masking runs on qtrain's kernels only: cuDNN's variable-length attention takes one
+// sequence per (ragged) batch entry, a graph shape fixed at build time, not block-causal masks over
+// packed rows (docs/design.md, "GPU attention").
+void check_no_cudnn_positions(DType dtype, AttentionBackend backend, const int32_t* positions, const char* what) {
+    QT_CHECK(!positions || !use_cudnn(dtype, backend), what,
+             ": document masking (positions) is not supported by the cuDNN attention backend; use the flash "
+             "backend (--attention=flash or auto)");
+}
+
 }  // namespace
 
 bool attention_backend_available(AttentionBackend backend, std::string* why) {
@@ -46,19 +55,23 @@ bool attention_backend_available(AttentionBackend backend, std::string* why) {
 }
 
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& s,
-                       cudaStream_t stream, float* amax, AttentionBackend backend, void* workspace) {
+                       cudaStream_t stream, float* amax, AttentionBackend backend, void* workspace,
+                       const int32_t* positions) {
     check_shape(dtype, s, "attention_forward");
     check_ptr(out, 16, "attention_forward", "out");
     check_ptr(lse, 4, "attention_forward", "lse");
     check_ptr(qkv, 16, "attention_forward", "qkv");
     QT_CHECK(!amax || dtype == DType::BF16, "attention_forward: the fused abs-max is for bf16 (FP8 training) only");
+    check_no_cudnn_positions(dtype, backend, positions, "attention_forward");
+    if (positions) check_ptr(positions, 4, "attention_forward", "positions");
     if (use_cudnn(dtype, backend)) {
         detail::cudnn_attention_forward(out, lse, qkv, workspace, s, stream);
         if (amax) cuda::abs_max(amax, DType::BF16, out, static_cast<int64_t>(s.B) * s.T * s.Hq * s.D, stream);
     } else if (dtype == DType::BF16) {
-        detail::flash_attention_forward(out, lse, qkv, s, stream, amax);
+        detail::flash_attention_forward(out, lse, qkv, s, stream, amax, positions);
     } else
-        detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream);
+        detail::fp32_attention_forward(static_cast<float*>(out), lse, static_cast<const float*>(qkv), s, stream,
+                                       positions);
 }
 
 // The shape of one chunk of the backward (B / chunks sequences), after checking chunks divides B.
@@ -83,8 +96,10 @@ std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape
 
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream, int chunks,
-                        AttentionBackend backend) {
+                        AttentionBackend backend, const int32_t* positions) {
     check_shape(dtype, s, "attention_backward");
+    check_no_cudnn_positions(dtype, backend, positions, "attention_backward");
+    if (positions) check_ptr(positions, 4, "attention_backward", "positions");
     const AttentionShape c = chunk_shape(s, chunks, "attention_backward");
     check_ptr(dqkv, 16, "attention_backward", "dqkv");
     check_ptr(dout, 16, "attention_backward", "dout");
@@ -108,14 +123,15 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
         const char* qkv_i = static_cast<const char*>(qkv) + i * qkv_step;
         const char* out_i = static_cast<const char*>(out) + i * out_step;
         const float* lse_i = lse + i * lse_step;
+        const int32_t* pos_i = positions ? positions + i * rows : nullptr;  // c.B*T tokens per chunk
         if (use_cudnn(dtype, backend))
             detail::cudnn_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, workspace, c, stream);
         else if (dtype == DType::BF16)
-            detail::flash_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, delta, c, stream);
+            detail::flash_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, delta, c, stream, pos_i);
         else
             detail::fp32_attention_backward(reinterpret_cast<float*>(dqkv_i), reinterpret_cast<const float*>(dout_i),
                                             reinterpret_cast<const float*>(qkv_i),
-                                            reinterpret_cast<const float*>(out_i), lse_i, delta, c, stream);
+                                            reinterpret_cast<const float*>(out_i), lse_i, delta, c, stream, pos_i);
     }
 }
 

@@ -7,6 +7,14 @@
 //   dqkv  same layout as qkv; the backward WRITES every element (no accumulation)
 // Query head h reads kv head h / (Hq / Hkv); scale 1/sqrt(D); causal (key s <= query t).
 //
+// Document masking (packed rows, Batch::positions): positions [B*T] int32 on the device, the RoPE
+// position of every token (0 at each document's first token, +1 per token after it; documents are
+// contiguous runs). Query t then sees keys t - positions[b*T + t] <= s <= t only: attention never
+// crosses a document boundary. nullptr: plain causal (and the plain kernels, bit for bit). The
+// kernels trust the form (0 <= positions[t] <= t, each run 0, 1, 2, ...): the caller checks it
+// (CudaModel::upload_batch). Flash and the fp32 kernels only; the cuDNN backend refuses positions
+// (attention_choice.cpp picks Flash for --document-masking).
+//
 // Implementations behind one API:
 //   BF16, AttentionBackend::Flash: our flash attention (tensor cores, mma.sync), bf16 in/out, fp32
 //         softmax and accumulation.
@@ -24,6 +32,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -48,9 +57,11 @@ bool attention_backend_available(AttentionBackend backend, std::string* why = nu
 // zeroed by the launcher, integer atomicMax on the |x| bit patterns as fp8.h's abs_max; Cudnn: one
 // abs_max pass over out after the attention).
 // workspace: Cudnn only (Flash needs none), sized by attention_backward_workspace_bytes.
+// positions: document masking (see the top), or nullptr.
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
                        cudaStream_t stream, float* amax = nullptr,
-                       AttentionBackend backend = AttentionBackend::Flash, void* workspace = nullptr);
+                       AttentionBackend backend = AttentionBackend::Flash, void* workspace = nullptr,
+                       const int32_t* positions = nullptr);
 
 // Bytes of scratch the backward needs, rounded up to 256; 0 if none. chunks must divide B (see
 // attention_backward). Flash: rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats.
@@ -65,20 +76,23 @@ std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape
 // (chunks must divide B), reusing one workspace sized by attention_backward_workspace_bytes(..., chunks).
 // Every sequence's attention is independent and the kernels index only within a sequence, so the
 // result is bit-identical to chunks = 1; only the workspace (and the launch count) differs.
+// positions: the forward's (document masking), or nullptr.
 void attention_backward(DType dtype, void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, void* workspace, const AttentionShape& shape, cudaStream_t stream,
-                        int chunks = 1, AttentionBackend backend = AttentionBackend::Flash);
+                        int chunks = 1, AttentionBackend backend = AttentionBackend::Flash,
+                        const int32_t* positions = nullptr);
 
 // Implementation entry points (already validated arguments); the functions above dispatch to them.
 namespace detail {
+// positions: null (plain causal) or the [s.B * s.T] positions of these sequences.
 void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream,
-                             float* amax);
+                             float* amax, const int32_t* positions);
 void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-                              float* delta, const AttentionShape& s, cudaStream_t stream);
+                              float* delta, const AttentionShape& s, cudaStream_t stream, const int32_t* positions);
 void fp32_attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const int32_t* positions);
 void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             float* delta, const AttentionShape& s, cudaStream_t stream);
+                             float* delta, const AttentionShape& s, cudaStream_t stream, const int32_t* positions);
 }  // namespace detail
 
 }  // namespace qtrain

@@ -122,6 +122,27 @@ __device__ __forceinline__ void load_tile_async(bf16* smem, const bf16* gmem, in
     }
 }
 
+// ---- document masking (attention.h: positions) ----
+// Query t of a packed row sees keys doc_start(t) <= s <= t, doc_start(t) = t - positions[t] (the first
+// token of its document). Documents are contiguous runs, so doc_start is non-decreasing along a row:
+// the first row of a tile has the tile's smallest bound and the last its largest, which is what lets
+// the kernels skip whole tiles. pos_row: the row's positions (positions + b * T).
+__device__ __forceinline__ int doc_start(const int32_t* __restrict__ pos_row, int t) { return t - pos_row[t]; }
+
+// One past the last query that can see key s (the end of s's document): the smallest t in (s, T)
+// whose document starts after s, or T. Binary search over the non-decreasing doc_start.
+__device__ __forceinline__ int doc_end(const int32_t* __restrict__ pos_row, int s, int T) {
+    int lo = s + 1, hi = T;  // the answer is in [lo, hi]; every probed mid < hi <= T is a valid index
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (doc_start(pos_row, mid) > s)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 // ---- backward preprocessing ----
 // delta[b, h, t] = sum_d dout[n, h*D + d] * out[n, h*D + d], n = b*T + t: one 8-lane team per (n, h)
 // row, 16-byte loads (a warp reads 4 consecutive rows = contiguous memory), fixed-order reduction.

@@ -20,6 +20,12 @@
 //    they re-read them from shared memory (dK + dV accumulators alone are 128 registers there).
 //  - Masking only on blocks that cross the diagonal or the end of the sequence; fully masked warp
 //    tiles are skipped. exp2 with a pre-multiplied scale, as in the forward.
+//  - Document masking (kDoc, positions given; a separate instantiation, plain causal unchanged): key
+//    s is seen only by the queries of its own document, s <= t < doc_end(s). The dK/dV kernel visits
+//    the query blocks from its first key's block to the block holding the last query of its last
+//    key's document (found by a binary search over the row's positions), keeps the query blocks'
+//    positions in shared memory next to lse and delta, and masks t - pos[t] > s where a block holds
+//    a query of a later document; the dQ kernel starts at its first query's document, as the forward.
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -43,13 +49,15 @@ struct DkvTile {
     static constexpr bool kKVInRegs = D <= 64;
     // K, V (one stage) + Q, dO (two stages) as bf16; lse, delta (two stages) as fp32.
     static constexpr int kSmemBytes = (2 * kBc + 4 * kBr) * kS * 2 + 4 * kBr * 4;
+    // document masking: the query blocks' positions (two stages, int32) after them
+    static constexpr int kDocSmemBytes = 2 * kBr * 4;
 };
 
-template <int D>
+template <int D, bool kDoc>
 __global__ void __launch_bounds__(DkvTile<D>::kThreads)
     flash_bwd_dkdv_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                           const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                          float scale, float scale_log2) {
+                          float scale, float scale_log2, const int32_t* __restrict__ positions) {
     using Tile = DkvTile<D>;
     constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kS = Tile::kS, kThreads = Tile::kThreads;
     constexpr int kDT = D / 8, kDK = D / 16;
@@ -63,6 +71,7 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
     bf16* sdO = sQ + 2 * kBr * kS;                  // [2][kBr][kS]
     float* sL = reinterpret_cast<float*>(sdO + 2 * kBr * kS);  // [2][kBr] lse (natural log)
     float* sDel = sL + 2 * kBr;                                 // [2][kBr]
+    int32_t* sPos = reinterpret_cast<int32_t*>(sDel + 2 * kBr);  // [2][kBr] (kDoc only)
 
     const int kb = blockIdx.x;  // key block; 0 (the most query blocks to visit) launches first
     const int kvh = blockIdx.y, b = blockIdx.z;
@@ -79,9 +88,11 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
     const int key_lo = kw0 + g, key_hi = kw0 + g + 8;
 
     const int qb_first = k0 / kBr;  // first query block holding a query >= k0
-    const int n_qb = (T + kBr - 1) / kBr;
-    const int n_per_head = n_qb - qb_first;
-    const int n_steps = group * n_per_head;
+    const int32_t* pos_row = kDoc ? positions + static_cast<int64_t>(b) * T : nullptr;
+    // With documents, the query blocks end where the last key's document does; that binary search
+    // runs after the first loads are issued (step 0 is the first query block of the first head
+    // whatever the count, so 1 stands in for it until then).
+    int n_per_head = kDoc ? 1 : (T + kBr - 1) / kBr - qb_first;
 
     // Loads of step `it` (head kvh*group + it / n_per_head, query block qb_first + it % n_per_head).
     auto load_step = [&](int it, int st) {
@@ -96,12 +107,21 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
             const float* src = (i < kBr ? lse : delta) + row + (valid ? q0 + r : 0);
             cp_async_4((i < kBr ? sL : sDel) + st * kBr + r, src, valid);
         }
+        if constexpr (kDoc) {  // positions of the block's queries (0 past T: those queries are masked anyway)
+            for (int r = threadIdx.x; r < kBr; r += kThreads) {
+                const bool valid = q0 + r < T;
+                cp_async_4(sPos + st * kBr + r, pos_row + (valid ? q0 + r : 0), valid);
+            }
+        }
     };
 
     load_tile_async<kBc, D, kThreads>(sK, seq + (Hq + kvh) * D, ld, k0, T);
     load_tile_async<kBc, D, kThreads>(sV, seq + (Hq + Hkv + kvh) * D, ld, k0, T);
     load_step(0, 0);
     cp_async_commit();
+    if constexpr (kDoc)  // no query past the end of the last key's document sees a key of this CTA
+        n_per_head = (doc_end(pos_row, min(k0 + kBc, T) - 1, T) - 1) / kBr + 1 - qb_first;
+    const int n_steps = group * n_per_head;
 
     float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -133,9 +153,13 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
         const bf16* cdO = sdO + st * kBr * kS;
         const float* cL = sL + st * kBr;
         const float* cDel = sDel + st * kBr;
+        const int32_t* cPos = sPos + st * kBr;
         const int q0 = (qb_first + it % n_per_head) * kBr;
+        const int q_last = min(q0 + kBr, T) - 1;  // the block's last valid query (q0 < T)
 
-        if (min(q0 + kBr, T) - 1 >= kw0) {  // some (query >= key) pair with a valid query exists
+        // some (query >= key) pair with a valid query exists; with documents, the block's first query
+        // (the smallest bound) does not start after this warp's last key
+        if (q_last >= kw0 && (!kDoc || q0 - cPos[0] <= kw0 + 15)) {
             // S^T = K Q^T: 16 keys x kBr queries.
             float s[kQT][4];
 #pragma unroll
@@ -157,7 +181,8 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
                 }
             }
             // P^T = exp(S^T * scale - lse[query]); zero where query < key or query >= T.
-            const bool need_mask = q0 < kw0 + 15 || q0 + kBr > T;
+            // (with documents also where the block's last query's document starts after the warp's first key)
+            const bool need_mask = q0 < kw0 + 15 || q0 + kBr > T || (kDoc && q_last - cPos[q_last - q0] > kw0);
 #pragma unroll
             for (int n = 0; n < kQT; ++n)
 #pragma unroll
@@ -167,7 +192,7 @@ __global__ void __launch_bounds__(DkvTile<D>::kThreads)
                     if (need_mask) {
                         const int q = q0 + qi;
                         const int key = e < 2 ? key_lo : key_hi;
-                        if (q < key || q >= T) p = 0.0f;
+                        if (q < key || q >= T || (kDoc && q - cPos[qi] > key)) p = 0.0f;
                     }
                     s[n][e] = p;
                 }
@@ -272,11 +297,11 @@ struct DqTile {
     static constexpr int kSmemBytes = (2 * kBr + 4 * kBc) * kS * 2;  // Q, dO + 2 stages of K, V
 };
 
-template <int D>
+template <int D, bool kDoc>
 __global__ void __launch_bounds__(DqTile<D>::kThreads)
     flash_bwd_dq_kernel(bf16* __restrict__ dqkv, const bf16* __restrict__ dout, const bf16* __restrict__ qkv,
                         const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                        float scale, float scale_log2) {
+                        float scale, float scale_log2, const int32_t* __restrict__ positions) {
     using Tile = DqTile<D>;
     constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kS = Tile::kS, kThreads = Tile::kThreads;
     constexpr int kDT = D / 8, kDK = D / 16, kNT = kBc / 8;
@@ -303,12 +328,26 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
     const int wq0 = q0 + warp * 16;
     const int row_lo = wq0 + g, row_hi = wq0 + g + 8;
     const int n_kb = (min(q0 + kBr, T) - 1) / kBc + 1;
+    // Document masking, as in the forward: first key block, per-row bounds, the warp's smallest and
+    // largest bound.
+    // (read after the Q and dO loads are issued, so the positions' latency overlaps them)
+    int j0 = 0, lo_row[2] = {0, 0}, warp_lo_min = 0, warp_lo_max = 0;
 
     load_tile_async<kBr, D, kThreads>(sQ, seq + h * D, ld, q0, T);
     load_tile_async<kBr, D, kThreads>(sdO, dout + static_cast<int64_t>(b) * T * ldo + h * D, ldo, q0, T);
     cp_async_commit();
-    load_tile_async<kBc, D, kThreads>(sK, gk, ld, 0, T);
-    load_tile_async<kBc, D, kThreads>(sV, gv, ld, 0, T);
+    if constexpr (kDoc) {
+        const int32_t* pos_row = positions + static_cast<int64_t>(b) * T;
+        j0 = doc_start(pos_row, q0) / kBc;
+        if (row_lo < T) lo_row[0] = doc_start(pos_row, row_lo);
+        if (row_hi < T) lo_row[1] = doc_start(pos_row, row_hi);
+        if (wq0 < T) {
+            warp_lo_min = doc_start(pos_row, wq0);
+            warp_lo_max = doc_start(pos_row, min(wq0 + 15, T - 1));
+        }
+    }
+    load_tile_async<kBc, D, kThreads>(sK + (j0 & 1) * kBc * kS, gk, ld, j0 * kBc, T);
+    load_tile_async<kBc, D, kThreads>(sV + (j0 & 1) * kBc * kS, gv, ld, j0 * kBc, T);
     cp_async_commit();
 
     // Per-row constants of this thread's two rows (0 for rows past T: their results are dropped).
@@ -322,7 +361,7 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
     for (int n = 0; n < kDT; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
     uint32_t qf[kQInRegs ? kDK : 1][4], df[kQInRegs ? kDK : 1][4];
 
-    for (int j = 0; j < n_kb; ++j) {
+    for (int j = j0; j < n_kb; ++j) {
         if (j + 1 < n_kb) {
             const int st = (j + 1) & 1;
             load_tile_async<kBc, D, kThreads>(sK + st * kBc * kS, gk, ld, (j + 1) * kBc, T);
@@ -334,7 +373,7 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
         }
         __syncthreads();
         if constexpr (kQInRegs) {
-            if (j == 0) {
+            if (j == j0) {
 #pragma unroll
                 for (int kk = 0; kk < kDK; ++kk) {
                     ldmatrix_x4(qf[kk], a_frag_addr<kS>(sQ, warp * 16, kk * 16, lane));
@@ -346,7 +385,7 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
         const bf16* cV = sV + (j & 1) * kBc * kS;
         const int k0 = j * kBc;
 
-        if (wq0 < T && k0 <= wq0 + 15) {
+        if (wq0 < T && k0 <= wq0 + 15 && (!kDoc || k0 + kBc - 1 >= warp_lo_min)) {
             float s[kNT][4], dp[kNT][4];
 #pragma unroll
             for (int n = 0; n < kNT; ++n)
@@ -375,7 +414,8 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
                 }
             }
             // dS = P * (dP - delta), P = exp(S * scale - lse), zero where key > row.
-            const bool need_mask = k0 + kBc - 1 > wq0;
+            // (with documents also where the block starts before the warp's last row's document)
+            const bool need_mask = k0 + kBc - 1 > wq0 || (kDoc && k0 < warp_lo_max);
 #pragma unroll
             for (int n = 0; n < kNT; ++n)
 #pragma unroll
@@ -384,7 +424,7 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
                     float p = exp2f(fmaf(s[n][e], scale_log2, -lse2[r]));
                     if (need_mask) {
                         const int key = k0 + n * 8 + 2 * c + (e & 1);
-                        if (key > (r ? row_hi : row_lo)) p = 0.0f;
+                        if (key > (r ? row_hi : row_lo) || (kDoc && key < lo_row[r])) p = 0.0f;
                     }
                     dp[n][e] = p * (dp[n][e] - del[r]);
                 }
@@ -425,9 +465,9 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
     }
 }
 
-template <int D>
+template <int D, bool kDoc>
 void launch_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, float* delta,
-                const AttentionShape& s, cudaStream_t stream) {
+                const AttentionShape& s, cudaStream_t stream, const int32_t* positions) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const float scale_log2 = scale * kLog2e;
     auto* dq = static_cast<bf16*>(dqkv);
@@ -440,20 +480,21 @@ void launch_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, 
 
     {
         using Tile = DkvTile<D>;
-        auto kernel = flash_bwd_dkdv_kernel<D>;
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+        auto kernel = flash_bwd_dkdv_kernel<D, kDoc>;
+        constexpr int smem = Tile::kSmemBytes + (kDoc ? Tile::kDocSmemBytes : 0);
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         const dim3 grid((s.T + Tile::kBc - 1) / Tile::kBc, s.Hkv, s.B);
-        kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(dq, go, x, lse, delta, s.T, s.Hq, s.Hkv, scale,
-                                                                   scale_log2);
+        kernel<<<grid, Tile::kThreads, smem, stream>>>(dq, go, x, lse, delta, s.T, s.Hq, s.Hkv, scale, scale_log2,
+                                                       positions);
         CUDA_CHECK(cudaGetLastError());
     }
     {
         using Tile = DqTile<D>;
-        auto kernel = flash_bwd_dq_kernel<D>;
+        auto kernel = flash_bwd_dq_kernel<D, kDoc>;
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
         const dim3 grid((s.T + Tile::kBr - 1) / Tile::kBr, s.Hq, s.B);
         kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(dq, go, x, lse, delta, s.T, s.Hq, s.Hkv, scale,
-                                                                   scale_log2);
+                                                                   scale_log2, positions);
         CUDA_CHECK(cudaGetLastError());
     }
 }
@@ -463,11 +504,17 @@ void launch_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, 
 
 namespace detail {
 void flash_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-                              float* delta, const AttentionShape& s, cudaStream_t stream) {
-    if (s.D == 64)
-        attn::launch_bwd<64>(dqkv, dout, qkv, out, lse, delta, s, stream);
-    else
-        attn::launch_bwd<128>(dqkv, dout, qkv, out, lse, delta, s, stream);
+                              float* delta, const AttentionShape& s, cudaStream_t stream, const int32_t* positions) {
+    if (positions) {
+        if (s.D == 64)
+            attn::launch_bwd<64, true>(dqkv, dout, qkv, out, lse, delta, s, stream, positions);
+        else
+            attn::launch_bwd<128, true>(dqkv, dout, qkv, out, lse, delta, s, stream, positions);
+    } else if (s.D == 64) {
+        attn::launch_bwd<64, false>(dqkv, dout, qkv, out, lse, delta, s, stream, nullptr);
+    } else {
+        attn::launch_bwd<128, false>(dqkv, dout, qkv, out, lse, delta, s, stream, nullptr);
+    }
 }
 }  // namespace detail
 

@@ -16,6 +16,11 @@
 //  - Heaviest query blocks launch first (blockIdx.x reversed) so the causal triangle's long CTAs
 //    don't form the tail.
 //  - Rows with t >= T (T not a multiple of 128) are zero-filled on load and never stored.
+//  - Document masking (kDoc, positions given): query t also needs key >= doc_start(t). Bounds are
+//    non-decreasing along the row, so the CTA starts at the key block holding its first query's
+//    bound (earlier blocks are another document's), a warp skips blocks that end before its first
+//    row's bound, and the elementwise mask runs only where a block crosses the diagonal or starts
+//    before the warp's last row's bound. A separate instantiation: plain causal is unchanged.
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -41,10 +46,10 @@ struct FwdTile {
 // bf16 kernel is unchanged. For D = 64, min 2 CTAs per SM keeps the amax variant at 128 registers
 // (at 129, rounded to 136 per thread, only one 256-thread CTA would fit an SM); D = 128 runs one CTA
 // per SM either way.
-template <int D, bool kAmax>
+template <int D, bool kAmax, bool kDoc>
 __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
     flash_fwd_kernel(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, int T, int Hq,
-                     int Hkv, float scale_log2, float* __restrict__ amax) {
+                     int Hkv, float scale_log2, float* __restrict__ amax, const int32_t* __restrict__ positions) {
     using Tile = FwdTile<D>;
     constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kS = Tile::kS, kThreads = Tile::kThreads;
     constexpr int kDT = D / 8;   // 8-wide column tiles of O
@@ -72,11 +77,26 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
     const int wq0 = q0 + warp * 16;  // first query row of this warp
     const int row_lo = wq0 + g, row_hi = wq0 + g + 8;
     const int n_kb = (min(q0 + kBr, T) - 1) / kBc + 1;  // causal: key blocks up to the last valid row
+    // Document masking: the first key block (that of the CTA's first query's document start), each
+    // row's lower key bound (rows past T keep 0: their results are dropped), and the smallest and
+    // largest bound among the warp's valid rows (its first and last; see the header).
+    // (read after Q's load is issued, so the positions' latency overlaps it)
+    int j0 = 0, lo_row[2] = {0, 0}, warp_lo_min = 0, warp_lo_max = 0;
 
     load_tile_async<kBr, D, kThreads>(sQ, gq, ld, q0, T);
     cp_async_commit();
-    load_tile_async<kBc, D, kThreads>(sK, gk, ld, 0, T);
-    load_tile_async<kBc, D, kThreads>(sV, gv, ld, 0, T);
+    if constexpr (kDoc) {
+        const int32_t* pos_row = positions + static_cast<int64_t>(b) * T;
+        j0 = doc_start(pos_row, q0) / kBc;  // q0 < T: the grid covers T
+        if (row_lo < T) lo_row[0] = doc_start(pos_row, row_lo);
+        if (row_hi < T) lo_row[1] = doc_start(pos_row, row_hi);
+        if (wq0 < T) {
+            warp_lo_min = doc_start(pos_row, wq0);
+            warp_lo_max = doc_start(pos_row, min(wq0 + 15, T - 1));
+        }
+    }
+    load_tile_async<kBc, D, kThreads>(sK + (j0 & 1) * kBc * kS, gk, ld, j0 * kBc, T);
+    load_tile_async<kBc, D, kThreads>(sV + (j0 & 1) * kBc * kS, gv, ld, j0 * kBc, T);
     cp_async_commit();
 
     float o[kDT][4];
@@ -86,7 +106,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
     float l[2] = {0.0f, 0.0f};        // this thread's partial row sums (quad-reduced at the end)
     uint32_t qf[kDK][4];
 
-    for (int j = 0; j < n_kb; ++j) {
+    for (int j = j0; j < n_kb; ++j) {
         if (j + 1 < n_kb) {
             const int st = (j + 1) & 1;
             load_tile_async<kBc, D, kThreads>(sK + st * kBc * kS, gk, ld, (j + 1) * kBc, T);
@@ -97,7 +117,7 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (j == 0) {
+        if (j == j0) {
 #pragma unroll
             for (int kk = 0; kk < kDK; ++kk) ldmatrix_x4(qf[kk], a_frag_addr<kS>(sQ, warp * 16, kk * 16, lane));
         }
@@ -105,7 +125,8 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
         const bf16* cV = sV + (j & 1) * kBc * kS;
         const int k0 = j * kBc;
 
-        if (wq0 < T && k0 <= wq0 + 15) {  // some row of this warp sees some key of this block
+        // some row of this warp sees some key of this block (with documents: not all before its bounds)
+        if (wq0 < T && k0 <= wq0 + 15 && (!kDoc || k0 + kBc - 1 >= warp_lo_min)) {
             float s[kNT][4];
 #pragma unroll
             for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -126,7 +147,15 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
                     for (int e = 0; e < 4; ++e) {
                         const int key = k0 + n * 8 + 2 * c + (e & 1);
                         const int row = e < 2 ? row_lo : row_hi;
-                        if (key > row) s[n][e] = kNegInf;
+                        if (key > row || (kDoc && key < lo_row[e >> 1])) s[n][e] = kNegInf;
+                    }
+            } else if (kDoc && k0 < warp_lo_max) {  // block starts before some row's document: mask key < bound
+#pragma unroll
+                for (int n = 0; n < kNT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = k0 + n * 8 + 2 * c + (e & 1);
+                        if (key < lo_row[e >> 1]) s[n][e] = kNegInf;
                     }
             }
             // Online softmax in the log2 domain: x = s * scale * log2(e).
@@ -219,16 +248,18 @@ __global__ void __launch_bounds__(FwdTile<D>::kThreads, D == 64 ? 2 : 1)
 }
 
 template <int D>
-void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream, float* amax) {
+void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream, float* amax,
+                const int32_t* positions) {
     using Tile = FwdTile<D>;
-    auto kernel = amax ? flash_fwd_kernel<D, true> : flash_fwd_kernel<D, false>;
+    auto kernel = positions ? (amax ? flash_fwd_kernel<D, true, true> : flash_fwd_kernel<D, false, true>)
+                            : (amax ? flash_fwd_kernel<D, true, false> : flash_fwd_kernel<D, false, false>);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
     const dim3 grid((s.T + Tile::kBr - 1) / Tile::kBr, s.Hq, s.B);
     const float scale_log2 = (1.0f / std::sqrt(static_cast<float>(D))) * kLog2e;
     if (amax) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
     kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(static_cast<bf16*>(out), lse,
                                                                static_cast<const bf16*>(qkv), s.T, s.Hq, s.Hkv,
-                                                               scale_log2, amax);
+                                                               scale_log2, amax, positions);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -237,11 +268,11 @@ void launch_fwd(void* out, float* lse, const void* qkv, const AttentionShape& s,
 
 namespace detail {
 void flash_attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s, cudaStream_t stream,
-                             float* amax) {
+                             float* amax, const int32_t* positions) {
     if (s.D == 64)
-        attn::launch_fwd<64>(out, lse, qkv, s, stream, amax);
+        attn::launch_fwd<64>(out, lse, qkv, s, stream, amax, positions);
     else
-        attn::launch_fwd<128>(out, lse, qkv, s, stream, amax);
+        attn::launch_fwd<128>(out, lse, qkv, s, stream, amax, positions);
 }
 }  // namespace detail
 

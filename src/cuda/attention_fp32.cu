@@ -12,6 +12,9 @@
 //    its own row (conflict-free), unpadded where a warp reads one row across lanes.
 //  - Nothing here needs to be fast: CTAs are small (4 warps), tiles are reloaded per step with plain
 //    loads and no pipelining.
+//  - Document masking (positions non-null): a row's keys start at doc_start(t) (attention_common.cuh),
+//    bound 0 without positions, so the same code is the plain causal one then; the key (forward, dQ)
+//    or query (dK/dV) tiles outside the documents are not visited.
 #include <cmath>
 
 #include "cuda/attention.h"
@@ -67,7 +70,7 @@ constexpr int fwd32_smem_bytes() {
 template <int D>
 __global__ void __launch_bounds__(kThreads32)
     fp32_fwd_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ qkv, int T, int Hq,
-                    int Hkv, float scale_log2) {
+                    int Hkv, float scale_log2, const int32_t* __restrict__ positions) {
     constexpr int kPer = D / 32;
     extern __shared__ float smem32[];
     float* sQ = smem32;                  // [kFwdQ][D]
@@ -82,6 +85,8 @@ __global__ void __launch_bounds__(kThreads32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int q0 = qt * kFwdQ;
     const int n_kt = (min(q0 + kFwdQ, T) - 1) / kFwdK + 1;
+    const int32_t* pos_row = positions ? positions + static_cast<int64_t>(b) * T : nullptr;
+    const int kt0 = pos_row ? doc_start(pos_row, q0) / kFwdK : 0;  // earlier keys: other documents
 
     load_rows<kFwdQ, D, D>(sQ, seq + h * D, ld, q0, T);
 
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kThreads32)
         for (int i = 0; i < kPer; ++i) o[r][i] = 0.0f;
     }
 
-    for (int kt = 0; kt < n_kt; ++kt) {
+    for (int kt = kt0; kt < n_kt; ++kt) {
         __syncthreads();  // previous tile fully consumed
         load_rows<kFwdK, D, D + 1>(sK, seq + (Hq + kvh) * D, ld, kt * kFwdK, T);
         load_rows<kFwdK, D, D>(sV, seq + (Hq + Hkv + kvh) * D, ld, kt * kFwdK, T);
@@ -103,11 +108,13 @@ __global__ void __launch_bounds__(kThreads32)
         for (int r = 0; r < kRowsPerWarp; ++r) {
             const int row = q0 + warp * kRowsPerWarp + r;
             if (row >= T || kt * kFwdK > row) continue;  // warp-uniform
+            const int lo = pos_row ? doc_start(pos_row, row) : 0;  // the row's first visible key
+            if (kt * kFwdK + kFwdK - 1 < lo) continue;            // warp-uniform: another document
             const int key = kt * kFwdK + lane;
-            const bool valid = key <= row;
+            const bool valid = key <= row && key >= lo;
             const float s = valid ? row_dot<D>(sQ + (warp * kRowsPerWarp + r) * D, sK + lane * (D + 1)) * scale_log2
                                   : -INFINITY;
-            // Key kt*32 <= row is visible, so the tile max is finite.
+            // The tile meets [lo, row], so it holds a visible key and the tile max is finite.
             const float m_new = fmaxf(m[r], warp_max(s));
             const float alpha = exp2f(m[r] - m_new);
             const float p = valid ? exp2f(s - m_new) : 0.0f;
@@ -141,14 +148,14 @@ constexpr int kDkvK = 16, kDkvQ = 32, kKeysPerWarp = kDkvK / kWarps32;
 
 template <int D>
 constexpr int dkv32_smem_bytes() {
-    return (2 * kDkvK * D + 2 * kDkvQ * (D + 1) + 2 * kDkvQ) * 4;
+    return (2 * kDkvK * D + 2 * kDkvQ * (D + 1) + 3 * kDkvQ) * 4;
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads32)
     fp32_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout, const float* __restrict__ qkv,
                      const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                     float scale, float scale_log2) {
+                     float scale, float scale_log2, const int32_t* __restrict__ positions) {
     constexpr int kPer = D / 32;
     extern __shared__ float smem32[];
     float* sK = smem32;                      // [kDkvK][D]
@@ -157,6 +164,7 @@ __global__ void __launch_bounds__(kThreads32)
     float* sdO = sQ + kDkvQ * (D + 1);       // [kDkvQ][D + 1]
     float* sL = sdO + kDkvQ * (D + 1);       // [kDkvQ] lse * log2(e)
     float* sDel = sL + kDkvQ;                // [kDkvQ]
+    int* sLo = reinterpret_cast<int*>(sDel + kDkvQ);  // [kDkvQ] each query's first visible key (0: causal)
 
     const int k0 = blockIdx.x * kDkvK;
     const int kvh = blockIdx.y, b = blockIdx.z;
@@ -176,7 +184,10 @@ __global__ void __launch_bounds__(kThreads32)
 #pragma unroll
         for (int i = 0; i < kPer; ++i) dk[r][i] = dv[r][i] = 0.0f;
 
-    const int n_qt = (T + kDkvQ - 1) / kDkvQ;
+    const int32_t* pos_row = positions ? positions + static_cast<int64_t>(b) * T : nullptr;
+    // no query past the end of the last key's document sees a key of this CTA
+    const int q_end = pos_row ? doc_end(pos_row, min(k0 + kDkvK, T) - 1, T) : T;
+    const int n_qt = (q_end + kDkvQ - 1) / kDkvQ;
     for (int hh = 0; hh < group; ++hh) {
         const int h = kvh * group + hh;
         const float* glse = lse + (static_cast<int64_t>(b) * Hq + h) * T;
@@ -190,6 +201,7 @@ __global__ void __launch_bounds__(kThreads32)
                 const int t = q0 + threadIdx.x;
                 sL[threadIdx.x] = t < T ? glse[t] * kLog2e : 0.0f;
                 sDel[threadIdx.x] = t < T ? gdel[t] : 0.0f;
+                sLo[threadIdx.x] = pos_row && t < T ? doc_start(pos_row, t) : 0;
             }
             __syncthreads();
 #pragma unroll
@@ -198,7 +210,7 @@ __global__ void __launch_bounds__(kThreads32)
                 const int key = k0 + kr;
                 if (key >= T || q0 + kDkvQ - 1 < key) continue;  // warp-uniform: no query sees this key
                 const int q = q0 + lane;
-                const bool valid = q >= key && q < T;
+                const bool valid = q >= key && q < T && sLo[lane] <= key;
                 float p = 0.0f, ds = 0.0f;
                 if (valid) {
                     const float s = row_dot<D>(sQ + lane * (D + 1), sK + kr * D);
@@ -246,7 +258,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads32)
     fp32_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout, const float* __restrict__ qkv,
                    const float* __restrict__ lse, const float* __restrict__ delta, int T, int Hq, int Hkv,
-                   float scale, float scale_log2) {
+                   float scale, float scale_log2, const int32_t* __restrict__ positions) {
     constexpr int kPer = D / 32;
     extern __shared__ float smem32[];
     float* sQ = smem32;                 // [kDqQ][D]
@@ -263,6 +275,8 @@ __global__ void __launch_bounds__(kThreads32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int q0 = qt * kDqQ;
     const int n_kt = (min(q0 + kDqQ, T) - 1) / kDqK + 1;
+    const int32_t* pos_row = positions ? positions + static_cast<int64_t>(b) * T : nullptr;
+    const int kt0 = pos_row ? doc_start(pos_row, q0) / kDqK : 0;
 
     load_rows<kDqQ, D, D>(sQ, seq + h * D, ld, q0, T);
     load_rows<kDqQ, D, D>(sdO, dout + static_cast<int64_t>(b) * T * ldo + h * D, ldo, q0, T);
@@ -270,16 +284,18 @@ __global__ void __launch_bounds__(kThreads32)
     const float* glse = lse + (static_cast<int64_t>(b) * Hq + h) * T;
     const float* gdel = delta + (static_cast<int64_t>(b) * Hq + h) * T;
     float lse2[kDqRowsPerWarp], del[kDqRowsPerWarp], dq[kDqRowsPerWarp][kPer];
+    int lo[kDqRowsPerWarp];  // each row's first visible key (0: causal)
 #pragma unroll
     for (int r = 0; r < kDqRowsPerWarp; ++r) {
         const int row = q0 + warp * kDqRowsPerWarp + r;
         lse2[r] = row < T ? glse[row] * kLog2e : 0.0f;
         del[r] = row < T ? gdel[row] : 0.0f;
+        lo[r] = pos_row && row < T ? doc_start(pos_row, row) : 0;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) dq[r][i] = 0.0f;
     }
 
-    for (int kt = 0; kt < n_kt; ++kt) {
+    for (int kt = kt0; kt < n_kt; ++kt) {
         __syncthreads();
         load_rows<kDqK, D, D + 1>(sK, seq + (Hq + kvh) * D, ld, kt * kDqK, T);
         load_rows<kDqK, D, D + 1>(sV, seq + (Hq + Hkv + kvh) * D, ld, kt * kDqK, T);
@@ -288,10 +304,10 @@ __global__ void __launch_bounds__(kThreads32)
         for (int r = 0; r < kDqRowsPerWarp; ++r) {
             const int rr = warp * kDqRowsPerWarp + r;
             const int row = q0 + rr;
-            if (row >= T || kt * kDqK > row) continue;  // warp-uniform
+            if (row >= T || kt * kDqK > row || kt * kDqK + kDqK - 1 < lo[r]) continue;  // warp-uniform
             const int key = kt * kDqK + lane;
             float ds = 0.0f;
-            if (key <= row) {
+            if (key <= row && key >= lo[r]) {
                 const float s = row_dot<D>(sQ + rr * D, sK + lane * (D + 1));
                 const float dp = row_dot<D>(sdO + rr * D, sV + lane * (D + 1));
                 const float p = exp2f(fmaf(s, scale_log2, -lse2[r]));
@@ -316,18 +332,19 @@ __global__ void __launch_bounds__(kThreads32)
 }
 
 template <int D>
-void launch_fwd32(float* out, float* lse, const float* qkv, const AttentionShape& s, cudaStream_t stream) {
+void launch_fwd32(float* out, float* lse, const float* qkv, const AttentionShape& s, cudaStream_t stream,
+                  const int32_t* positions) {
     constexpr int smem = fwd32_smem_bytes<D>();
     CUDA_CHECK(cudaFuncSetAttribute(fp32_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid((s.T + kFwdQ - 1) / kFwdQ, s.Hq, s.B);
     const float scale_log2 = (1.0f / std::sqrt(static_cast<float>(D))) * kLog2e;
-    fp32_fwd_kernel<D><<<grid, kThreads32, smem, stream>>>(out, lse, qkv, s.T, s.Hq, s.Hkv, scale_log2);
+    fp32_fwd_kernel<D><<<grid, kThreads32, smem, stream>>>(out, lse, qkv, s.T, s.Hq, s.Hkv, scale_log2, positions);
     CUDA_CHECK(cudaGetLastError());
 }
 
 template <int D>
 void launch_bwd32(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                  float* delta, const AttentionShape& s, cudaStream_t stream) {
+                  float* delta, const AttentionShape& s, cudaStream_t stream, const int32_t* positions) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const float scale_log2 = scale * kLog2e;
     launch_attention_delta<float, D>(delta, dout, out, s.B, s.T, s.Hq, stream);
@@ -337,7 +354,7 @@ void launch_bwd32(float* dqkv, const float* dout, const float* qkv, const float*
         CUDA_CHECK(cudaFuncSetAttribute(fp32_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         const dim3 grid((s.T + kDkvK - 1) / kDkvK, s.Hkv, s.B);
         fp32_dkdv_kernel<D><<<grid, kThreads32, smem, stream>>>(dqkv, dout, qkv, lse, delta, s.T, s.Hq, s.Hkv,
-                                                                scale, scale_log2);
+                                                                scale, scale_log2, positions);
         CUDA_CHECK(cudaGetLastError());
     }
     {
@@ -345,7 +362,7 @@ void launch_bwd32(float* dqkv, const float* dout, const float* qkv, const float*
         CUDA_CHECK(cudaFuncSetAttribute(fp32_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         const dim3 grid((s.T + kDqQ - 1) / kDqQ, s.Hq, s.B);
         fp32_dq_kernel<D><<<grid, kThreads32, smem, stream>>>(dqkv, dout, qkv, lse, delta, s.T, s.Hq, s.Hkv, scale,
-                                                              scale_log2);
+                                                              scale_log2, positions);
         CUDA_CHECK(cudaGetLastError());
     }
 }
@@ -355,18 +372,18 @@ void launch_bwd32(float* dqkv, const float* dout, const float* qkv, const float*
 
 namespace detail {
 void fp32_attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const int32_t* positions) {
     if (s.D == 64)
-        attn::launch_fwd32<64>(out, lse, qkv, s, stream);
+        attn::launch_fwd32<64>(out, lse, qkv, s, stream, positions);
     else
-        attn::launch_fwd32<128>(out, lse, qkv, s, stream);
+        attn::launch_fwd32<128>(out, lse, qkv, s, stream, positions);
 }
 void fp32_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             float* delta, const AttentionShape& s, cudaStream_t stream) {
+                             float* delta, const AttentionShape& s, cudaStream_t stream, const int32_t* positions) {
     if (s.D == 64)
-        attn::launch_bwd32<64>(dqkv, dout, qkv, out, lse, delta, s, stream);
+        attn::launch_bwd32<64>(dqkv, dout, qkv, out, lse, delta, s, stream, positions);
     else
-        attn::launch_bwd32<128>(dqkv, dout, qkv, out, lse, delta, s, stream);
+        attn::launch_bwd32<128>(dqkv, dout, qkv, out, lse, delta, s, stream, positions);
 }
 }  // namespace detail
 

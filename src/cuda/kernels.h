@@ -45,12 +45,15 @@ void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, con
 // ---- rope.cu ----
 // Rotate-half RoPE on the q and k heads of the fused qkv buffer [B*T, (Hq + 2 Hkv) * D], in place.
 // cos_sin: [T, D/2] cos table followed by [T, D/2] sin table (fp32; built on the host exactly as HF).
-void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s);
+// positions (document masking, [B*T] int32 on the device, each in [0, T); may be null): token n rotates
+// by the angle of positions[n] instead of its index in the row, n % T.
+void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
+                  const int32_t* positions = nullptr);
 // The inverse rotation applied to the q and k gradients of dqkv, in place.
 // amax (FP8 gradients; may be null): *amax = max |dqkv| as stored over the whole tensor (q, k and the
 // untouched v part), for the QKV projection's gradient quantisation.
 void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
-                   float* amax = nullptr);
+                   float* amax = nullptr, const int32_t* positions = nullptr);
 
 // ---- qk_norm_rope.cu ----
 // Qwen3: per-head RMSNorm of the q and k heads (q_norm / k_norm over the head dim D, weights q_w and
@@ -59,9 +62,11 @@ void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, in
 // in fp32 from the pre-norm value, rounded to the act type once: qkv = rope(w * (x * rstd)),
 // rstd = 1/sqrt(mean(x^2) + eps). Kept for the backward: qk_pre [B*T, (Hq + Hkv) * D] (act type) =
 // the pre-norm q|k heads of each token, exactly as they were stored, and rstd [B*T, Hq + Hkv] (fp32).
-// qk_pre and rstd may be null (a forward without backward). D even, at most 512.
+// qk_pre and rstd may be null (a forward without backward). D even, at most 512. positions: as for
+// rope_forward (document masking; may be null).
 void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const void* q_w, const void* k_w,
-                          const float* cos_sin, int B, int T, int Hq, int Hkv, int D, float eps, cudaStream_t s);
+                          const float* cos_sin, int B, int T, int Hq, int Hkv, int D, float eps, cudaStream_t s,
+                          const int32_t* positions = nullptr);
 // The backward, in place on d_qkv: its q and k heads hold d(rope(norm(.))) and become d(pre-norm q|k)
 // (inverse rotation, then the RMSNorm backward; written, not accumulated); its v heads are not touched.
 // dw_q, dw_k [D] (fp32) += the weight gradients, deterministic (per-block partials in col_scratch,
@@ -71,7 +76,8 @@ void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const
 std::size_t qk_norm_rope_backward_scratch_floats(int B, int T, int Hq, int Hkv, int D);
 void qk_norm_rope_backward(DType act, void* d_qkv, float* dw_q, float* dw_k, float* col_scratch, const void* qk_pre,
                            const float* rstd, const void* q_w, const void* k_w, const float* cos_sin, int B, int T,
-                           int Hq, int Hkv, int D, cudaStream_t s, float* grad_amax = nullptr);
+                           int Hq, int Hkv, int D, cudaStream_t s, float* grad_amax = nullptr,
+                           const int32_t* positions = nullptr);
 
 // ---- swiglu.cu ----
 // gate_up rows are [gate (I) | up (I)]; out[n, i] = silu(gate) * up.

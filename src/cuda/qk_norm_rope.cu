@@ -96,7 +96,7 @@ __device__ __forceinline__ float group_sum(float v, int Gr) {
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_forward_kernel(
     T* qkv, T* qk_pre, float* rstd_out, const T* q_w, const T* k_w, const float* cos_sin, int T_len, int Hq,
-    int heads, int row_stride, int D, int Gr, int64_t rows, float eps) {
+    int heads, int row_stride, int D, int Gr, int64_t rows, float eps, const int32_t* positions) {
     using L = Layout<T, kVec>;
     constexpr int K = L::K;
     const int half = D / 2, j = threadIdx.x % Gr;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_forward_kernel(
     if (active) {
         const int64_t n = r / heads;
         h = static_cast<int>(r % heads);
-        t = static_cast<int>(n % T_len);
+        t = positions ? positions[n] : static_cast<int>(n % T_len);  // document masking: place in its document
         x = qkv + n * row_stride + static_cast<int64_t>(h) * D;
         L::load(a, b, x, j, Gr, half);
         if (qk_pre) L::store(qk_pre + r * D, a, b, j, Gr, half);  // values of T: stored exactly
@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_forward_kernel(
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads) qk_norm_rope_backward_kernel(
     T* dqkv, float* partial, const T* qk_pre, const float* rstd, const T* q_w, const T* k_w, const float* cos_sin,
-    int64_t N, int T_len, int Hq, int Hkv, int row_stride, int D, int Gr, int Gq, int Gk, float* amax) {
+    int64_t N, int T_len, int Hq, int Hkv, int row_stride, int D, int Gr, int Gq, int Gk, float* amax,
+    const int32_t* positions) {
     using L = Layout<T, kVec>;
     constexpr int K = L::K;
     __shared__ float red[2 * kThreads * K];  // [S, D]: S * D <= (kThreads / Gr) * (2 * Gr * K)
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_backward_kernel(
         if (active) {
             const int64_t n = rr / part_heads;
             const int h = head0 + static_cast<int>(rr % part_heads);
-            const int t = static_cast<int>(n % T_len);
+            const int t = positions ? positions[n] : static_cast<int>(n % T_len);
             const int64_t qr = n * heads + h;  // the row of qk_pre and rstd
             d = dqkv + n * row_stride + static_cast<int64_t>(h) * D;
             L::load(ga, gb, d, j, Gr, half);
@@ -277,7 +278,8 @@ BackwardGrid backward_grid(int64_t N, int Hq, int Hkv, int S) {
 }  // namespace
 
 void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const void* q_w, const void* k_w,
-                          const float* cos_sin, int B, int T, int Hq, int Hkv, int D, float eps, cudaStream_t s) {
+                          const float* cos_sin, int B, int T, int Hq, int Hkv, int D, float eps, cudaStream_t s,
+                          const int32_t* positions) {
     check_shape("qk_norm_rope_forward", D);
     const int heads = Hq + Hkv, row_stride = (Hq + 2 * Hkv) * D;
     const int64_t rows = static_cast<int64_t>(B) * T * heads;
@@ -289,7 +291,7 @@ void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const
         auto run = [&](auto kernel) {
             kernel<<<blocks, kThreads, 0, s>>>(static_cast<E*>(qkv), static_cast<E*>(qk_pre), rstd,
                                                static_cast<const E*>(q_w), static_cast<const E*>(k_w), cos_sin, T,
-                                               Hq, heads, row_stride, D, Gr, rows, eps);
+                                               Hq, heads, row_stride, D, Gr, rows, eps, positions);
         };
         if (g > 0)
             run(qk_norm_rope_forward_kernel<E, true>);
@@ -306,7 +308,7 @@ std::size_t qk_norm_rope_backward_scratch_floats(int B, int T, int Hq, int Hkv, 
 
 void qk_norm_rope_backward(DType act, void* d_qkv, float* dw_q, float* dw_k, float* col_scratch, const void* qk_pre,
                            const float* rstd, const void* q_w, const void* k_w, const float* cos_sin, int B, int T,
-                           int Hq, int Hkv, int D, cudaStream_t s, float* grad_amax) {
+                           int Hq, int Hkv, int D, cudaStream_t s, float* grad_amax, const int32_t* positions) {
     check_shape("qk_norm_rope_backward", D);
     if (grad_amax) CUDA_CHECK(cudaMemsetAsync(grad_amax, 0, sizeof(float), s));
     const int64_t N = static_cast<int64_t>(B) * T;
@@ -319,7 +321,8 @@ void qk_norm_rope_backward(DType act, void* d_qkv, float* dw_q, float* dw_k, flo
         auto run = [&](auto kernel) {
             kernel<<<grid.Gq + grid.Gk, kThreads, 0, s>>>(
                 static_cast<E*>(d_qkv), col_scratch, static_cast<const E*>(qk_pre), rstd, static_cast<const E*>(q_w),
-                static_cast<const E*>(k_w), cos_sin, N, T, Hq, Hkv, row_stride, D, Gr, grid.Gq, grid.Gk, grad_amax);
+                static_cast<const E*>(k_w), cos_sin, N, T, Hq, Hkv, row_stride, D, Gr, grid.Gq, grid.Gk, grad_amax,
+                positions);
         };
         if (g > 0)
             run(qk_norm_rope_backward_kernel<E, true>);

@@ -1,6 +1,8 @@
 // Rotate-half RoPE applied in place to the q and k heads of the fused qkv buffer, so no separate
 // q/k tensors exist. The cos/sin tables are computed on the host with the same float arithmetic as
 // HF's Qwen2RotaryEmbedding, so GPU and CPU rotate by identical angles. Vector path: 8 pairs per thread.
+// Document masking: token n rotates by the angle of positions[n] (its place in its document, a row of
+// the same table) instead of n % T.
 #include "cuda/check.h"
 #include "cuda/dispatch.cuh"
 #include "cuda/fp8_common.cuh"
@@ -18,7 +20,7 @@ namespace {
 // early return: every thread takes part in the block reduction.
 template <class T, bool kBackward>
 __global__ void rope_kernel_vec(T* qkv, const float* cos_sin, int T_len, int heads, int rotated, int row_stride, int D,
-                                int64_t total, float* amax) {
+                                int64_t total, float* amax, const int32_t* positions) {
     constexpr int P = Pack<T>::N;
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     unsigned bits = 0;
@@ -28,7 +30,7 @@ __global__ void rope_kernel_vec(T* qkv, const float* cos_sin, int T_len, int hea
         const int64_t rest = idx / packs;
         const int h = static_cast<int>(rest % heads);
         const int64_t n = rest / heads;
-        const int t = static_cast<int>(n % T_len);
+        const int t = positions ? positions[n] : static_cast<int>(n % T_len);
         T* x = qkv + n * row_stride + static_cast<int64_t>(h) * D;
         Pack<T> a, b, oa, ob;
         a.load(x + i);
@@ -66,7 +68,7 @@ __global__ void rope_kernel_vec(T* qkv, const float* cos_sin, int T_len, int hea
 // One thread per (token, head among the Hq + Hkv rotated heads (+ Hkv v heads with amax), pair index i < D/2).
 template <class T, bool kBackward>
 __global__ void rope_kernel(T* qkv, const float* cos_sin, int T_len, int heads, int rotated, int row_stride, int D,
-                            int64_t total, float* amax) {
+                            int64_t total, float* amax, const int32_t* positions) {
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     unsigned bits = 0;
     if (idx < total) {
@@ -75,7 +77,7 @@ __global__ void rope_kernel(T* qkv, const float* cos_sin, int T_len, int heads, 
         const int64_t rest = idx / half;
         const int h = static_cast<int>(rest % heads);
         const int64_t n = rest / heads;
-        const int t = static_cast<int>(n % T_len);
+        const int t = positions ? positions[n] : static_cast<int>(n % T_len);
         T* x = qkv + n * row_stride + static_cast<int64_t>(h) * D;  // q heads, k heads, v heads are contiguous
         if (h < rotated) {
             const float c = cos_sin[static_cast<int64_t>(t) * half + i];
@@ -96,7 +98,7 @@ __global__ void rope_kernel(T* qkv, const float* cos_sin, int T_len, int heads, 
 
 template <bool kBackward>
 void launch(DType act, void* qkv, const float* cos_sin, int B, int T_len, int Hq, int Hkv, int D, cudaStream_t s,
-            float* amax) {
+            float* amax, const int32_t* positions) {
     const int rotated = Hq + Hkv;
     const int heads = amax ? Hq + 2 * Hkv : rotated;  // with amax, the v heads are visited (read only)
     const int row_stride = (Hq + 2 * Hkv) * D;
@@ -108,10 +110,10 @@ void launch(DType act, void* qkv, const float* cos_sin, int B, int T_len, int Hq
         if ((D / 2) % P == 0 && rows_vectorizable<E>(qkv, row_stride)) {
             const int64_t total = pairs / P;
             rope_kernel_vec<E, kBackward><<<ceil_div(total, 256), 256, 0, s>>>(
-                static_cast<E*>(qkv), cos_sin, T_len, heads, rotated, row_stride, D, total, amax);
+                static_cast<E*>(qkv), cos_sin, T_len, heads, rotated, row_stride, D, total, amax, positions);
         } else {
             rope_kernel<E, kBackward><<<ceil_div(pairs, 256), 256, 0, s>>>(
-                static_cast<E*>(qkv), cos_sin, T_len, heads, rotated, row_stride, D, pairs, amax);
+                static_cast<E*>(qkv), cos_sin, T_len, heads, rotated, row_stride, D, pairs, amax, positions);
         }
     });
     CUDA_CHECK(cudaGetLastError());
@@ -119,13 +121,14 @@ void launch(DType act, void* qkv, const float* cos_sin, int B, int T_len, int Hq
 
 }  // namespace
 
-void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s) {
-    launch<false>(act, qkv, cos_sin, B, T, Hq, Hkv, D, s, nullptr);
+void rope_forward(DType act, void* qkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
+                  const int32_t* positions) {
+    launch<false>(act, qkv, cos_sin, B, T, Hq, Hkv, D, s, nullptr, positions);
 }
 
 void rope_backward(DType act, void* dqkv, const float* cos_sin, int B, int T, int Hq, int Hkv, int D, cudaStream_t s,
-                   float* amax) {
-    launch<true>(act, dqkv, cos_sin, B, T, Hq, Hkv, D, s, amax);
+                   float* amax, const int32_t* positions) {
+    launch<true>(act, dqkv, cos_sin, B, T, Hq, Hkv, D, s, amax, positions);
 }
 
 }  // namespace qtrain::cuda

@@ -33,9 +33,11 @@ struct Batch {
     // to take positions).
     const int32_t* positions = nullptr;
     // > 0: the micro-batch's summed token loss is divided by this instead of by its own count of
-    // valid targets (then times grad_scale). The engine sets it to the trained tokens of the whole
-    // optimizer step over all ranks / the number of ranks (transformers' num_items_in_batch), so a
-    // row weighs what its trained tokens weigh. 0: the micro-batch mean, as before.
+    // valid targets (then times grad_scale). The engine (--loss-normalization=tokens) sets it to the
+    // trained tokens of the whole optimizer step over all ranks with grad_scale 1 (transformers'
+    // num_items_in_batch): the models sum the ranks' gradients, so the sum is the gradient of the
+    // step's summed token loss / that count, and a row weighs what its trained tokens weigh. 0: the
+    // micro-batch mean, as before.
     float loss_denominator = 0.0f;
 };
 

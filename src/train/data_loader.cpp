@@ -3,11 +3,13 @@
 #include "core/error.h"
 #include "core/rng.h"
 
+#include <algorithm>
+
 namespace qtrain {
 
 DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, int seq_len, uint64_t seed,
-                       bool shuffle, int model_vocab, const std::string& what)
-    : batch_size_(batch_size), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
+                       bool shuffle, int model_vocab, const std::string& what, const Packing& packing)
+    : batch_size_(batch_size), seq_len_(seq_len), seed_(seed), shuffle_(shuffle), packing_(packing) {
     QT_CHECK(!files.empty(), what, ": no token files");
     bool any_trained = false;
     std::vector<std::string> masked_files;
@@ -19,11 +21,17 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
         tf->validate_tokens(model_vocab, "the model's vocab_size");
         total_tokens_ += tf->size();
         const int64_t n_chunks = tf->size() > 0 ? (tf->size() - 1) / seq_len : 0;
-        // the chunks' targets are tokens 1 .. n_chunks * seq_len of the file
-        any_trained = any_trained || tf->any_trained(1, n_chunks * seq_len + 1);
         if (tf->has_masks()) masked_files.push_back(files[f]);
-        for (int64_t c = 0; c < n_chunks; ++c) chunks_.push_back({static_cast<int32_t>(f), c * seq_len});
+        if (!packing_.enabled) {
+            // the chunks' targets are tokens 1 .. n_chunks * seq_len of the file
+            any_trained = any_trained || tf->any_trained(1, n_chunks * seq_len + 1);
+            for (int64_t c = 0; c < n_chunks; ++c) chunks_.push_back({static_cast<int32_t>(f), c * seq_len});
+        }
         files_.push_back(std::move(tf));
+    }
+    if (packing_.enabled) {
+        pack_files();
+        any_trained = pack_.trained_targets > 0;
     }
     QT_CHECK(!chunks_.empty(), what, ": the token files hold ", total_tokens_, " tokens, too few for one sequence of --seq-len=",
              seq_len, " (+1 for the shifted target)");
@@ -38,6 +46,46 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
                         "--response-field)? Re-tokenize, or give files with trained tokens"));
     }
     build_order();
+}
+
+void DataLoader::pack_files() {
+    int used = seq_len_;  // slots taken in the current row (a full row: the first document opens one)
+    auto place = [&](int32_t file, int64_t begin, int64_t length) {
+        // a new row; the old one's tail stays padding
+        if (used + length > seq_len_ || (packing_.one_per_row && used > 0)) {
+            chunks_.push_back({-1, static_cast<int64_t>(segments_.size())});
+            row_valid_.push_back(0);
+            used = 0;
+        }
+        segments_.push_back({file, static_cast<int32_t>(length), begin});
+        const TokenFile& tf = *files_[file];
+        int64_t valid = 0;  // the last token's target is another document's: none
+        for (int64_t j = 1; j < length; ++j) valid += tf.mask(begin + j);
+        row_valid_.back() += valid;
+        pack_.trained_targets += valid;
+        pack_.document_tokens += length;
+        used += static_cast<int>(length);
+    };
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+        const TokenFile& tf = *files_[f];
+        const int64_t n = tf.size();
+        const bool starts = tf.has_document_starts();
+        for (int64_t begin = 0; begin < n;) {
+            // the document's end: the next document start, or just after the next EOS token
+            int64_t end = begin + 1;
+            if (starts) {
+                while (end < n && !tf.document_start(end)) ++end;
+            } else {
+                while (end < n && tf.tokens()[end - 1] != packing_.eos_token_id) ++end;
+            }
+            ++pack_.documents;
+            if (end - begin > seq_len_) ++pack_.split_documents;
+            for (int64_t piece = begin; piece < end; piece += seq_len_)
+                place(static_cast<int32_t>(f), piece, std::min<int64_t>(seq_len_, end - piece));
+            begin = end;
+        }
+    }
+    pack_.rows = static_cast<int64_t>(chunks_.size());
 }
 
 void DataLoader::build_order() {
@@ -59,7 +107,29 @@ void DataLoader::set_state(const DataLoaderState& s) {
     if (order_epoch_ != state_.epoch) build_order();
 }
 
-void DataLoader::fill_row(const Chunk& c, int32_t* in, int32_t* tgt) const {
+void DataLoader::fill_row(const Chunk& c, int32_t* in, int32_t* tgt, int32_t* pos) const {
+    if (packing_.enabled) {
+        const std::size_t row = static_cast<std::size_t>(&c - chunks_.data());
+        const int64_t seg_end = row + 1 < chunks_.size() ? chunks_[row + 1].offset : static_cast<int64_t>(segments_.size());
+        int t = 0;
+        for (int64_t i = c.offset; i < seg_end; ++i) {
+            const Segment& sg = segments_[i];
+            const TokenFile& f = *files_[sg.file];
+            const int32_t* tok = f.tokens() + sg.begin;
+            for (int j = 0; j < sg.length; ++j, ++t) {
+                in[t] = tok[j];
+                tgt[t] = j + 1 < sg.length && f.mask(sg.begin + j + 1) ? tok[j + 1] : -1;
+                if (pos) pos[t] = j;
+            }
+        }
+        // padding: a document of its own that carries no loss (its inputs are the EOS token, or 0)
+        for (int j = 0; t < seq_len_; ++t, ++j) {
+            in[t] = std::max(packing_.eos_token_id, 0);
+            tgt[t] = -1;
+            if (pos) pos[t] = j;
+        }
+        return;
+    }
     const TokenFile& f = *files_[c.file];
     const int32_t* tok = f.tokens() + c.offset;
     for (int t = 0; t < seq_len_; ++t) {
@@ -83,25 +153,64 @@ void DataLoader::skip_chunks(int64_t n) {
     for (int64_t i = 0; i < n; ++i) (void)take_chunk();
 }
 
-void DataLoader::next_batch(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+// With packing, the positions of the batch (sized B*T); else positions cleared and null.
+static int32_t* positions_for(std::vector<int32_t>* positions, bool packed, std::size_t n) {
+    if (!positions) return nullptr;
+    if (!packed) {
+        positions->clear();
+        return nullptr;
+    }
+    positions->resize(n);
+    return positions->data();
+}
+
+void DataLoader::next_batch(std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                            std::vector<int32_t>* positions) {
     inputs.resize(static_cast<std::size_t>(batch_size_) * seq_len_);
     targets.resize(inputs.size());
+    int32_t* pos = positions_for(positions, packing_.enabled, inputs.size());
     skip_chunks(static_cast<int64_t>(rank_) * batch_size_);  // the lower ranks' blocks
-    for (int b = 0; b < batch_size_; ++b)
-        fill_row(take_chunk(), inputs.data() + static_cast<std::size_t>(b) * seq_len_,
-                 targets.data() + static_cast<std::size_t>(b) * seq_len_);
+    for (int b = 0; b < batch_size_; ++b) {
+        const std::size_t at = static_cast<std::size_t>(b) * seq_len_;
+        fill_row(take_chunk(), inputs.data() + at, targets.data() + at, pos ? pos + at : nullptr);
+    }
     skip_chunks(static_cast<int64_t>(world_ - 1 - rank_) * batch_size_);  // the higher ranks' blocks
 }
 
-bool DataLoader::next_batch_no_wrap(std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+bool DataLoader::next_batch_no_wrap(std::vector<int32_t>& inputs, std::vector<int32_t>& targets,
+                                    std::vector<int32_t>* positions) {
     if (state_.position >= num_chunks()) return false;
     inputs.assign(static_cast<std::size_t>(batch_size_) * seq_len_, 0);
     targets.assign(inputs.size(), -1);
+    int32_t* pos = positions_for(positions, packing_.enabled, inputs.size());
+    if (pos) {
+        // the padding rows: each one document at positions 0..T-1
+        for (std::size_t i = 0; i < inputs.size(); ++i) pos[i] = static_cast<int32_t>(i % seq_len_);
+    }
     for (int b = 0; b < batch_size_ && state_.position < num_chunks(); ++b) {
         const Chunk& c = chunks_[order_[state_.position++]];
-        fill_row(c, inputs.data() + static_cast<std::size_t>(b) * seq_len_, targets.data() + static_cast<std::size_t>(b) * seq_len_);
+        const std::size_t at = static_cast<std::size_t>(b) * seq_len_;
+        fill_row(c, inputs.data() + at, targets.data() + at, pos ? pos + at : nullptr);
     }
     return true;
+}
+
+int64_t DataLoader::valid_targets(const Chunk& c) const {
+    if (packing_.enabled) return row_valid_[static_cast<std::size_t>(&c - chunks_.data())];
+    const TokenFile& f = *files_[c.file];
+    int64_t valid = 0;
+    for (int t = 1; t <= seq_len_; ++t) valid += f.mask(c.offset + t);
+    return valid;
+}
+
+int64_t DataLoader::valid_targets_ahead(int micro_batches) {
+    // walk the rows as the ranks will (wrapping into the next epoch alike), then step back
+    const DataLoaderState saved = state_;
+    int64_t valid = 0;
+    const int64_t rows = static_cast<int64_t>(micro_batches) * world_ * batch_size_;
+    for (int64_t i = 0; i < rows; ++i) valid += valid_targets(take_chunk());
+    set_state(saved);
+    return valid;
 }
 
 double DataLoader::epoch_progress() const {

@@ -23,7 +23,7 @@ EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batche
     // call in every round in which any rank has a batch to evaluate
     const bool collective = model.weights_sharded();
     loader.restart();
-    std::vector<int32_t> in, tgt, my_in, my_tgt;
+    std::vector<int32_t> in, tgt, pos, my_in, my_tgt, my_pos;  // pos: packed rows' positions (else empty)
     // this rank's loss sum (each batch's mean loss times its valid targets), valid targets and tokens
     double mine[3] = {0.0, 0.0, 0.0};
     // Rounds of `world` batches, batch r of a round rank r's. Every rank reads every batch, so all know
@@ -32,7 +32,7 @@ EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batche
         int64_t my_valid = 0;
         bool anyone = false, ended = false;
         for (; b < round_end; ++b) {
-            if ((max_batches != 0 && b >= max_batches) || !loader.next_batch_no_wrap(in, tgt)) {
+            if ((max_batches != 0 && b >= max_batches) || !loader.next_batch_no_wrap(in, tgt, &pos)) {
                 ended = true;
                 break;
             }
@@ -42,10 +42,13 @@ EvalResult evaluate_over_ranks(IModel& model, DataLoader& loader, int max_batche
                 my_valid = valid;
                 std::swap(in, my_in);
                 std::swap(tgt, my_tgt);
+                std::swap(pos, my_pos);
             }
         }
         if (my_valid > 0) {
-            const float loss = model.evaluate(Batch{my_in.data(), my_tgt.data(), batch_size, seq_len});
+            Batch batch{my_in.data(), my_tgt.data(), batch_size, seq_len};
+            batch.positions = my_pos.empty() ? nullptr : my_pos.data();  // document masking
+            const float loss = model.evaluate(batch);
             mine[0] += static_cast<double>(loss) * static_cast<double>(my_valid);
             mine[1] += static_cast<double>(my_valid);
             mine[2] += static_cast<double>(batch_size) * seq_len;

@@ -7,6 +7,9 @@
 // collective: the batches go in rounds of W (batch r of a round is rank r's), and in a round where any
 // rank has a batch with a valid target a rank without one evaluates a batch whose targets are all
 // ignored and discards the result, so every rank makes the same calls and the loss is the same.
+// With packing (--document-masking) the eval loader packs the eval files as the train loader does,
+// with the same masks, and the batches carry their positions; either way the loss is the summed
+// token loss over the trained tokens of the whole pass.
 #pragma once
 
 #include <functional>
@@ -20,7 +23,7 @@
 namespace qtrain {
 
 struct EvalResult {
-    float loss = 0.0f;   // mean cross-entropy over the valid targets of all ranks' batches (NaN: none)
+    float loss = 0.0f;   // summed token cross-entropy / valid targets of the whole pass, all ranks (NaN: none)
     int64_t tokens = 0;  // tokens of the batches that had a valid target, all ranks
 };
 

@@ -117,7 +117,12 @@ void Logger::log_dataset(const char* split, const DataLoader& loader) {
     json j = event("dataset", 0);
     j["split"] = split;
     j["tokens"] = loader.num_tokens();
-    j["chunks"] = loader.num_chunks();
+    j["chunks"] = loader.num_chunks();  // rows, when packed
+    if (loader.packed()) {  // --document-masking
+        const PackStats& p = loader.pack_stats();
+        j["packed"] = {{"documents", p.documents}, {"split_documents", p.split_documents}, {"rows", p.rows},
+                       {"document_tokens", p.document_tokens}, {"trained_targets", p.trained_targets}};
+    }
     json files = json::array();
     for (const auto& f : loader.files()) files.push_back({{"file", f->path()}, {"tokens", f->size()}});
     j["files"] = files;
@@ -190,6 +195,7 @@ void Logger::log_step(int step, double epoch, int64_t tokens, double ms, float n
 
 void Logger::log_eval(int step, double epoch, int64_t tokens, double ms, float loss) {
     float train_avg = train_loss_count_ ? static_cast<float>(train_loss_sum_ / train_loss_count_) : NAN;
+    // eval: the summed token loss / trained tokens of the whole eval pass (evaluation.h)
     std::printf("[V] step %5d [%5.1f%%] | time: %s | eval %10f | train %9f | tps %s\n", step,
                 epoch_fraction_percent(epoch), fmt_time(ms).c_str(), loss, train_avg, fmt_tps(tokens, ms).c_str());
     std::fflush(stdout);
@@ -200,6 +206,7 @@ void Logger::log_eval(int step, double epoch, int64_t tokens, double ms, float l
     j["eval_tokens"] = tokens;
     j["duration_ms"] = ms;
     j["loss"] = loss;
+    j["loss_is"] = "summed token loss / trained tokens of the whole eval pass";
     write_line(j.dump());
 }
 

@@ -135,6 +135,26 @@ std::vector<OptionSpec> make_table() {
         opt(kData, "batch-size,batch", &T::batch_size, R::MustMatch,
             "Micro-batch size (sequences per GPU per micro-step)").model(&M::batch_size),
         opt(kData, "seq-len", &T::seq_len, R::MustMatch, "Sequence length in tokens").model(&M::seq_len),
+        // auto is resolved where the train files are opened (packing_options.h); the model is told
+        // then, so here only "on" turns it on
+        opt(kData, "document-masking", &T::document_masking, R::MustMatch,
+            "Pack several documents into each --seq-len row, attention never crossing a document and positions "
+            "restarting at each: documents from the token files' document starts, or ending after each EOS "
+            "token; longer ones are split. auto: on when every --train-file records document starts (chat data)",
+            choices({"auto", "on", "off"}))
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.document_masking = o.document_masking == "on";
+            }),
+        opt(kData, "loss-normalization", &T::loss_normalization, R::MustMatch,
+            "tokens: the loss is the mean over the trained tokens of the whole optimizer step (all micro-batches "
+            "and ranks), so every trained token weighs alike; micro-batch: the mean of each micro-batch's mean. "
+            "auto: tokens with document masking, micro-batch otherwise",
+            choices({"auto", "tokens", "micro-batch"})),
+        opt(kData, "packing", &T::packing, R::MustMatch,
+            "With document masking: greedy fills each --seq-len row with as many whole documents as fit (only the "
+            "row's tail is padding); one-per-row gives every document a row of its own, padded (llm.q's way; "
+            "for comparing speed, it wastes the padding's compute)",
+            choices({"greedy", "one-per-row"})),
 
         // Precision ("" dtypes are the device's defaults, so they are compared resolved)
         opt(kPrecision, "model-dtype", &T::model_dtype, R::Resolved,

@@ -19,6 +19,7 @@
 #include "train/logger.h"
 #include "train/lr_schedule.h"
 #include "train/model_dir_files.h"
+#include "train/packing_options.h"
 #include "train/progress_watchdog.h"
 #include "train/rank_devices.h"
 #include "train/run_start.h"
@@ -50,6 +51,8 @@ struct RankSession::State {
     int last_checkpoint_step = 0;
     std::unique_ptr<ProgressWatchdog> watchdog;  // --comm-timeout, with several ranks
     std::vector<int32_t> inputs, targets;        // one micro-batch
+    std::vector<int32_t> positions;              // its document positions (document masking)
+    PackingDecision packing;                     // --document-masking, --loss-normalization resolved
 };
 
 RankSession::RankSession(const RunContext& ctx, comm::Communicator& host)
@@ -91,25 +94,31 @@ void RankSession::start() {
     if (!s.resume_dir.empty()) s.resume_state = lead_ ? s.start.resume->state : read_checkpoint_state(s.resume_dir);
 
     // Without --train-file (the Python session feeding its own tokens) there is no loader.
-    if (!o_.train_file.empty()) {
-        s.train_data = std::make_unique<DataLoader>(expand_glob(o_.train_file, "--train-file"), o_.batch_size,
-                                                    o_.seq_len, o_.seed, true, cfg.vocab_size, "--train-file");
+    const std::vector<std::string> train_files =
+        o_.train_file.empty() ? std::vector<std::string>() : expand_glob(o_.train_file, "--train-file");
+    s.packing = decide_packing(o_, train_files);
+    const Packing packing = loader_packing(s.packing, cfg.eos_token_id);
+    if (!train_files.empty()) {
+        s.train_data = std::make_unique<DataLoader>(train_files, o_.batch_size, o_.seq_len, o_.seed, true,
+                                                    cfg.vocab_size, "--train-file", packing);
         s.train_data->set_rank(rank_, world_);
     }
     if (!o_.eval_file.empty())
         s.eval_data = std::make_unique<DataLoader>(expand_glob(o_.eval_file, "--eval-file"), o_.batch_size, o_.seq_len,
-                                                   o_.seed, false, cfg.vocab_size, "--eval-file");
+                                                   o_.seed, false, cfg.vocab_size, "--eval-file", packing);
     if (lead_) {
         if (s.train_data) {
             s.log->log_dataset("train", *s.train_data);
             check_resume_train_files(s.start, *s.train_data, o_);
         }
         if (s.eval_data) s.log->log_dataset("eval", *s.eval_data);
+        log_packing();
         s.log->log_memory(ctx_.plan.plan, ctx_.plan.limit);
     }
 
     // set-up phases are timed: for a 14B model with 110 GiB pinned they take minutes
     ModelOptions mopt = ctx_.model_options;
+    mopt.document_masking = s.packing.document_masking;  // --document-masking=auto resolved on the files
     mopt.device_index = rank_device_index(ctx_.gpu_ids, rank_, ctx_.mpi_local_rank);
     auto t_setup = Clock::now();
     s.model = create_model(cfg, mopt, ctx_.device);
@@ -223,7 +232,23 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
     const int64_t rows = static_cast<int64_t>(accumulation) * world_ * B;
     QT_CHECK(tokens || s.train_data, "no --train-file: give this step's tokens (inputs and targets)");
     QT_CHECK(!tokens || tokens->rows == rows, "internal: a step's tokens must be ", rows, " rows");
-    const float grad_scale = 1.0f / static_cast<float>(accumulation * world_);
+    float grad_scale = 1.0f / static_cast<float>(accumulation * world_);
+    // --loss-normalization=tokens: every micro-batch's summed loss is divided by the trained tokens of
+    // the whole step over all ranks. The ranks' gradients are summed (not averaged) by the models'
+    // data-parallel reduction, so the denominator is that global count and grad_scale 1: the summed
+    // gradient is then exactly d(sum of the step's token losses) / count. Each rank counts every
+    // rank's rows itself: they all walk one global order (DataLoader::set_rank), as StepTokens does.
+    float loss_denominator = 0.0f;
+    if (s.packing.token_normalization) {
+        int64_t step_valid = 0;
+        if (tokens) {
+            for (int64_t i = 0; i < rows * T; ++i) step_valid += tokens->targets[i] >= 0;
+        } else {
+            step_valid = s.train_data->valid_targets_ahead(accumulation);
+        }
+        grad_scale = 1.0f;
+        loss_denominator = static_cast<float>(step_valid);  // 0: no target anywhere, no loss either
+    }
     StepReport r;
     r.step = step_;
     r.tokens = rows * T;
@@ -232,19 +257,28 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
     const auto t0 = Clock::now();
     int64_t valid = 0;
     for (int micro = 0; micro < accumulation; ++micro) {
-        const int32_t *in, *tgt;
+        const int32_t *in, *tgt, *pos = nullptr;
         if (tokens) {
             // this rank's block of the micro-batch's world x batch rows (StepTokens)
             const int64_t first = (static_cast<int64_t>(micro) * world_ + rank_) * B * T;
             in = tokens->inputs + first;
             tgt = tokens->targets + first;
+            if (s.packing.document_masking) {  // documents end after each EOS (packing_options.h)
+                s.positions.resize(static_cast<size_t>(B) * T);
+                positions_after_eos(in, B, T, ctx_.source.config.eos_token_id, s.positions.data());
+                pos = s.positions.data();
+            }
         } else {
-            s.train_data->next_batch(s.inputs, s.targets);
+            s.train_data->next_batch(s.inputs, s.targets, &s.positions);
             in = s.inputs.data();
             tgt = s.targets.data();
+            if (!s.positions.empty()) pos = s.positions.data();  // packed rows (document masking)
         }
         for (int64_t i = 0; i < static_cast<int64_t>(B) * T; ++i) valid += tgt[i] >= 0;
-        s.model->forward_backward(Batch{in, tgt, B, T}, grad_scale);
+        Batch batch{in, tgt, B, T};
+        batch.positions = pos;
+        batch.loss_denominator = loss_denominator;
+        s.model->forward_backward(batch, grad_scale);
         // the --comm-timeout watchdog's feed: it bounds one micro-batch, not a whole step of many
         if (s.watchdog) s.watchdog->feed();
     }
@@ -320,6 +354,30 @@ void RankSession::stop_at_broken_step(int step, float loss, float grad_norm, int
                     s.last_checkpoint.empty() ? std::string(".")
                                               : std::string(", resuming with --continue --force-resume and the new "
                                                             "value, or from an earlier checkpoint.")));
+}
+
+// Rank 0: the [Setup] lines of packing (--document-masking) and the loss normalisation.
+void RankSession::log_packing() {
+    State& s = *s_;
+    if (s.packing.document_masking) {
+        for (const auto& [name, loader] : {std::pair{"train", s.train_data.get()}, std::pair{"eval", s.eval_data.get()}}) {
+            if (!loader) continue;
+            const PackStats& p = loader->pack_stats();
+            s.log->message(fmt::format(
+                "[Setup] {} data packed with document masking: {} documents into {} rows of {} tokens, fill rate "
+                "{:.1f}% (document tokens / row slots; {:.1f}% of the slots have a trained target), {} documents "
+                "longer than --seq-len split",
+                name, p.documents, p.rows, o_.seq_len, 100.0 * p.fill_rate(o_.seq_len),
+                p.rows ? 100.0 * static_cast<double>(p.trained_targets) / (static_cast<double>(p.rows) * o_.seq_len) : 0.0,
+                p.split_documents));
+        }
+    }
+    if (s.packing.document_masking || s.packing.token_normalization)
+        s.log->message(fmt::format("[Setup] --document-masking={} (given {}), loss normalised over {}",
+                                   s.packing.document_masking ? "on" : "off", o_.document_masking,
+                                   s.packing.token_normalization
+                                       ? "the trained tokens of each optimizer step (all micro-batches and ranks)"
+                                       : "each micro-batch"));
 }
 
 EvalResult RankSession::evaluate() {

@@ -27,7 +27,9 @@ namespace qtrain {
 // step(inputs, targets)): `rows` rows of seq_len tokens for the whole world — accumulation x ranks x
 // batch rows, micro-batch m of rank r being rows [(m * ranks + r) * batch, +batch), the global order
 // the data loader follows (DataLoader::set_rank), so a step equals one rank's with ranks x the
-// accumulation. Targets < 0 carry no loss.
+// accumulation. Targets < 0 carry no loss. With --document-masking=on a row's documents end after each
+// EOS input token (the caller sets the targets at document ends to -1 where it wants no cross-document
+// prediction).
 struct StepTokens {
     const int32_t* inputs = nullptr;
     const int32_t* targets = nullptr;
@@ -80,6 +82,7 @@ private:
     void start();
     int load_start_state();
     void export_files(const std::string& dir);
+    void log_packing();
     std::string write_checkpoint_now(int completed_steps);
     [[noreturn]] void stop_at_broken_step(int step, float loss, float grad_norm, int64_t valid_targets);
 

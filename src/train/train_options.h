@@ -26,6 +26,9 @@ struct TrainOptions {
     std::string eval_file;          // glob (optional)
     int batch_size = 4;
     int seq_len = 1024;
+    std::string document_masking = "auto";    // auto | on | off (train/packing_options.h)
+    std::string loss_normalization = "auto";  // auto | tokens | micro-batch
+    std::string packing = "greedy";           // greedy | one-per-row (with document masking)
     // precision ("" = the device's default: fp32 on cpu, bf16 on cuda)
     std::string model_dtype;
     std::string matmul_dtype;       // "" = model dtype

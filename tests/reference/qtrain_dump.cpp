@@ -7,6 +7,11 @@
 //        [--recompute-block|-ffn|-att|-norm] [--use-cuda-graphs] [--emulate-out FILE]
 //        [--offload-master|-opt-m|-opt-v|-gradients|-residual] [--shard-weights] [--shard-gradients]
 //        [--write-combined] [--attn-bwd-chunks N] [--master-dtype fp32|bf16] [--param-grad-dtype fp32|bf16]
+//        [--doc-lengths L1,L2,...]
+// --doc-lengths: document masking (issue 31). Each row is packed with documents of these lengths in
+// turn (the last one of a row takes what is left): positions restart at each document, and the
+// target of a document's last token is -1 (it would be the next document's first token), as
+// compare_hf_packed.py runs every document alone in transformers.
 // --emulate-out (with --dtype e4m3): also run the CPU reference model, emulating the same FP8
 // rounding (core/fp8_reference.h), on the GPU's bf16 weights, and write its loss and gradients to
 // FILE in the same layout (no logits).
@@ -58,6 +63,8 @@ int main(int argc, char** argv) {
     app.add_option("--emulate-out", emulate_out);
     app.add_option("--steps", steps);
     app.add_option("--lr", lr);
+    std::vector<int> doc_lengths;
+    app.add_option("--doc-lengths", doc_lengths)->delimiter(',')->check(CLI::PositiveNumber);
     CLI11_PARSE(app, argc, argv);
     try {
         ModelConfig cfg = load_model_config(model_dir + "/config.json");
@@ -79,6 +86,7 @@ int main(int argc, char** argv) {
         opt.master_dtype = parse_dtype(master_dtype, "--master-dtype", "fp32|bf16");
         opt.param_grad_dtype = parse_dtype(param_grad_dtype, "--param-grad-dtype", "fp32|bf16");
         opt.lmhead_chunks = 2;
+        opt.document_masking = !doc_lengths.empty();
         CudaModel model(cfg, opt);
         model.load_hf(model_dir);
 
@@ -91,7 +99,21 @@ int main(int argc, char** argv) {
                 in[b * T + t] = tf.tokens()[b * (T + 1) + t];
                 tgt[b * T + t] = tf.tokens()[b * (T + 1) + t + 1];
             }
+        std::vector<int32_t> positions;
+        if (!doc_lengths.empty()) {
+            positions.resize(static_cast<std::size_t>(B) * T);
+            for (int b = 0; b < B; ++b) {
+                int t = 0;
+                for (std::size_t d = 0; t < T; ++d) {
+                    const int len = std::min(doc_lengths[d % doc_lengths.size()], T - t);
+                    for (int p = 0; p < len; ++p) positions[b * T + t + p] = p;
+                    t += len;
+                    tgt[b * T + t - 1] = -1;  // the next document's first token: not this one's to predict
+                }
+            }
+        }
         Batch batch{in.data(), tgt.data(), B, T};
+        batch.positions = positions.empty() ? nullptr : positions.data();
         for (int s = 1; s <= steps; ++s) {
             model.forward_backward(batch, 1.0f);
             StepStats st = model.optimizer_step({lr, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, s});

@@ -59,7 +59,9 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
     const Names kMustMatch = {
         "train-file", "batch-size", "seq-len", "opt-m-dtype", "opt-v-dtype", "master-dtype", "param-grad-dtype",
         "gpus", "fp8-fast-accum", "grad-accumulation", "learning-rate", "lr-schedule", "cooldown",
-        "final-lr-fraction", "weight-decay", "grad-clip", "beta-1", "beta-2", "adam-epsilon", "seed"};
+        "final-lr-fraction", "weight-decay", "grad-clip", "beta-1", "beta-2", "adam-epsilon", "seed",
+        // added since (issue 31): they change the data and the math
+        "document-masking", "loss-normalization", "packing"};
     EXPECT_EQ(with_rule(ResumeRule::MustMatch), kMustMatch);
     for (const OptionSpec& spec : train_option_table())
         EXPECT_NE(std::string(resume_rule_name(spec.resume)), "?") << spec.name << " has no resume rule";
@@ -156,7 +158,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "recompute-att", "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v",
         "offload-quants", "offload-gradients", "persistent-quants", "offload-double-buffer", "write-combined",
         "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
-        "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit"};
+        "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
+        "document-masking"};  // added since (issue 31); its auto is resolved on the train files
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);
@@ -166,7 +169,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         {"batch-size", "8"},        {"seq-len", "64"},          {"model-dtype", "fp32"},   {"matmul-dtype", "e4m3"},
         {"gradient-dtype", "e5m2"}, {"opt-m-dtype", "bf16"},    {"opt-v-dtype", "bf16"},   {"master-dtype", "bf16"},
         {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
-        {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"}};
+        {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"},
+        {"document-masking", "on"}};
     const ModelOptions base = TrainOptions().model_options("cuda");
     for (const OptionSpec& spec : train_option_table()) {
         const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);

@@ -19,19 +19,21 @@ using json = nlohmann::json;
 
 namespace {
 
-// TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table).
+// TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table),
+// with the flags added since (--document-masking, --loss-normalization, --packing: issue 31).
 const char* const kOldDefaultJson =
     R"({"adam-epsilon":9.99999993922529e-09,"attention":"auto","attn-bwd-chunks":1,"batch-size":4,)"
     R"("beta-1":0.8999999761581421,"beta-2":0.949999988079071,"checkpoint-dir":"ckpt","ckpt-interval":0,)"
-    R"("ckpt-keep":0,"comm-timeout":600.0,"continue":false,"cooldown":0,"device":"auto",)"
+    R"("ckpt-keep":0,"comm-timeout":600.0,"continue":false,"cooldown":0,"device":"auto","document-masking":"auto",)"
     R"("eval-every-n-steps":100,"eval-file":"","eval-num-steps":100,"final-lr-fraction":1.0,)"
     R"("force-resume":false,"fp8-fast-accum":"off","from-scratch":false,"gemm-autotune":false,"gpu-ids":"",)"
     R"("gpus":1,"grad-accumulation":4,"grad-clip":1.0,"gradient-dtype":"","host-memory-limit":"",)"
-    R"("learning-rate":9.999999747378752e-06,"lmhead-chunks":1,"log-file":"","lr-schedule":"cosine",)"
+    R"("learning-rate":9.999999747378752e-06,"lmhead-chunks":1,"log-file":"","loss-normalization":"auto",)"
+    R"("lr-schedule":"cosine",)"
     R"("master-dtype":"fp32","matmul-dtype":"","memcpy-all-gather":false,"memory-limit":"","model":"",)"
     R"("model-dtype":"","offload-double-buffer":false,"offload-gradients":false,"offload-master":false,)"
     R"("offload-opt-m":false,"offload-opt-v":false,"offload-quants":false,"offload-residual":false,)"
-    R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,)"
+    R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,"packing":"greedy",)"
     R"("param-grad-dtype":"fp32","persistent-quants":false,"plan-only":false,"recompute-att":false,)"
     R"("recompute-block":false,"recompute-ffn":false,"recompute-norm":false,"recompute-qkv":false,)"
     R"("recompute-swiglu":false,"rendezvous-timeout":600.0,"seed":42,"seq-len":1024,"shard-gradients":false,)"
@@ -41,13 +43,14 @@ const char* const kOldDefaultJson =
 // Its keys: every flag but --export-checkpoint (which exports and exits, so no run records it).
 const std::set<std::string> kOldKeys = {
     "adam-epsilon", "attention", "attn-bwd-chunks", "batch-size", "beta-1", "beta-2", "checkpoint-dir",
-    "ckpt-interval", "ckpt-keep", "comm-timeout", "continue", "cooldown", "device", "eval-every-n-steps",
+    "ckpt-interval", "ckpt-keep", "comm-timeout", "continue", "cooldown", "device", "document-masking",
+    "eval-every-n-steps",
     "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "from-scratch",
     "gemm-autotune", "gpu-ids", "gpus", "grad-accumulation", "grad-clip", "gradient-dtype", "host-memory-limit",
-    "learning-rate", "lmhead-chunks", "log-file", "lr-schedule", "master-dtype", "matmul-dtype",
+    "learning-rate", "lmhead-chunks", "log-file", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype",
     "memcpy-all-gather", "memory-limit", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",
-    "opt-v-dtype", "out-dir", "overwrite", "param-grad-dtype", "persistent-quants", "plan-only",
+    "opt-v-dtype", "out-dir", "overwrite", "packing", "param-grad-dtype", "persistent-quants", "plan-only",
     "recompute-att", "recompute-block", "recompute-ffn", "recompute-norm", "recompute-qkv", "recompute-swiglu",
     "rendezvous-timeout", "seed", "seq-len", "shard-gradients", "shard-weights", "steps", "tokenizer",
     "train-file", "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};

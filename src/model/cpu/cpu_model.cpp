@@ -247,6 +247,16 @@ void CpuModel::check_batch(const Batch& b) const {
         QT_CHECK(b.targets[i] < config_.vocab_size, "target token ", b.targets[i], " at (row ", i / b.seq_len,
                  ", position ", i % b.seq_len, ") is outside the vocabulary (vocab_size ", config_.vocab_size, ")");
     }
+    QT_CHECK(b.loss_denominator >= 0.0f, "CpuModel: negative loss_denominator ", b.loss_denominator);
+    if (!b.positions) return;
+    QT_CHECK(options_.document_masking, "CpuModel: the batch carries document positions (packed rows) but the model "
+             "was built without document masking (ModelOptions::document_masking, --document-masking)");
+    // a position says where the token's document starts: never before its row
+    for (int64_t i = 0; i < N; ++i) {
+        const int64_t t = i % b.seq_len;
+        QT_CHECK(b.positions[i] >= 0 && b.positions[i] <= t, "CpuModel: position ", b.positions[i], " at (row ",
+                 i / b.seq_len, ", token ", t, ") would start its document outside the row (0 <= position <= token)");
+    }
 }
 
 void CpuModel::forward_to_final_norm(const Batch& batch) {
@@ -292,9 +302,11 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
             cpu::head_rmsnorm_forward(k, a.k_rstd.data() + static_cast<int64_t>(l) * N * Hkv, kp, wp.k_norm,
                                       static_cast<int64_t>(N) * Hkv, D, eps);
         }
-        cpu::rope_forward(q, q, a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
-        cpu::rope_forward(k, k, a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
-        cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D);
+        // document masking: positions restart at each document and attention stays inside it
+        cpu::rope_forward(q, q, a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D, batch.positions);
+        cpu::rope_forward(k, k, a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D, batch.positions);
+        cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D,
+                               batch.positions);
         cpu::matmul_forward(a.tmp.data(), in(att, static_cast<int64_t>(N) * Q), w.wo, wp.bo, N, Q, C);
         cpu::residual_forward(mid, x, a.tmp.data(), static_cast<int64_t>(N) * C);
 
@@ -393,9 +405,11 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         zero(a.dk, nKV);
         zero(a.dv, nKV);
         cpu::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), q, k, v,
-                                a.lse.data() + static_cast<int64_t>(l) * N * Hq, B, T, Hq, Hkv, D);
-        cpu::rope_backward(a.dq.data(), a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D);
-        cpu::rope_backward(a.dk.data(), a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D);
+                                a.lse.data() + static_cast<int64_t>(l) * N * Hq, B, T, Hq, Hkv, D, batch.positions);
+        cpu::rope_backward(a.dq.data(), a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hq, D,
+                           batch.positions);
+        cpu::rope_backward(a.dk.data(), a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T, Hkv, D,
+                           batch.positions);
         if (c.qk_norm) {
             cpu::head_rmsnorm_backward(a.dq.data(), g.q_norm, a.dq.data(), a.q_pre.data() + l * nQ, wp.q_norm,
                                        a.q_rstd.data() + static_cast<int64_t>(l) * N * Hq, static_cast<int64_t>(N) * Hq, D);
@@ -440,6 +454,8 @@ double CpuModel::mean_loss(const Batch& batch) const {
     if (valid == 0) return 0.0;  // nothing to predict: no loss (and no gradient)
     double sum = 0.0;
     for (int i = 0; i < N; ++i) sum += acts_.losses[i];
+    // the step's normalisation (Batch::loss_denominator), else the micro-batch mean
+    if (batch.loss_denominator > 0.0f) return sum / batch.loss_denominator;
     return sum / valid;
 }
 
@@ -449,7 +465,8 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     ensure_activations(batch.batch_size, batch.seq_len, true);
     forward_to_final_norm(batch);
     const int valid = cpu::count_valid_targets(batch.targets, N);
-    const float dscale = valid > 0 ? grad_scale / static_cast<float>(valid) : 0.0f;
+    const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
+    const float dscale = valid > 0 ? grad_scale / denominator : 0.0f;
     const int64_t nC = static_cast<int64_t>(N) * config_.hidden_size;
     zero(acts_.dln, nC);
     {

@@ -29,6 +29,16 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
                                   "fp32 kernels); use --attention=auto or flash");
         return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
     }
+    // Packed rows need block-causal masks over each row's documents: qtrain's kernels do that (a
+    // per-row key bound from Batch::positions); cuDNN's variable-length SDPA would need one ragged
+    // sequence per document, a graph shape that changes with every micro-batch (docs/design.md).
+    if (o.document_masking) {
+        QT_CHECK(!explicit_cudnn, "--attention=cudnn cannot run --document-masking (cuDNN has no block-causal mask "
+                                  "over packed documents here); use --attention=flash or auto, or drop "
+                                  "--document-masking");
+        if (why_not_cudnn) *why_not_cudnn = "document masking runs on qtrain's flash kernels";
+        return AttentionBackend::Flash;
+    }
     bool ok = false;
     if (!gpu_visible()) {
         ok = detail::cudnn_attention_compiled();

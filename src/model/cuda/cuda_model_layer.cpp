@@ -48,21 +48,23 @@ void CudaModel::forward_step(int l, const LayerStep& s, StepRun how, const Block
         case LayerOp::QkvLinear:  // ln1's amax: from its norm
             linear_fwd(l, kQkv, x.qkv, x.ln1, s.bias ? W(o.qkv_b) : nullptr, N, h, d.qkvd, fp8_);
             return;
+        // buf_.doc_positions: null, or the micro-batch's positions (--document-masking): RoPE angles
+        // restart and attention stays inside each document
         case LayerOp::Rope: {
             auto t_ = op_scope("rope");
             if (s.qk_norm)  // Qwen3: each head of q and k RMS-normalised first, in the same kernel
                 cuda::qk_norm_rope_forward(A, x.qkv, x.qk_pre, x.qk_rstd, W(o.q_norm), W(o.k_norm), buf_.cos_sin, d.B,
                                            d.T, c.num_attention_heads, c.num_key_value_heads, c.head_dim, d.eps,
-                                           stream_);
+                                           stream_, buf_.doc_positions);
             else
                 cuda::rope_forward(A, x.qkv, buf_.cos_sin, d.B, d.T, c.num_attention_heads, c.num_key_value_heads,
-                                   c.head_dim, stream_);
+                                   c.head_dim, stream_, buf_.doc_positions);
             return;
         }
         case LayerOp::Attention: {
             auto t_ = op_scope("attention fwd");
             attention_forward(A, x.att, x.lse, x.qkv, d.shape, stream_, act_amax(l, kO), attention_,
-                              buf_.attn_workspace);
+                              buf_.attn_workspace, buf_.doc_positions);
             return;
         }
         case LayerOp::OutLinear:  // att's amax: from the attention
@@ -149,7 +151,7 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
         case LayerOp::Attention: {
             auto t_ = timer_.scope("attention bwd", stream_);
             attention_backward(A, buf_.d_qkv, buf_.d_att, x.qkv, x.att, x.lse, buf_.attn_workspace, d.shape, stream_,
-                               opt_.attn_bwd_chunks, attention_);
+                               opt_.attn_bwd_chunks, attention_, buf_.doc_positions);
             return;
         }
         case LayerOp::Rope: {  // (either kernel leaves the amax of the whole d_qkv for the qkv backward)
@@ -158,10 +160,10 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
                 cuda::qk_norm_rope_backward(A, buf_.d_qkv, G(o.q_norm), G(o.k_norm), buf_.col_scratch, x.qk_pre,
                                             x.qk_rstd, W(o.q_norm), W(o.k_norm), buf_.cos_sin, d.B, d.T,
                                             c.num_attention_heads, c.num_key_value_heads, c.head_dim, stream_,
-                                            grad_amax());
+                                            grad_amax(), buf_.doc_positions);
             else
                 cuda::rope_backward(A, buf_.d_qkv, buf_.cos_sin, d.B, d.T, c.num_attention_heads,
-                                    c.num_key_value_heads, c.head_dim, stream_, grad_amax());
+                                    c.num_key_value_heads, c.head_dim, stream_, grad_amax(), buf_.doc_positions);
             return;
         }
         case LayerOp::QkvLinear:

@@ -17,10 +17,30 @@
 
 namespace qtrain {
 
+// Batch::positions must be what imodel.h says (each row a run of documents, each counting 0, 1, 2, ...):
+// the attention kernels find a document's keys from them and trust that form (attention.h).
+static void check_document_positions(const int32_t* positions, int B, int T) {
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) {
+            const int32_t p = positions[static_cast<int64_t>(b) * T + t];
+            const bool ok = t == 0 ? p == 0 : (p == 0 || p == positions[static_cast<int64_t>(b) * T + t - 1] + 1);
+            QT_CHECK(ok, "GPU model: Batch::positions at row ", b, ", token ", t, " is ", p, "; expected 0 (a new ",
+                     "document)", t == 0 ? "" : " or the previous position + 1",
+                     " (documents are contiguous runs 0, 1, 2, ...)");
+        }
+}
+
 void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale) {
     const int B = batch.batch_size, T = batch.seq_len;
     QT_CHECK(B == opt_.batch_size && T == opt_.seq_len, "GPU model: batch of ", B, "x", T,
              " does not match the planned --batch-size=", opt_.batch_size, " --seq-len=", opt_.seq_len);
+    QT_CHECK(!batch.positions || opt_.document_masking,
+             "GPU model: the batch carries document positions (packed rows) but the model was built without "
+             "document masking (--document-masking)");
+    QT_CHECK(batch.positions || !opt_.document_masking,
+             "GPU model: built with --document-masking, but the batch carries no document positions "
+             "(Batch::positions)");
+    if (batch.positions) check_document_positions(batch.positions, B, T);
     const int N = B * T;
     // the previous upload out of the staging buffer must be done before it is overwritten
     CUDA_CHECK(cudaEventSynchronize(staging_free_));
@@ -36,6 +56,11 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
     std::memcpy(h_tgt, batch.targets, N * sizeof(int32_t));
     CUDA_CHECK(cudaMemcpyAsync(buf_.inputs, h_in, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(buf_.targets, h_tgt, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    if (opt_.document_masking) {  // into the fixed buffer that RoPE and attention read (graph-safe)
+        int32_t* h_doc = st + 5 * N + 5;  // after the 4 scalar slots (gpu_buffers.h)
+        std::memcpy(h_doc, batch.positions, N * sizeof(int32_t));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.doc_positions, h_doc, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    }
     if (with_embedding_plan) {
         // group positions by token (stable: increasing position within a token) for the
         // deterministic embedding backward; the pad token's positions (HF's padding_idx) sort last
@@ -189,7 +214,8 @@ void CudaModel::forward_backward_ops(int B, int T) {
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
     const int B = batch.batch_size, T = batch.seq_len, N = B * T;
     const int valid = cpu::count_valid_targets(batch.targets, N);
-    const float dscale = valid ? grad_scale / static_cast<float>(valid) : 0.0f;
+    const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
+    const float dscale = valid ? grad_scale / denominator : 0.0f;  // Batch::loss_denominator: the step's count
     upload_batch(batch, true, dscale, dscale);
     if (valid == 0) {  // nothing to learn from: no loss, no gradient
         if (!grads_->reduced_per_layer() && !weights_->sharded()) {

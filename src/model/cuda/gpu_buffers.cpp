@@ -237,6 +237,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.emb_unique = ws.take_n<int32_t>(N);
     b.emb_offsets = ws.take_n<int32_t>(N + 1);
     b.emb_positions = ws.take_n<int32_t>(N);
+    if (opt.document_masking) b.doc_positions = ws.take_n<int32_t>(N);
     b.opt.num_segments = static_cast<int>(layout.specs.size());
     b.opt.segments = ws.take(sizeof(cuda::ParamSegment) * b.opt.num_segments);
 
@@ -268,7 +269,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             b.dyTq = ws.take(N * dy_max);
         }
     }
-    b.host_staging = host.take_n<int32_t>(5 * N + 1 + 4);
+    b.host_staging = host.take_n<int32_t>(5 * N + 1 + 4 + (opt.document_masking ? N : 0));
 }
 
 MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, const std::string& device_name) {

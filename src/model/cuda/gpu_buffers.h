@@ -110,8 +110,13 @@ struct GpuBuffers {
     float* rank_losses = nullptr;
     void* attn_workspace = nullptr;
     int32_t *inputs, *targets, *emb_unique, *emb_offsets, *emb_positions;
+    // --document-masking: the micro-batch's Batch::positions [B*T] (RoPE position of each token, restarting
+    // at each document), read by RoPE and attention; one fixed buffer refreshed by upload_batch, so a
+    // captured CUDA graph reads each micro-batch's. Null without document masking (plain causal).
+    int32_t* doc_positions = nullptr;
     // pinned host staging for the per-micro-batch uploads
-    int32_t* host_staging = nullptr;  // inputs | targets | unique | offsets | positions | scalars
+    // inputs | targets | unique | offsets | emb positions | scalars (4) | doc positions (document masking)
+    int32_t* host_staging = nullptr;
     // per-micro-batch scalars on the device, read by the kernels (so a CUDA graph can replay the
     // step): [0] loss scale, [1] gradient scale of the logits (floats), [2] distinct tokens (int32)
     float* step_scalars = nullptr;
