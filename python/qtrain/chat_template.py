@@ -173,10 +173,11 @@ class ChatRenderer:
         self.train_on = train_on
 
     def render(self, messages, tools=None, add_generation_prompt=False, spans=None) -> str:
+        """The template's text for `messages` (already through alias_reasoning, as spans() passes them)."""
         import jinja2
 
         kwargs = dict(self.special_tokens)
-        kwargs.update(messages=alias_reasoning(messages), tools=tools, documents=None, add_generation_prompt=add_generation_prompt)
+        kwargs.update(messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt)
         try:
             if spans is None:
                 return self.template.render(**kwargs)
@@ -228,6 +229,7 @@ class ChatRenderer:
 
     def spans(self, messages, tools=None):
         """(text, [(begin, end) character spans])."""
+        messages = alias_reasoning(messages)  # once: aliasing is per message, so prefixes slice it
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if not assistants:
             raise SkipRecord("no assistant message")
