@@ -47,15 +47,17 @@ ChatProcess::ChatProcess(const ChatProcessOptions& options) : options_(options) 
     int down[2], up[2];
     QT_CHECK(::pipe2(down, O_CLOEXEC) == 0 && ::pipe2(up, O_CLOEXEC) == 0, "chat renderer: pipe: ",
              std::strerror(errno));
+    // Everything the child needs is made before fork: other threads may hold the allocator's lock, so
+    // the child only calls dup2, exec and write (the parent says what to install when exec fails).
+    const char* argv[] = {options.python.c_str(), "-c", kChatTemplateSource, "--serve", nullptr};
+    const std::string exec_failed = cat("tokenize: cannot run '", options.python, "'\n");
     pid_ = ::fork();
     QT_CHECK(pid_ >= 0, "chat renderer: fork: ", std::strerror(errno));
     if (pid_ == 0) {
         ::dup2(down[0], STDIN_FILENO);
         ::dup2(up[1], STDOUT_FILENO);
-        const char* argv[] = {options.python.c_str(), "-c", kChatTemplateSource, "--serve", nullptr};
         ::execvp(argv[0], const_cast<char* const*>(argv));
-        const std::string msg = cat("tokenize: cannot run '", options.python, "': ", std::strerror(errno), "\n");
-        (void)!::write(STDERR_FILENO, msg.data(), msg.size());
+        (void)!::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
         ::_exit(127);
     }
     ::close(down[0]);
@@ -161,9 +163,10 @@ std::vector<RenderedChat> ChatProcess::render(const std::vector<std::string>& re
 
 std::vector<std::unique_ptr<ChatProcess>> start_chat_processes(const ChatProcessOptions& options, int n) {
     std::vector<std::unique_ptr<ChatProcess>> out(static_cast<std::size_t>(std::max(1, n)));
+    out[0] = std::make_unique<ChatProcess>(options);  // first alone: a missing python or jinja2 fails once
     std::vector<std::exception_ptr> errors(out.size());
     std::vector<std::thread> starters;
-    for (std::size_t i = 0; i < out.size(); ++i) {
+    for (std::size_t i = 1; i < out.size(); ++i) {
         starters.emplace_back([&, i] {
             try {
                 out[i] = std::make_unique<ChatProcess>(options);

@@ -56,8 +56,9 @@ private:
     bool generation_blocks_ = false;
 };
 
-// `n` renderers started side by side (each takes a python start and a template compile), for
-// rendering on several cores; throws the first one's error.
+// `n` renderers for rendering on several cores: the first alone (so a missing python, jinja2 or a bad
+// template fails once), then the others side by side (each takes a python start and a template
+// compile); throws the first error.
 std::vector<std::unique_ptr<ChatProcess>> start_chat_processes(const ChatProcessOptions& options, int n);
 
 // The Python source run as the renderer (the generated header's copy of chat_template.py).
