@@ -83,7 +83,9 @@ ChatProcess::ChatProcess(const ChatProcessOptions& options) : options_(options) 
     if (reply.contains("error")) {
         const std::string error = reply["error"].get<std::string>();
         if (error.find("jinja2") != std::string::npos && error.find("pip install") != std::string::npos) {
-            throw Error(cat(error, "; ", install_hint(options.python)));
+            throw Error(cat("'", options.python, "' has no jinja2, the template engine transformers uses: install it "
+                            "(pip install jinja2, or apt-get install python3-jinja2), or point --python=PATH (or "
+                            "QTRAIN_PYTHON) at a python that has it"));
         }
         throw Error(error);
     }

@@ -312,6 +312,21 @@ TEST_F(ChatApp, MissingPythonSaysWhatToInstall) {
     EXPECT_NE(r.output.find("pip install jinja2"), std::string::npos) << r.output;
 }
 
+TEST_F(ChatApp, PythonWithoutJinja2SaysWhatToInstall) {
+    REQUIRE_JINJA2();
+    test::TempDir dir;
+    // python3 without its site-packages (where jinja2 is)
+    write_file(dir.file("python"), "#!/bin/sh\nexec python3 -S \"$@\"\n");
+    std::filesystem::permissions(dir.file("python"), std::filesystem::perms::owner_all);
+    if (std::system(("'" + dir.file("python") + "' -c 'import jinja2' 2>/dev/null").c_str()) == 0) {
+        GTEST_SKIP() << "jinja2 is importable without site-packages here";
+    }
+    const RunResult r = run(R"({"prompt":"a","completion":"b"})" "\n", "--python=" + dir.file("python"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("has no jinja2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("pip install jinja2"), std::string::npos) << r.output;
+}
+
 TEST_F(ChatApp, GenerationBlocksTrainExactlyWhatTheyEmit) {
     REQUIRE_JINJA2();
     test::TempDir dir;
