@@ -34,6 +34,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -208,7 +209,7 @@ int main(int argc, char** argv) {
     int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     std::string special = "text", bos = "auto", eos = "auto";
     bool no_progress = false, list_datasets = false, chat = false;
-    std::string chat_template_file, train_on = "assistant", python;
+    std::string chat_template_file, train_on = "assistant", python, template_kwargs = "{}";
     std::vector<std::string> end_of_turn;
     int64_t max_tokens = 0;
 
@@ -287,6 +288,11 @@ int main(int argc, char** argv) {
                    "--chat: cut a conversation after this many tokens; one whose trained tokens are all cut away "
                    "is skipped (and counted) (default 0: no limit)")
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--chat-template-kwargs", template_kwargs,
+                   "--chat: extra template variables as a JSON object, as apply_chat_template's keyword arguments "
+                   "(e.g. '{\"enable_thinking\": false}' for Qwen3); a record's own \"chat_template_kwargs\" "
+                   "override them")
+        ->capture_default_str();
     app.add_option("--python", python,
                    "--chat: the python3 that renders templates (needs jinja2; default: $QTRAIN_PYTHON, else python3)");
     CLI11_PARSE(app, argc, argv);
@@ -383,6 +389,10 @@ int main(int argc, char** argv) {
             process_options.end_of_turn = end_of_turn.empty() ? qtrain::default_end_of_turn(tokenizer, info.eos_token)
                                                               : end_of_turn;
             process_options.train_on = train_on;
+            const auto kwargs = nlohmann::json::parse(template_kwargs, nullptr, false);
+            QT_CHECK(!kwargs.is_discarded() && kwargs.is_object(), "--chat-template-kwargs: '", template_kwargs,
+                     "' is not a JSON object");
+            process_options.template_kwargs_json = kwargs.dump();
             // one renderer per thread: rendering (Python) and tokenizing share the cores
             const auto renderers = qtrain::start_chat_processes(process_options, threads);
             std::vector<qtrain::ChatProcess*> renderer_ptrs;
@@ -449,8 +459,9 @@ int main(int argc, char** argv) {
             return 0;
         }
         QT_CHECK(app.count("--chat-template") + app.count("--train-on") + app.count("--end-of-turn") +
-                         app.count("--max-tokens") + app.count("--python") == 0,
-                 "--chat-template, --train-on, --end-of-turn, --max-tokens and --python go with --chat");
+                         app.count("--max-tokens") + app.count("--python") + app.count("--chat-template-kwargs") == 0,
+                 "--chat-template, --chat-template-kwargs, --train-on, --end-of-turn, --max-tokens and --python go "
+                 "with --chat");
         fs::create_directories(out_dir);
         const bool masks = !reader_options.prompt_field.empty();
         SplitWriter writer(out_dir, tokenizer.vocab_size(), masks, shard_tokens);

@@ -43,7 +43,8 @@ def load_chat_template(tokenizer_file: str, chat_template: "str | None" = None) 
 
 
 def tokenize_chat(records: Iterable, tok, tokenizer_file: str, chat_template: "str | None" = None,
-                  train_on: str = "assistant", end_of_turn: "list[str] | None" = None, max_tokens: int = 0):
+                  train_on: str = "assistant", end_of_turn: "list[str] | None" = None, max_tokens: int = 0,
+                  template_kwargs: "dict | None" = None):
     """(tokens int32, mask uint8, document_starts int64, stats) of chat records (dicts, or JSON strings).
     Records without an assistant message, or whose trained tokens all lie beyond max_tokens, are skipped
     and counted in stats; a bad record raises ValueError naming its index and what is wrong."""
@@ -53,7 +54,7 @@ def tokenize_chat(records: Iterable, tok, tokenizer_file: str, chat_template: "s
     if end_of_turn is None:
         end_of_turn = [special["eos_token"]] if special.get("eos_token") else []
         end_of_turn += [t for t in END_OF_TURN if tok.token_id(t) is not None and t not in end_of_turn]
-    renderer = ChatRenderer(template, special, end_of_turn, train_on)
+    renderer = ChatRenderer(template, special, end_of_turn, train_on, template_kwargs)
     tokens, masks, starts = [], [], []
     stats = {"conversations": 0, "skipped_no_assistant": 0, "skipped_cut": 0, "truncated": 0, "tokens": 0, "trained": 0}
     n = 0

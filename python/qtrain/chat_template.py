@@ -8,8 +8,10 @@ an ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the loopcon
 `tojson` filter that is json.dumps with ensure_ascii=False (not Jinja's HTML-escaping one), the globals
 raise_exception and strftime_now, and the `{% generation %}...{% endgeneration %}` tag whose output
 characters are the assistant mask of return_assistant_tokens_mask=True. The template sees `messages`,
-`tools` (None when the record has none), `documents` (None), `add_generation_prompt` and the tokenizer's
-special tokens (bos_token, eos_token, ...) from tokenizer_config.json, as transformers passes them.
+`tools` (None when the record has none), `documents` (None), `add_generation_prompt`, the tokenizer's
+special tokens (bos_token, eos_token, ...) from tokenizer_config.json, as transformers passes them, and
+extra variables (apply_chat_template's keyword arguments, e.g. Qwen3's enable_thinking): the run's
+template_kwargs, overridden by a record's own `chat_template_kwargs`.
 
 Trained spans (character ranges of the render that are trained on; `tokenize` trains a token when any of
 its characters is in one):
@@ -20,7 +22,7 @@ its characters is in one):
 train_on: "assistant" (all assistant turns), "last-assistant" (the last one), "all" (the whole render).
 
 Protocol of the child process (`python3 -c SOURCE --serve`): the first stdin line is a JSON config
-{"template", "special_tokens": {...}, "end_of_turn": [...], "train_on"}; then each line is one JSON Lines
+{"template", "special_tokens": {...}, "end_of_turn": [...], "train_on", "template_kwargs": {...}}; then each line is one JSON Lines
 record, answered by one stdout line: {"text", "spans": [[begin, end], ...] in UTF-8 bytes, "format"} or
 {"skip": reason, "format"} or {"error": message}.
 """
@@ -156,7 +158,8 @@ def special_tokens_of(config: dict) -> dict:
 
 
 class ChatRenderer:
-    def __init__(self, template: str, special_tokens: dict | None = None, end_of_turn=(), train_on="assistant"):
+    def __init__(self, template: str, special_tokens: dict | None = None, end_of_turn=(), train_on="assistant",
+                 template_kwargs: dict | None = None):
         if train_on not in ("assistant", "last-assistant", "all"):
             raise ValueError(f"train_on must be assistant, last-assistant or all, got {train_on!r}")
         self.env = _environment()
@@ -171,12 +174,25 @@ class ChatRenderer:
         self.special_tokens = dict(special_tokens or {})
         self.end_of_turn = [t for t in end_of_turn if t]
         self.train_on = train_on
+        # extra template variables for every record (e.g. Qwen3's enable_thinking), as apply_chat_template's kwargs
+        self.template_kwargs = self._checked_kwargs(template_kwargs or {}, "template kwargs", ValueError)
 
-    def render(self, messages, tools=None, add_generation_prompt=False, spans=None) -> str:
+    @staticmethod
+    def _checked_kwargs(kwargs, what, error):
+        if not isinstance(kwargs, dict):
+            raise error(f"{what} must be a JSON object")
+        reserved = sorted(set(kwargs) & {"messages", "tools", "documents", "add_generation_prompt"})
+        if reserved:
+            raise error(f"{what} may not set {', '.join(reserved)} (the record and the trained-token rule do)")
+        return dict(kwargs)
+
+    def render(self, messages, tools=None, add_generation_prompt=False, spans=None, extra=None) -> str:
         """The template's text for `messages` (already through alias_reasoning, as spans() passes them)."""
         import jinja2
 
         kwargs = dict(self.special_tokens)
+        kwargs.update(self.template_kwargs)
+        kwargs.update(extra or {})
         kwargs.update(messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt)
         try:
             if spans is None:
@@ -227,25 +243,25 @@ class ChatRenderer:
             raise RecordError("'tools' must be a list")
         return messages, tools, fmt
 
-    def spans(self, messages, tools=None):
+    def spans(self, messages, tools=None, extra=None):
         """(text, [(begin, end) character spans])."""
         messages = alias_reasoning(messages)  # once: aliasing is per message, so prefixes slice it
         assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if not assistants:
             raise SkipRecord("no assistant message")
         if self.train_on == "all":
-            text = self.render(messages, tools)
+            text = self.render(messages, tools, extra=extra)
             return text, [(0, len(text))]
         if self.has_generation:
             found = []
-            text = self.render(messages, tools, spans=found)
+            text = self.render(messages, tools, spans=found, extra=extra)
             if not found:
                 raise SkipRecord("the template's generation blocks emitted nothing")
             return text, found[-1:] if self.train_on == "last-assistant" else found
-        text = self.render(messages, tools)
+        text = self.render(messages, tools, extra=extra)
         out = []
         for i in assistants[-1:] if self.train_on == "last-assistant" else assistants:
-            prefix = self.render(messages[:i], tools, add_generation_prompt=True)
+            prefix = self.render(messages[:i], tools, add_generation_prompt=True, extra=extra)
             if not text.startswith(prefix):
                 raise RecordError(
                     f"the chat template is not prefix-stable: the render of the messages before assistant message "
@@ -264,8 +280,10 @@ class ChatRenderer:
     def record(self, record: dict):
         """The answer to one record: {"text", "spans" (UTF-8 byte offsets), "format"} or {"skip", "format"}."""
         messages, tools, fmt = self.conversation(record)
+        # a record's own template variables (TRL's chat_template_kwargs), over the run's
+        extra = self._checked_kwargs(record.get("chat_template_kwargs", {}), "'chat_template_kwargs'", RecordError)
         try:
-            text, spans = self.spans(messages, tools)
+            text, spans = self.spans(messages, tools, extra)
         except SkipRecord as e:
             return {"skip": str(e), "format": fmt}
         return {"text": text, "spans": byte_spans(text, spans), "format": fmt}
@@ -292,7 +310,7 @@ def serve(stdin=None, stdout=None) -> int:
     config = json.loads(stdin.readline())
     try:
         renderer = ChatRenderer(config["template"], config.get("special_tokens"), config.get("end_of_turn", ()),
-                                config.get("train_on", "assistant"))
+                                config.get("train_on", "assistant"), config.get("template_kwargs"))
     except (ImportError, ValueError) as e:
         stdout.write(json.dumps({"error": str(e)}) + "\n")
         stdout.flush()

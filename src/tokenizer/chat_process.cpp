@@ -69,7 +69,8 @@ ChatProcess::ChatProcess(const ChatProcessOptions& options) : options_(options) 
     nlohmann::json config = {{"template", options.template_text},
                              {"special_tokens", nlohmann::json::parse(options.special_tokens_json)},
                              {"end_of_turn", options.end_of_turn},
-                             {"train_on", options.train_on}};
+                             {"train_on", options.train_on},
+                             {"template_kwargs", nlohmann::json::parse(options.template_kwargs_json)}};
     std::string hello;
     try {
         write_all(to_child_, config.dump(-1, ' ', true) + "\n");

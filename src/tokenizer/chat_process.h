@@ -22,6 +22,7 @@ struct ChatProcessOptions {
     std::string special_tokens_json = "{}";  // {"bos_token": ..., "eos_token": ...} from tokenizer_config.json
     std::vector<std::string> end_of_turn;    // strings that end an assistant turn (rule b)
     std::string train_on = "assistant";      // assistant | last-assistant | all
+    std::string template_kwargs_json = "{}";  // extra template variables, e.g. {"enable_thinking": false}
 };
 
 struct RenderedChat {

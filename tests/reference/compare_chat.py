@@ -86,6 +86,8 @@ def conversation(rng: random.Random, family: str) -> dict:
     record = {"messages": msgs}
     if use_tools:
         record["tools"] = TOOLS
+    if family == "qwen3" and rng.random() < 0.3:  # template variables: Qwen3 without thinking
+        record["chat_template_kwargs"] = {"enable_thinking": False}
     return record
 
 
@@ -100,7 +102,7 @@ def expected(tok, template, record, eot):
     """(ids, mask) by the README's rule, from transformers' renders and `tokenizers` offsets; None when the
     template is not prefix-stable for this record."""
     msgs, tools = record["messages"], record.get("tools")
-    kw = dict(tools=tools, chat_template=template)
+    kw = dict(tools=tools, chat_template=template, **record.get("chat_template_kwargs", {}))
     ids = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, **kw)["input_ids"]
     full = tok.apply_chat_template(msgs, tokenize=False, **kw)
     spans = []
@@ -121,7 +123,8 @@ def expected(tok, template, record, eot):
 
 def expected_generation(tok, template, record):
     out = tok.apply_chat_template(record["messages"], tools=record.get("tools"), chat_template=template,
-                                  tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+                                  tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                                  **record.get("chat_template_kwargs", {}))
     return out["input_ids"], list(out["assistant_masks"])
 
 
@@ -226,6 +229,7 @@ def check_family(args, family, tokdir, template, rng, tmp):
     trained = sum(sum(m) for _, (_, m) in want)
     total = sum(len(i) for _, (i, _) in want)
     print(f"{family}: {len(want)} conversations ({sum('tools' in r for r, _ in want)} with tools, "
+          f"{sum('chat_template_kwargs' in r for r, _ in want)} with chat_template_kwargs, "
           f"{no_assistant} without an assistant turn skipped): ids differ in {bad_ids}, masks differ in {bad_masks}; "
           f"{total} tokens, {trained} trained")
     ok = bad_ids == 0 and bad_masks == 0

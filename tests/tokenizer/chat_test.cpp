@@ -312,6 +312,24 @@ TEST_F(ChatApp, MissingPythonSaysWhatToInstall) {
     EXPECT_NE(r.output.find("pip install jinja2"), std::string::npos) << r.output;
 }
 
+TEST_F(ChatApp, TemplateKwargsReachTheTemplateAndRecordsOverrideThem) {
+    REQUIRE_JINJA2();
+    const RunResult r = run(R"({"prompt":"a","completion":"b"})" "\n"
+                            R"({"prompt":"c","completion":"d","chat_template_kwargs":{"greeting":"mine"}})" "\n",
+                            R"(--chat-template-kwargs='{"greeting": "all"}' --end-of-turn='<|endoftext|>')");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const TokenFile f(out_.file("train.bin"));
+    const std::string text = tok_->decode(std::span(f.tokens(), static_cast<std::size_t>(f.size())));
+    EXPECT_EQ(text, "all\nU: a<|endoftext|>\nA: b<|endoftext|>\nmine\nU: c<|endoftext|>\nA: d<|endoftext|>\n");
+    const RunResult reserved = run(R"({"prompt":"a","completion":"b","chat_template_kwargs":{"messages":[]}})" "\n");
+    EXPECT_NE(reserved.exit_code, 0);
+    EXPECT_NE(reserved.output.find("c.jsonl:1: 'chat_template_kwargs' may not set messages"), std::string::npos)
+        << reserved.output;
+    const RunResult bad = run(R"({"prompt":"a","completion":"b"})" "\n", "--chat-template-kwargs='[1]'");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.output.find("--chat-template-kwargs: '[1]' is not a JSON object"), std::string::npos) << bad.output;
+}
+
 TEST_F(ChatApp, PythonWithoutJinja2SaysWhatToInstall) {
     REQUIRE_JINJA2();
     test::TempDir dir;
