@@ -263,8 +263,8 @@ def check_family(args, family, tokdir, template, rng, tmp):
     gen_template = with_generation_blocks(template, family)
     gen_file = os.path.join(tmp, f"{family}-generation.jinja")
     open(gen_file, "w", encoding="utf-8").write(gen_template)
-    # the prefix-unstable conversation too: generation blocks need no prefix rule
-    gen_records = [r for r in records if any(m["role"] == "assistant" for m in r["messages"])] + unstable[:1]
+    # the prefix-unstable conversations too: generation blocks need no prefix rule
+    gen_records = [r for r in records if any(m["role"] == "assistant" for m in r["messages"])] + unstable
     gen_want = [expected_generation(tok, gen_template, r) for r in gen_records]
     gpath = os.path.join(tmp, f"{family}-gen.jsonl")
     with open(gpath, "w", encoding="utf-8") as f:
