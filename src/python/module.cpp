@@ -8,6 +8,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -87,6 +88,24 @@ NB_MODULE(_qtrain, m) {
         .def(
             "token_id", [](const qtrain::Tokenizer& t, const std::string& token) { return t.token_id(token); },
             nb::arg("token"), "The id of a token (e.g. '<|endoftext|>'), or None when it is not one.")
+        .def(
+            "encode_with_offsets",
+            [](const qtrain::Tokenizer& t, const std::string& text) {
+                std::vector<int32_t> ids;
+                std::vector<qtrain::TokenOffset> offsets;
+                {
+                    nb::gil_scoped_release released;
+                    t.encode_with_offsets(text, ids, offsets, qtrain::SpecialTokens::kRecognize);
+                }
+                std::vector<std::pair<uint32_t, uint32_t>> spans;
+                spans.reserve(offsets.size());
+                for (const auto& o : offsets) spans.emplace_back(o.begin, o.end);
+                return std::make_pair(std::move(ids), std::move(spans));
+            },
+            nb::arg("text"),
+            "(ids, [(begin, end)]): the ids with every added token recognised (transformers' tokenizer(text, "
+            "add_special_tokens=False), as for a rendered chat) and the UTF-8 bytes of `text` each comes from.")
+        .def_prop_ro("source", &qtrain::Tokenizer::source, "The file it was loaded from.")
         .def_prop_ro("vocab_size", &qtrain::Tokenizer::vocab_size)
         .def_prop_ro("bos_id", &qtrain::Tokenizer::bos_id,
                      "The token the post-processor puts before each document (Llama 3's <|begin_of_text|>), or None.")

@@ -55,4 +55,25 @@ private:
     int only_first_byte_ = -1;        // the first byte when all tokens share it (memchr scan)
 };
 
+// Splits `text` at the added tokens that `mode` recognises: calls text_fn(segment) for the text
+// between them and token_fn(id, match) for each token (segments and matches are views of `text`, so
+// their position in it is known).
+template <class TextFn, class TokenFn>
+void split_added(const AddedTokenMatcher& matcher, std::string_view text, SpecialTokens mode,
+                 TextFn&& text_fn, TokenFn&& token_fn) {
+    if (mode == SpecialTokens::kNone || matcher.empty()) {
+        text_fn(text);
+        return;
+    }
+    std::size_t segment_start = 0, search = 0;
+    while (const auto m = matcher.find(text, search)) {
+        search = m->pos + m->len;
+        if (mode == SpecialTokens::kAsText && m->special) continue;  // stays text
+        text_fn(text.substr(segment_start, m->pos - segment_start));
+        token_fn(m->id, text.substr(m->pos, m->len));
+        segment_start = search;
+    }
+    text_fn(text.substr(segment_start));
+}
+
 }  // namespace qtrain

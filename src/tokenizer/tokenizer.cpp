@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "tokenizer/nfc.h"
-#include "tokenizer/piece_cache.h"
+#include "tokenizer/encode_context.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode_tables.h"
 #include "tokenizer/utf8.h"
@@ -15,12 +15,9 @@ namespace {
 
 std::atomic<uint64_t> g_next_serial{1};
 
-// Scratch space of the calling thread, reused across calls.
-struct EncodeContext {
-    uint64_t owner = 0;
-    PieceCache cache;
-    std::vector<std::string_view> pieces;
-};
+}  // namespace
+
+namespace {
 
 EncodeContext& context_for(uint64_t serial) {
     thread_local EncodeContext ctx;
@@ -29,26 +26,6 @@ EncodeContext& context_for(uint64_t serial) {
         ctx.owner = serial;
     }
     return ctx;
-}
-
-// Splits `text` at the added tokens that `mode` recognises: calls text_fn(segment) for the text
-// between them and token_fn(id) for each token.
-template <class TextFn, class TokenFn>
-void split_added(const AddedTokenMatcher& matcher, std::string_view text, SpecialTokens mode,
-                 TextFn&& text_fn, TokenFn&& token_fn) {
-    if (mode == SpecialTokens::kNone || matcher.empty()) {
-        text_fn(text);
-        return;
-    }
-    std::size_t segment_start = 0, search = 0;
-    while (const auto m = matcher.find(text, search)) {
-        search = m->pos + m->len;
-        if (mode == SpecialTokens::kAsText && m->special) continue;  // stays text
-        text_fn(text.substr(segment_start, m->pos - segment_start));
-        token_fn(m->id);
-        segment_start = search;
-    }
-    text_fn(text.substr(segment_start));
 }
 
 }  // namespace
@@ -96,21 +73,25 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
              ": the post-processor's token id ", bos_id_.value_or(-1), " is not in the vocabulary");
 }
 
+EncodeContext& Tokenizer::context() const { return context_for(serial_); }
+
 void Tokenizer::encode_pieces(std::string_view text, std::vector<int32_t>& out) const {
     EncodeContext& ctx = context_for(serial_);
     ctx.pieces.clear();
     pretokenize(text, *split_, ctx.pieces);
-    for (const std::string_view piece : ctx.pieces) {
-        if (ctx.cache.lookup(piece, out)) continue;
-        const std::size_t before = out.size();
-        const auto whole = ignore_merges_ ? ids_by_bytes_.find(std::string(piece)) : ids_by_bytes_.end();
-        if (whole != ids_by_bytes_.end() && whole->second < bpe_->size()) {
-            out.push_back(whole->second);
-        } else {
-            bpe_->encode(piece, out);
-        }
-        ctx.cache.insert(piece, out.data() + before, out.size() - before);
+    for (const std::string_view piece : ctx.pieces) encode_piece(piece, ctx, out);
+}
+
+void Tokenizer::encode_piece(std::string_view piece, EncodeContext& ctx, std::vector<int32_t>& out) const {
+    if (ctx.cache.lookup(piece, out)) return;
+    const std::size_t before = out.size();
+    const auto whole = ignore_merges_ ? ids_by_bytes_.find(std::string(piece)) : ids_by_bytes_.end();
+    if (whole != ids_by_bytes_.end() && whole->second < bpe_->size()) {
+        out.push_back(whole->second);
+    } else {
+        bpe_->encode(piece, out);
     }
+    ctx.cache.insert(piece, out.data() + before, out.size() - before);
 }
 
 void Tokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out,
@@ -121,7 +102,7 @@ void Tokenizer::encode_segment(std::string_view text, std::vector<int32_t>& out,
     split_added(
         normalized_matcher_, normalized, mode,
         [&](std::string_view part) { encode_pieces(part, out); },
-        [&](int32_t id) { out.push_back(id); });
+        [&](int32_t id, std::string_view) { out.push_back(id); });
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, SpecialTokens mode,
@@ -135,7 +116,7 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, Special
     split_added(
         raw_matcher_, text, mode,
         [&](std::string_view segment) { encode_segment(segment, out, mode); },
-        [&](int32_t id) { out.push_back(id); });
+        [&](int32_t id, std::string_view) { out.push_back(id); });
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, SpecialTokens mode) const {

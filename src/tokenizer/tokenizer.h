@@ -53,6 +53,12 @@ struct TokenizerSpec {
     std::optional<int32_t> bos_id;  // the post-processor's token before each sequence
 };
 
+struct TokenOffset {
+    uint32_t begin, end;  // bytes of the encoded text
+};
+
+struct EncodeContext;
+
 struct EncodeStats {
     std::size_t invalid_utf8 = 0;  // ill-formed sequences replaced by U+FFFD
 };
@@ -75,6 +81,11 @@ public:
                 SpecialTokens mode = SpecialTokens::kAsText, EncodeStats* stats = nullptr) const;
     std::vector<int32_t> encode(std::string_view text,
                                 SpecialTokens mode = SpecialTokens::kAsText) const;
+    // As encode(), plus for each token the bytes [begin, end) of `text` it comes from (HF's offsets,
+    // in bytes; token_offsets.cpp). A token of NFC-composed text covers the whole run of original
+    // characters that composed into it. `text` must be valid UTF-8 (throws otherwise).
+    void encode_with_offsets(std::string_view text, std::vector<int32_t>& ids, std::vector<TokenOffset>& offsets,
+                             SpecialTokens mode = SpecialTokens::kRecognize) const;
 
     // The bytes of the tokens (added tokens as their text); throws on an unknown id. The result
     // may be invalid UTF-8 when `ids` cuts a character.
@@ -113,6 +124,8 @@ public:
 private:
     void encode_segment(std::string_view text, std::vector<int32_t>& out, SpecialTokens mode) const;
     void encode_pieces(std::string_view text, std::vector<int32_t>& out) const;
+    void encode_piece(std::string_view piece, EncodeContext& ctx, std::vector<int32_t>& out) const;
+    EncodeContext& context() const;
 
     std::string source_;
     TokenizerFormat format_ = TokenizerFormat::kNone;
