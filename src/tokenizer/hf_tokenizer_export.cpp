@@ -15,8 +15,10 @@ namespace fs = std::filesystem;
 constexpr const char* kTokenizerJson = "tokenizer.json";
 constexpr const char* kTokenizerConfig = "tokenizer_config.json";
 // The tokenizer files of a HF model directory besides tokenizer.json.
+// chat_template.jinja: where transformers >= 4.5x saves the chat template (no longer in
+// tokenizer_config.json), so a fine-tuned model keeps the template it was trained with.
 constexpr const char* kCompanions[] = {kTokenizerConfig, "special_tokens_map.json", "added_tokens.json",
-                                       "vocab.json", "merges.txt"};
+                                       "vocab.json", "merges.txt", "chat_template.jinja"};
 
 // Copies via a temporary file, so an interrupted export never leaves half a tokenizer.json.
 void copy_file_atomic(const fs::path& from, const fs::path& to) {

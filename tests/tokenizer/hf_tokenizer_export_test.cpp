@@ -103,17 +103,20 @@ TEST(HfTokenizerExport, TokenizerJsonIsCopiedWithTheFilesBesideIt) {
     const std::string path = test::write_tiny_tokenizer_json(src.str(), {{"h", "e"}, {"l", "l"}}, false);
     write_file(src.file("tokenizer_config.json"), R"({"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>"})");
     write_file(src.file("merges.txt"), "#version: 0.2\nh e\nl l\n");
+    // transformers 5 keeps the chat template beside tokenizer_config.json: a fine-tuned model needs it
+    write_file(src.file("chat_template.jinja"), "{% for m in messages %}{{ m.content }}{% endfor %}");
     write_file(out.file("vocab.json"), "{}");  // left by an earlier run: must go
     const Tokenizer tok = Tokenizer::load(path);
     EXPECT_EQ(export_hf_tokenizer(tok, out.str()),
-              (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "merges.txt"}));
+              (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "merges.txt", "chat_template.jinja"}));
+    EXPECT_EQ(read_file(out.file("chat_template.jinja")), read_file(src.file("chat_template.jinja")));
     EXPECT_EQ(read_file(out.file("tokenizer.json")), read_file(path));
     EXPECT_EQ(read_file(out.file("tokenizer_config.json")), read_file(src.file("tokenizer_config.json")));
     EXPECT_EQ(read_file(out.file("merges.txt")), read_file(src.file("merges.txt")));
     EXPECT_FALSE(fs::exists(out.file("vocab.json")));
 
     // exporting into the tokenizer's own directory leaves it as it is
-    EXPECT_EQ(export_hf_tokenizer(tok, src.str()).size(), 3u);
+    EXPECT_EQ(export_hf_tokenizer(tok, src.str()).size(), 4u);
     EXPECT_EQ(read_file(path), read_file(out.file("tokenizer.json")));
 }
 
