@@ -43,10 +43,10 @@ def read_conversations(path):
     return [(tokens[s:e], mask[s:e]) for s, e in zip(starts, ends)]
 
 
-def make_batch(convs, max_len, pad_id):
+def make_batch(convs, max_len, pad_id, multiple):
     convs = [(t[:max_len], m[:max_len]) for t, m in convs]
     longest = max(len(t) for t, _ in convs)
-    width = (longest + 63) // 64 * 64
+    width = min((longest + multiple - 1) // multiple * multiple, max(max_len, longest))
     ids = np.full((len(convs), width), pad_id, np.int64)
     labels = np.full((len(convs), width), -100, np.int64)
     attn = np.zeros((len(convs), width), np.int64)
@@ -68,6 +68,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pad-multiple", type=int, default=64,
+                    help="round the batch's width up to a multiple of this (fewer shapes for torch.compile: on the "
+                         "H200, 2026-12-03, --compile at 64 was still recompiling after 300 s; --pad-multiple=--max-len "
+                         "gives one static shape, i.e. padding every batch to --max-len)")
     a = ap.parse_args()
 
     convs = read_conversations(a.tokens)
@@ -77,7 +81,7 @@ def main():
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
-    fwd = torch.compile(model, dynamic=True) if a.compile else model
+    fwd = torch.compile(model, dynamic=a.pad_multiple < a.max_len) if a.compile else model
 
     def step(ids, labels, attn):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -94,7 +98,7 @@ def main():
         pick = order[(s * a.batch) % len(order):][:a.batch]
         if len(pick) < a.batch:
             pick = order[:a.batch]
-        ids, labels, attn, useful, slots = make_batch([convs[j] for j in pick], a.max_len, 0)
+        ids, labels, attn, useful, slots = make_batch([convs[j] for j in pick], a.max_len, 0, a.pad_multiple)
         ids, labels, attn = ids.cuda(), labels.cuda(), attn.cuda()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -107,6 +111,7 @@ def main():
             slots_total += slots
     system = "pytorch" + ("+compile" if a.compile else "") + "+padded"
     print(json.dumps({"system": system, "model": a.model, "conversations_per_step": a.batch, "max_len": a.max_len,
+                      "pad_multiple": a.pad_multiple,
                       "useful_tokens_per_s": round(statistics.median(rates)),
                       "padding_fraction": round(1 - useful_total / slots_total, 4),
                       "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}))
