@@ -39,6 +39,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "io/hf_model_dir.h"
+#include "io/row_packing.h"
 #include "io/token_file.h"
 #include "tokenizer/batch_encoder.h"
 #include "tokenizer/chat_reader.h"
@@ -412,6 +413,7 @@ int main(int argc, char** argv) {
             int64_t eval_so_far = 0, docs = 0;
             uint64_t bytes = 0;
             qtrain::ChatStats total;
+            std::vector<int64_t> train_lengths;  // for the fill rate packing will reach
             auto run_chat = [&](const std::vector<std::string>& files, bool all_eval) {
                 qtrain::ChatReader reader(files, renderer_ptrs, tokenizer, max_tokens);
                 const uint64_t eval_bytes =
@@ -425,6 +427,7 @@ int main(int argc, char** argv) {
                         qtrain::EncodedDocument doc{std::move(c.tokens.tokens), std::move(c.tokens.mask)};
                         writer.add(doc, eval);
                         if (eval) eval_so_far += static_cast<int64_t>(doc.tokens.size());
+                        else train_lengths.push_back(static_cast<int64_t>(doc.tokens.size()));
                         ++docs;
                     }
                     batch.clear();
@@ -456,6 +459,17 @@ int main(int argc, char** argv) {
                        total.truncated, total.tokens, total.trained,
                        total.tokens ? 100.0 * total.trained / total.tokens : 0.0, secs);
             for (const auto& [path, n] : files) fmt::print("  {}: {} tokens\n", path, n);
+            // What train --document-masking (the loader's rule, io/row_packing.h) will make of them.
+            std::string fills;
+            for (int seq : {1024, 2048, 4096, 8192}) {
+                qtrain::RowPacker packer(seq, false);
+                int64_t split = 0;
+                for (int64_t len : train_lengths) split += packer.add(len, [](int64_t, int64_t, bool) {});
+                fills += fmt::format("{}{}: {:.1f}% ({} split)", fills.empty() ? "" : ", ", seq,
+                                     100.0 * packer.fill_rate(), split);
+            }
+            fmt::print("packing the train conversations with document masking, fill rate (tokens / row slots) at "
+                       "--seq-len {}\n", fills);
             return 0;
         }
         QT_CHECK(app.count("--chat-template") + app.count("--train-on") + app.count("--end-of-turn") +

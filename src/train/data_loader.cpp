@@ -1,7 +1,10 @@
 #include "train/data_loader.h"
 
+#include "io/row_packing.h"
+
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/row_packing.h"
 
 #include <algorithm>
 
@@ -49,23 +52,7 @@ DataLoader::DataLoader(const std::vector<std::string>& files, int batch_size, in
 }
 
 void DataLoader::pack_files() {
-    int used = seq_len_;  // slots taken in the current row (a full row: the first document opens one)
-    auto place = [&](int32_t file, int64_t begin, int64_t length) {
-        // a new row; the old one's tail stays padding
-        if (used + length > seq_len_ || (packing_.one_per_row && used > 0)) {
-            chunks_.push_back({-1, static_cast<int64_t>(segments_.size())});
-            row_valid_.push_back(0);
-            used = 0;
-        }
-        segments_.push_back({file, static_cast<int32_t>(length), begin});
-        const TokenFile& tf = *files_[file];
-        int64_t valid = 0;  // the last token's target is another document's: none
-        for (int64_t j = 1; j < length; ++j) valid += tf.mask(begin + j);
-        row_valid_.back() += valid;
-        pack_.trained_targets += valid;
-        pack_.document_tokens += length;
-        used += static_cast<int>(length);
-    };
+    RowPacker packer(seq_len_, packing_.one_per_row);  // io/row_packing.h: the rule, shared with tokenize
     for (std::size_t f = 0; f < files_.size(); ++f) {
         const TokenFile& tf = *files_[f];
         const int64_t n = tf.size();
@@ -79,9 +66,20 @@ void DataLoader::pack_files() {
                 while (end < n && tf.tokens()[end - 1] != packing_.eos_token_id) ++end;
             }
             ++pack_.documents;
-            if (end - begin > seq_len_) ++pack_.split_documents;
-            for (int64_t piece = begin; piece < end; piece += seq_len_)
-                place(static_cast<int32_t>(f), piece, std::min<int64_t>(seq_len_, end - piece));
+            const bool split = packer.add(end - begin, [&](int64_t offset, int64_t length, bool new_row) {
+                if (new_row) {  // the old row's tail stays padding
+                    chunks_.push_back({-1, static_cast<int64_t>(segments_.size())});
+                    row_valid_.push_back(0);
+                }
+                const int64_t piece = begin + offset;
+                segments_.push_back({static_cast<int32_t>(f), static_cast<int32_t>(length), piece});
+                int64_t valid = 0;  // the last token's target is another document's: none
+                for (int64_t j = 1; j < length; ++j) valid += tf.mask(piece + j);
+                row_valid_.back() += valid;
+                pack_.trained_targets += valid;
+                pack_.document_tokens += length;
+            });
+            pack_.split_documents += split;
             begin = end;
         }
     }
