@@ -281,7 +281,10 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint(tmp_path: Path, data: Pat
         "except KeyboardInterrupt:\n"
         "    print('interrupted', flush=True)\n"
         "    sys.exit(3)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a test run started in the background (nohup, `&` in a
+    # script) inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = tmp_path / "sig.jsonl"
     import time
     deadline = time.time() + 120
