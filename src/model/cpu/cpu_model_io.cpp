@@ -69,6 +69,7 @@ void CpuModel::save_hf(const std::string& dir) const {
 }
 
 void CpuModel::save_checkpoint(const std::string& dir) const {
+    QT_CHECK(!frozen_base(), "--lora-rank=", options_.lora.rank, ": checkpoints of LoRA runs are not yet written");
     // Under ZeRO-1/2 every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's
     // files are the whole checkpoint and the other ranks have nothing of their own to write. Under
     // ZeRO-3 the ranks gather the state to rank 0 first (collective), which writes the same files.
@@ -88,6 +89,7 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CpuModel::load_checkpoint(const std::string& dir) {
+    QT_CHECK(!frozen_base(), "--lora-rank=", options_.lora.rank, ": checkpoints of LoRA runs are not yet read");
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
     if (holds_block_files(dir)) {
         // the GPU model's blocks of its flat layout, at any number of ranks (io/flat_state_reader.h)
@@ -121,6 +123,13 @@ void CpuModel::load_checkpoint(const std::string& dir) {
 }
 
 std::vector<float> CpuModel::read_tensor(const std::string& name, TensorKind kind) {
+    if (lora_.has(name)) {  // an adapter (PEFT name): never sharded
+        const int64_t n = lora_.spec(name).numel();
+        const float* p = kind == TensorKind::Gradient ? lora_.grad(name) : lora_.param(name);
+        return std::vector<float>(p, p + n);
+    }
+    QT_CHECK(kind != TensorKind::Gradient || !frozen_base(), "CpuModel: '", name,
+             "' is frozen under LoRA (--lora-rank): it has no gradient");
     const int64_t begin = offset(name), end = begin + specs_[index_.at(name)].numel();
     if (kind == TensorKind::Gradient) return std::vector<float>(grads_.begin() + begin, grads_.begin() + end);
     const Held held(*this, {begin, end});

@@ -1,0 +1,73 @@
+// LoRA adapters of the CPU reference model (issue 33, model/lora.h): their fp32 master weights,
+// gradients and AdamW moments in flat buffers of their own (the frozen base has none of these), and
+// the forward/backward of one adapted Linear. CpuModel calls forward() right after a target's base
+// matmul and backward() next to its input-gradient matmul.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/imodel.h"
+#include "model/lora.h"
+
+namespace qtrain {
+
+class CpuLora {
+public:
+    CpuLora() = default;
+    CpuLora(const ModelConfig& cfg, const LoraOptions& lora);
+
+    bool enabled() const { return lora_.enabled(); }
+    const LoraOptions& options() const { return lora_; }
+    const std::vector<ParamSpec>& specs() const { return specs_; }
+    int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
+
+    // A from the seed (init_lora_parameter), B zero; moments and gradients zero.
+    void init(uint64_t seed);
+    // Saved inputs x A^T for a B*T = N micro-batch.
+    void ensure_activations(int N);
+    // y[N, out] += s * (x A^T) B^T for layer l's target t (nothing when t has no adapter); saves x A^T.
+    void forward(int l, LoraTarget t, float* y, const float* x, int N);
+    // dx += s * dy B A; dA += s * (dy B)^T x; dB += s * dy^T (x A^T). x is the forward's input.
+    void backward(int l, LoraTarget t, float* dx, const float* dy, const float* x, int N);
+
+    double grad_sum_squares() const;
+    // AdamW on every adapter (weight decay as the run's: they are matrices), then zero gradients.
+    void adamw(const OptimizerParams& p, float clip_scale);
+    void zero_grads();
+
+    // By PEFT name; throw naming the tensor when it is not an adapter.
+    float* param(const std::string& name) { return params_.data() + offset(name); }
+    float* grad(const std::string& name) { return grads_.data() + offset(name); }
+    float* adam_m(const std::string& name) { return m_.data() + offset(name); }
+    float* adam_v(const std::string& name) { return v_.data() + offset(name); }
+    bool has(const std::string& name) const { return index_.count(name) != 0; }
+    const ParamSpec& spec(const std::string& name) const { return specs_[index(name)]; }
+    const std::vector<int64_t>& offsets() const { return offsets_; }
+    std::vector<float>& params() { return params_; }
+    std::vector<float>& grads() { return grads_; }
+    std::vector<float>& moments_m() { return m_; }
+    std::vector<float>& moments_v() { return v_; }
+    const std::vector<float>& params() const { return params_; }
+    const std::vector<float>& moments_m() const { return m_; }
+    const std::vector<float>& moments_v() const { return v_; }
+
+private:
+    size_t index(const std::string& name) const;
+    int64_t offset(const std::string& name) const { return offsets_[index(name)]; }
+    int slot(int l, LoraTarget t) const { return l * kLoraTargets + static_cast<int>(t); }
+    LoraOptions lora_;
+    ModelConfig cfg_;
+    std::vector<ParamSpec> specs_;
+    std::vector<int64_t> offsets_;
+    std::unordered_map<std::string, size_t> index_;
+    std::vector<int64_t> a_offset_;  // per (layer, target): offset of A (B follows it), -1 = no adapter
+    std::vector<float> params_, grads_, m_, v_;
+    std::vector<float> h_;   // [L, 7, N, r] x A^T of each adapter
+    std::vector<float> dh_;  // [N, r] backward scratch
+    int n_ = 0;              // rows h_ is sized for
+};
+
+}  // namespace qtrain
