@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -113,6 +115,70 @@ void init_lora_parameter(const ParamSpec& spec, const LoraOptions& lora, uint64_
     // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound = gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in)
     const float bound = 1.0f / std::sqrt(static_cast<float>(spec.shape[1]));
     for (int64_t k = 0; k < n; ++k) out[k] = bound * (2.0f * rng.uniform() - 1.0f);
+}
+
+std::string peft_adapter_config_json(const LoraOptions& lora) {
+    nlohmann::json j;
+    j["peft_type"] = "LORA";
+    j["task_type"] = "CAUSAL_LM";
+    j["base_model_name_or_path"] = lora.base_model;
+    j["r"] = lora.rank;
+    // an integral alpha as PEFT's int default writes it (8, not 8.0)
+    if (lora.alpha == std::floor(lora.alpha)) j["lora_alpha"] = static_cast<int64_t>(lora.alpha);
+    else j["lora_alpha"] = lora.alpha;
+    j["lora_dropout"] = lora.dropout;
+    nlohmann::json targets = nlohmann::json::array();
+    for (int t = 0; t < kLoraTargets; ++t)
+        if (lora.has(static_cast<LoraTarget>(t))) targets.push_back(kModule[t]);
+    j["target_modules"] = targets;
+    j["bias"] = "none";
+    j["fan_in_fan_out"] = false;
+    j["inference_mode"] = true;
+    j["init_lora_weights"] = lora.init == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true);
+    j["use_rslora"] = false;
+    j["use_dora"] = false;
+    j["modules_to_save"] = nullptr;
+    j["layers_to_transform"] = nullptr;
+    j["layers_pattern"] = nullptr;
+    j["rank_pattern"] = nlohmann::json::object();
+    j["alpha_pattern"] = nlohmann::json::object();
+    j["revision"] = nullptr;
+    return j.dump(2) + "\n";
+}
+
+void check_peft_adapter_config(const std::string& text, const LoraOptions& lora, const std::string& flag,
+                               const std::string& dir) {
+    const std::string where = flag + "=" + dir;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(text);
+    } catch (const std::exception& e) {
+        throw_error(cat(where, ": ", kAdapterConfigFile, " is not JSON: ", e.what()));
+    }
+    QT_CHECK(j.value("peft_type", std::string()) == "LORA", where, ": not a LoRA adapter (peft_type '",
+             j.value("peft_type", std::string()), "')");
+    const int r = j.value("r", -1);
+    QT_CHECK(r == lora.rank, where, ": the adapter has rank r=", r, ", this run --lora-rank=", lora.rank,
+             " (give --lora-rank=", r, ")");
+    const double alpha = j.value("lora_alpha", -1.0);
+    QT_CHECK(static_cast<float>(alpha) == lora.alpha, where, ": the adapter has lora_alpha=", alpha,
+             ", this run --lora-alpha=", lora.alpha, " (give --lora-alpha=", alpha, ")");
+    QT_CHECK(!j.value("use_dora", false) && !j.value("use_rslora", false), where,
+             ": DoRA and rsLoRA adapters are not supported (use_dora / use_rslora)");
+    QT_CHECK(j.contains("target_modules") && j["target_modules"].is_array(), where,
+             ": target_modules must be a list of module names (q_proj, ..., down_proj)");
+    uint32_t mask = 0;
+    for (const auto& m : j["target_modules"]) {
+        const std::string name = m.is_string() ? m.get<std::string>() : m.dump();
+        int found = -1;
+        for (int t = 0; t < kLoraTargets; ++t)
+            if (name == kModule[t]) found = t;
+        QT_CHECK(found >= 0, where, ": target module '", name, "' is not one of q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj");
+        mask |= 1u << found;
+    }
+    QT_CHECK(mask == lora.targets, where, ": the adapter targets ", lora_targets_text(mask), ", this run --lora-targets=",
+             lora_targets_text(lora.targets), " (give --lora-targets=", lora_targets_text(mask), ")");
 }
 
 }  // namespace qtrain

@@ -31,6 +31,9 @@ struct LoraOptions {
     uint32_t targets = 0x7f;   // bit t = LoraTarget t (default: all)
     std::string init = "kaiming";  // kaiming: PEFT's default (A Kaiming-uniform, B zero); gaussian: A ~ N(0, 1/r)
     uint64_t seed = 42;            // A's initialisation (--seed)
+    std::string base_model;        // adapter_config.json's base_model_name_or_path (--model)
+    std::string from;              // --lora-from: start from this PEFT adapter directory ("" = init)
+    bool merge = false;            // --merge-lora: the export is the merged full model, not the adapter
     bool enabled() const { return rank > 0; }
     bool has(LoraTarget t) const { return (targets >> static_cast<int>(t)) & 1u; }
     float scale() const { return alpha / static_cast<float>(rank); }
@@ -60,5 +63,17 @@ std::string lora_tensor_name(int layer, LoraTarget t, const char* which);
 // init_lora_weights=True, torch's kaiming_uniform_(a=sqrt(5)) = uniform(-1/sqrt(in), 1/sqrt(in)), or
 // "gaussian": normal(0, 1/r).
 void init_lora_parameter(const ParamSpec& spec, const LoraOptions& lora, uint64_t seed, float* out);
+
+// ---- PEFT's adapter directory (adapter_config.json + adapter_model.safetensors) ----
+constexpr const char* kAdapterConfigFile = "adapter_config.json";
+constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
+
+// adapter_config.json as PEFT's LoraConfig writes it for these options (peft_type LORA, task_type
+// CAUSAL_LM, r, lora_alpha, lora_dropout, target_modules as HF module names, bias none, ...).
+std::string peft_adapter_config_json(const LoraOptions& lora);
+// Throws naming `flag`=dir when the adapter_config.json text is not a LoRA adapter these options
+// can continue: another peft_type, rank, lora_alpha or set of target modules, DoRA or rsLoRA.
+void check_peft_adapter_config(const std::string& json_text, const LoraOptions& lora, const std::string& flag,
+                               const std::string& dir);
 
 }  // namespace qtrain

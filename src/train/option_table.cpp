@@ -362,6 +362,7 @@ std::vector<OptionSpec> make_table() {
                 m.lora.targets = parse_lora_targets(o.lora_targets, "--lora-targets");
                 m.lora.init = o.lora_init;
                 m.lora.seed = o.seed;
+                m.lora.base_model = o.model;
             }),
         opt(kLora, "lora-alpha", &T::lora_alpha, R::MustMatch,
             "LoRA scaling numerator: the adapters' output is multiplied by alpha / rank (PEFT's lora_alpha, default 8 "
@@ -375,6 +376,15 @@ std::vector<OptionSpec> make_table() {
             "Adapter initialisation: kaiming (PEFT's default: A Kaiming-uniform as torch's kaiming_uniform_(a=sqrt(5)), "
             "B zero) or gaussian (PEFT's init_lora_weights=\"gaussian\": A ~ N(0, 1/rank), B zero)",
             choices({"kaiming", "gaussian"})),
+        // where the adapters start and what the export is: not the math of the steps
+        opt(kLora, "lora-from", &T::lora_from, R::MayChange,
+            "Start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "
+            "fresh adapters; its rank, alpha, targets and shapes must be this run's")
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.from = o.lora_from; }),
+        opt(kLora, "merge-lora", &T::merge_lora, R::MayChange,
+            "With --lora-rank: --out-dir gets the merged full model (W + alpha/rank * B A, as PEFT's "
+            "merge_and_unload; model.safetensors and config.json) instead of the PEFT adapter")
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.merge = o.merge_lora; }),
 
         // Evaluation, checkpoints and output
         opt(kOutput, "eval-every-n-steps", &T::eval_every_n_steps, R::MayChange,

@@ -122,7 +122,9 @@ void TrainOptions::validate_lora() const {
         const std::pair<const char*, bool> given[] = {{"--lora-alpha", lora_alpha != defaults.lora_alpha},
                                                       {"--lora-dropout", lora_dropout != defaults.lora_dropout},
                                                       {"--lora-targets", lora_targets != defaults.lora_targets},
-                                                      {"--lora-init", lora_init != defaults.lora_init}};
+                                                      {"--lora-init", lora_init != defaults.lora_init},
+                                                      {"--lora-from", !lora_from.empty()},
+                                                      {"--merge-lora", merge_lora}};
         for (const auto& [flag, on] : given) QT_CHECK(!on, flag, " needs --lora-rank > 0 (LoRA is off)");
         return;
     }

@@ -93,6 +93,8 @@ struct TrainOptions {
     float lora_dropout = 0.0f;           // only 0 for now
     std::string lora_targets = "all";    // all | any of q,k,v,o,gate,up,down
     std::string lora_init = "kaiming";   // kaiming (PEFT's default) | gaussian
+    std::string lora_from;               // a PEFT adapter directory to start from ("" = fresh adapters)
+    bool merge_lora = false;             // export the merged model instead of the adapter
 
     // Resolved helpers
     int warmup_steps() const { return warmup >= 0 ? warmup : std::min(100, steps / 10); }

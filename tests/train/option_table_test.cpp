@@ -48,7 +48,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
         "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
-        "attention", "gemm-autotune"};
+        "attention", "gemm-autotune", "lora-from", "merge-lora"};
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
     const Names kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
     EXPECT_EQ(with_rule(ResumeRule::MayChange), kMayChange);
@@ -162,7 +162,7 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
         "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
         "document-masking",  // added since (issue 31); its auto is resolved on the train files
-        "lora-rank"};        // issue 33: fills ModelOptions::lora from all the --lora-* flags
+        "lora-rank", "lora-from", "merge-lora"};  // issue 33: ModelOptions::lora
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);

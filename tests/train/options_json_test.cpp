@@ -30,9 +30,10 @@ const char* const kOldDefaultJson =
     R"("force-resume":false,"fp8-fast-accum":"off","from-scratch":false,"gemm-autotune":false,"gpu-ids":"",)"
     R"("gpus":1,"grad-accumulation":4,"grad-clip":1.0,"gradient-dtype":"","host-memory-limit":"",)"
     R"("learning-rate":9.999999747378752e-06,"lmhead-chunks":1,"log-file":"","lora-alpha":8.0,"lora-dropout":0.0,)"
-    R"("lora-init":"kaiming","lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
+    R"("lora-from":"","lora-init":"kaiming","lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
     R"("lr-schedule":"cosine",)"
-    R"("master-dtype":"fp32","matmul-dtype":"","memcpy-all-gather":false,"memory-limit":"","model":"",)"
+    R"("master-dtype":"fp32","matmul-dtype":"","memcpy-all-gather":false,"memory-limit":"","merge-lora":false,)"
+    R"("model":"",)"
     R"("model-dtype":"","offload-double-buffer":false,"offload-gradients":false,"offload-master":false,)"
     R"("offload-opt-m":false,"offload-opt-v":false,"offload-quants":false,"offload-residual":false,)"
     R"("opt-m-dtype":"fp32","opt-v-dtype":"fp32","out-dir":"output","overwrite":false,"packing":"greedy",)"
@@ -49,9 +50,9 @@ const std::set<std::string> kOldKeys = {
     "eval-every-n-steps",
     "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "from-scratch",
     "gemm-autotune", "gpu-ids", "gpus", "grad-accumulation", "grad-clip", "gradient-dtype", "host-memory-limit",
-    "learning-rate", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-init", "lora-rank",
+    "learning-rate", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-from", "lora-init", "lora-rank",
     "lora-targets", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype",
-    "memcpy-all-gather", "memory-limit", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
+    "memcpy-all-gather", "memory-limit", "merge-lora", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",
     "opt-v-dtype", "out-dir", "overwrite", "packing", "param-grad-dtype", "persistent-quants", "plan-only",
     "recompute-att", "recompute-block", "recompute-ffn", "recompute-norm", "recompute-qkv", "recompute-swiglu",

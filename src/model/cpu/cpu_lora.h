@@ -33,6 +33,29 @@ public:
     // dx += s * dy B A; dA += s * (dy B)^T x; dB += s * dy^T (x A^T). x is the forward's input.
     void backward(int l, LoraTarget t, float* dx, const float* dy, const float* x, int N);
 
+    // ---- files (cpu_lora_io.cpp) ----
+    // PEFT's adapter directory: adapter_config.json + adapter_model.safetensors (fp32).
+    void save_adapter(const std::string& dir) const;
+    // Reads a PEFT adapter written for this base, rank, alpha and targets (throws naming `flag`=dir
+    // otherwise: a missing tensor, another shape, another rank); moments and gradients become zero.
+    void load_adapter(const std::string& dir, const std::string& flag);
+    // Checkpoints: the adapters (adapter_model.safetensors) and their AdamW moments
+    // (optimizer.safetensors, "<name>.exp_avg" / ".exp_avg_sq"), nothing of the frozen base.
+    void save_checkpoint(const std::string& dir) const;
+    void load_checkpoint(const std::string& dir);
+    // W += s * B A for every adapter, on `weights` = the base's flat fp32 parameters laid out as
+    // `base_offset(name)` says (PEFT's merge_and_unload).
+    template <class OffsetOf>
+    void merge_into(float* weights, OffsetOf base_offset) const {
+        for (int l = 0; l < cfg_.num_hidden_layers; ++l)
+            for (int t = 0; t < kLoraTargets; ++t) {
+                const auto target = static_cast<LoraTarget>(t);
+                if (a_offset_[slot(l, target)] < 0) continue;
+                merge_one(l, target, weights + base_offset("model.layers." + std::to_string(l) + "." +
+                                                           lora_module_path(target) + ".weight"));
+            }
+    }
+
     double grad_sum_squares() const;
     // AdamW on every adapter (weight decay as the run's: they are matrices), then zero gradients.
     void adamw(const OptimizerParams& p, float clip_scale);
@@ -55,6 +78,7 @@ public:
     const std::vector<float>& moments_v() const { return v_; }
 
 private:
+    void merge_one(int l, LoraTarget t, float* w) const;
     size_t index(const std::string& name) const;
     int64_t offset(const std::string& name) const { return offsets_[index(name)]; }
     int slot(int l, LoraTarget t) const { return l * kLoraTargets + static_cast<int>(t); }

@@ -142,7 +142,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : con
     lora_ = CpuLora(config_, options_.lora);
     // LoRA: the frozen base has no gradients and no moments (the adapters keep theirs in lora_)
     if (frozen_base()) {
-        lora_.init(options_.lora.seed);
+        start_adapters();
         return;
     }
     grads_.assign(static_cast<size_t>(total), 0.0f);
@@ -210,7 +210,7 @@ void CpuModel::init_random(uint64_t seed) {
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
     step_loss_ = 0.0;
-    lora_.init(seed);
+    start_adapters();
     shard_state();  // ZeRO-3: every rank initialised the whole model and keeps its block
 }
 

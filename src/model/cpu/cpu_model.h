@@ -83,7 +83,9 @@ public:
     // The LoRA adapters (empty unless ModelOptions::lora.rank > 0).
     CpuLora& lora() { return lora_; }
     const CpuLora& lora() const { return lora_; }
-    // Base weights frozen: LoRA is on.
+    // Base weights frozen: LoRA is on. Then save_hf writes the PEFT adapter (or, with
+    // ModelOptions::lora.merge, the merged model) and checkpoints hold the adapters and their moments
+    // only (load_checkpoint expects the base loaded already).
     bool frozen_base() const { return lora_.enabled(); }
     int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
     // The flat elements [begin, end) this rank owns under data parallel (its block of ceil(P / W));
@@ -128,6 +130,8 @@ private:
         std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
+    // LoRA: the adapters from the seed (init_lora_parameter), or from --lora-from's PEFT adapter.
+    void start_adapters();
     int tensors_per_layer_ = 0;  // model_parameters() per layer (every layer has the same tensors)
     std::vector<int64_t> layer_offsets_;  // per layer, Layer's fields in order: offset or -1 (absent)
     int64_t offset(const std::string& name) const;
