@@ -116,6 +116,16 @@ TEST(TrainCliLora, ContinueIsBitExactFromAdapterOnlyCheckpoints) {
     EXPECT_FALSE(fs::exists(ckpt / "model.safetensors"));
     SafeTensorsReader opt({(ckpt / "optimizer.safetensors").string()});
     for (const std::string& name : opt.names()) EXPECT_EQ(name.rfind("base_model.model.", 0), 0u) << name;
+
+    // --export-checkpoint of a LoRA checkpoint: its PEFT adapter
+    auto ex = run_command(train_exe() + " --export-checkpoint=" + ckpt.string() + " --out-dir=" + (f.dir / "exported"));
+    ASSERT_EQ(ex.exit_code, 0) << ex.output;
+    EXPECT_EQ(read_file(f.dir / "exported/adapter_model.safetensors"), read_file(ckpt / "adapter_model.safetensors"));
+    EXPECT_EQ(nlohmann::json::parse(read_file(f.dir / "exported/adapter_config.json"))["r"], 4);
+    auto merged = run_command(train_exe() + " --export-checkpoint=" + ckpt.string() + " --out-dir=" +
+                              (f.dir / "exported2") + " --merge-lora");
+    EXPECT_EQ(merged.exit_code, 1) << merged.output;
+    EXPECT_TRUE(Contains(merged.output, "--export-checkpoint --merge-lora: not yet supported")) << merged.output;
 }
 
 // --lora-from starts from a saved adapter (a run of no steps exports it unchanged), and refuses one

@@ -142,7 +142,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : con
     lora_ = CpuLora(config_, options_.lora);
     // LoRA: the frozen base has no gradients and no moments (the adapters keep theirs in lora_)
     if (frozen_base()) {
-        start_adapters();
+        lora_.init(options_.lora.seed);  // init_random / load_hf start them again (then --lora-from's)
         return;
     }
     grads_.assign(static_cast<size_t>(total), 0.0f);
@@ -595,6 +595,11 @@ MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options
         plan.add("Gradients", lora_bytes);
         plan.add("Adam M", lora_bytes);
         plan.add("Adam V", lora_bytes);
+        // x A^T of every adapter for the backward, and its gradient scratch (CpuLora::ensure_activations)
+        const int64_t N = static_cast<int64_t>(options.batch_size) * options.seq_len;
+        plan.add("LoRA activations", static_cast<uint64_t>((static_cast<int64_t>(config.num_hidden_layers) *
+                                                                kLoraTargets + 1) * N * options.lora.rank) *
+                                         sizeof(float));
     } else {
         plan.add("Gradients", bytes);
         plan.add("Adam M", bytes);
