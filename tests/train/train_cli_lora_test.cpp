@@ -151,3 +151,23 @@ TEST(TrainCliLora, LoraFromLoadsAnAdapterAndRefusesAnotherRankOrBase) {
     expect_refused(run_command(f.base_cmd("none") + " --steps=2" + from), "--lora-from needs --lora-rank > 0");
     expect_refused(run_command(f.base_cmd("merge") + " --steps=2 --merge-lora"), "--merge-lora needs --lora-rank > 0");
 }
+
+// Every family of the architecture description: Qwen3 (q/k norm, head_dim 12) and Llama 3 (llama3
+// RoPE) train adapters whose shapes follow the family's, and resume bit for bit.
+TEST(TrainCliLora, Qwen3AndLlamaTrainAdaptersAndResume) {
+    for (const char* family : {kQwen3Family, kLlamaFamily}) {
+        SCOPED_TRACE(family);
+        Fixture f(kCpuShape, family);
+        expect_continue_reproduces_full_run(f, "cpu", " --lora-rank=4 --lora-targets=q,k,o,up --merge-lora");
+        auto r = run_command(f.base_cmd("adapter") + " --steps=2 --eval-every-n-steps=0 --lora-rank=4");
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        SafeTensorsReader adapter({f.dir / "adapter/adapter_model.safetensors"});
+        const bool qwen3 = family == std::string(kQwen3Family);
+        // q_proj: [heads x head_dim, hidden] = [4 x 12, 32] on Qwen3, [32, 32] on Llama
+        EXPECT_EQ(adapter.info(layer_name(1, "self_attn.q_proj", "lora_B")).shape,
+                  (std::vector<int64_t>{qwen3 ? 48 : 32, 4}));
+        EXPECT_EQ(adapter.info(layer_name(1, "self_attn.o_proj", "lora_A")).shape,
+                  (std::vector<int64_t>{4, qwen3 ? 48 : 32}));
+        EXPECT_EQ(adapter.names().size(), 2u * 7u * 2u);
+    }
+}
