@@ -59,6 +59,9 @@ TEST(TrainCliLora, OutDirHoldsAPeftAdapter) {
     EXPECT_EQ(adapter.info(layer_name(1, "self_attn.v_proj", "lora_A")).shape, (std::vector<int64_t>{4, 32}));
     EXPECT_EQ(adapter.info(layer_name(1, "self_attn.v_proj", "lora_B")).shape, (std::vector<int64_t>{16, 4}));
     EXPECT_EQ(adapter.info(layer_name(0, "mlp.down_proj", "lora_A")).shape, (std::vector<int64_t>{4, 64}));
+    // another run into the same --out-dir (its log elsewhere) is refused: the adapter is that run's output
+    auto again = run_command(f.base_cmd("run") + " --steps=3 --lora-rank=4 --log-file=" + (f.dir / "other.jsonl"));
+    expect_refused(again, "adapter_model.safetensors");
     // B starts at zero and trained away from it
     double b_max = 0;
     for (float v : tensor(adapter, layer_name(0, "self_attn.q_proj", "lora_B"))) b_max = std::max(b_max, std::abs(double(v)));
