@@ -65,7 +65,7 @@ std::array<int64_t, 2> lora_target_shape(const ModelConfig& c, LoraTarget t) {
 void check_lora(const ModelConfig& cfg, const LoraOptions& lora) {
     if (!lora.enabled()) return;
     QT_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "--lora-alpha must be a positive number, got ", lora.alpha);
-    QT_CHECK(lora.dropout == 0.0f, "--lora-dropout=", lora.dropout, " is not yet implemented (only 0)");
+    QT_CHECK(lora.dropout >= 0.0f && lora.dropout < 1.0f, "--lora-dropout must be in [0, 1), got ", lora.dropout);
     QT_CHECK(lora.init == "kaiming" || lora.init == "gaussian", "--lora-init: expected kaiming or gaussian, got '",
              lora.init, "'");
     QT_CHECK(lora.targets != 0 && lora.targets < (1u << kLoraTargets), "--lora-targets: no target selected");

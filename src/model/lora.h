@@ -27,7 +27,7 @@ const char* lora_module_path(LoraTarget t);  // "self_attn.q_proj", ..., "mlp.do
 struct LoraOptions {
     int rank = 0;              // 0 = off
     float alpha = 8.0f;        // PEFT's LoraConfig default lora_alpha
-    float dropout = 0.0f;      // only 0 for now
+    float dropout = 0.0f;      // PEFT's lora_dropout on the adapters' input, training passes only
     uint32_t targets = 0x7f;   // bit t = LoraTarget t (default: all)
     std::string init = "kaiming";  // kaiming: PEFT's default (A Kaiming-uniform, B zero); gaussian: A ~ N(0, 1/r)
     uint64_t seed = 42;            // A's initialisation (--seed)

@@ -368,7 +368,8 @@ std::vector<OptionSpec> make_table() {
             "LoRA scaling numerator: the adapters' output is multiplied by alpha / rank (PEFT's lora_alpha, default 8 "
             "as PEFT's)"),
         opt(kLora, "lora-dropout", &T::lora_dropout, R::MustMatch,
-            "Dropout on the adapters' input (PEFT's lora_dropout); only 0 for now"),
+            "Dropout on the adapters' input in training (PEFT's lora_dropout), in [0, 1); its masks come from --seed "
+            "and the pass, so runs and resumes reproduce them"),
         opt(kLora, "lora-targets", &T::lora_targets, R::MustMatch,
             "The projections that get adapters: all, or any of q,k,v,o,gate,up,down, comma-separated (PEFT's "
             "target_modules q_proj, ..., down_proj)"),

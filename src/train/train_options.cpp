@@ -129,7 +129,7 @@ void TrainOptions::validate_lora() const {
         return;
     }
     QT_CHECK(std::isfinite(lora_alpha) && lora_alpha > 0, "--lora-alpha must be a positive number, got ", lora_alpha);
-    QT_CHECK(lora_dropout == 0.0f, "--lora-dropout=", lora_dropout, " is not yet implemented (only 0)");
+    QT_CHECK(lora_dropout >= 0.0f && lora_dropout < 1.0f, "--lora-dropout must be in [0, 1), got ", lora_dropout);
 }
 
 // Each entry of the option table fills the model's fields it decides (its `to_model`), from the

@@ -90,7 +90,7 @@ struct TrainOptions {
     // LoRA (issue 33; model/lora.h): adapters on a frozen base, --device=cpu only for now
     int lora_rank = 0;                   // 0 = off (full training)
     float lora_alpha = 8.0f;             // PEFT's default lora_alpha; scaling alpha / rank
-    float lora_dropout = 0.0f;           // only 0 for now
+    float lora_dropout = 0.0f;           // in [0, 1), training passes only
     std::string lora_targets = "all";    // all | any of q,k,v,o,gate,up,down
     std::string lora_init = "kaiming";   // kaiming (PEFT's default) | gaussian
     std::string lora_from;               // a PEFT adapter directory to start from ("" = fresh adapters)

@@ -221,8 +221,66 @@ TEST(CpuLoraModel, BadOptionsNameTheFlag) {
     fp8.matmul_dtype = DType::E4M3;
     EXPECT_NE(message(fp8).find("--lora-rank"), std::string::npos);
     ModelOptions dropout = lora_options(2, 8.0f);
-    dropout.lora.dropout = 0.1f;
-    EXPECT_NE(message(dropout).find("--lora-dropout"), std::string::npos);
+    dropout.lora.dropout = 1.0f;
+    EXPECT_NE(message(dropout).find("--lora-dropout must be in [0, 1)"), std::string::npos);
+}
+
+// Dropout on the adapters' input: the gradients are those of the training pass's loss with its
+// masks (replayed by resetting the pass count), the masks change from pass to pass and with the
+// seed, drop about p of the inputs, and evaluation uses no dropout.
+TEST(CpuLoraModel, DropoutGradientsMatchFiniteDifferencesOfTheTrainingPass) {
+    const ModelConfig cfg = test::tiny_qwen3_config(false);
+    ModelOptions opt = lora_options(3, 5.0f);
+    opt.lora.dropout = 0.3f;
+    opt.lora.seed = 17;
+    CpuModel model(cfg, opt);
+    randomize(model, 42);
+    const test::TokenBatch tb = test::random_batch(2, 5, cfg.vocab_size, 7, /*mask_every=*/3);
+    const Batch batch = tb.view();
+    model.lora().set_passes(5);
+    model.forward_backward(batch, 1.0f);
+    EXPECT_EQ(model.lora().passes(), 6u);
+    std::vector<std::vector<float>> grads;
+    for (const auto& s : model.lora().specs()) grads.emplace_back(model.grad(s.name), model.grad(s.name) + s.numel());
+    // the loss of pass 5 again (its gradients are accumulated elsewhere and ignored)
+    auto loss = [&] {
+        model.lora().set_passes(5);
+        const double before = model.step_loss();
+        model.forward_backward(batch, 1.0f);
+        return model.step_loss() - before;
+    };
+    const double h = 2e-2, rtol = 1e-3, atol = 3e-5;
+    Rng pick(3);
+    for (size_t k = 0; k < model.lora().specs().size(); ++k) {
+        const auto& s = model.lora().specs()[k];
+        float* p = model.param(s.name);
+        int64_t largest = 0;
+        for (int64_t i = 1; i < s.numel(); ++i)
+            if (std::abs(grads[k][i]) > std::abs(grads[k][largest])) largest = i;
+        for (int64_t i : {largest, static_cast<int64_t>(pick.below(s.numel()))})
+            EXPECT_TRUE(Near(grads[k][i], richardson_difference(loss, p + i, h), rtol, atol)) << s.name << "[" << i << "]";
+    }
+
+    // another pass, another mask: another loss; the same pass and seed: the same loss to the bit
+    auto pass_loss = [&](CpuModel& m, uint64_t pass) {
+        m.lora().set_passes(pass);
+        const double before = m.step_loss();
+        m.forward_backward(batch, 1.0f);
+        return m.step_loss() - before;
+    };
+    EXPECT_NE(pass_loss(model, 5), pass_loss(model, 6));
+    // fresh models (step loss 0, so the pass's loss is exact): same seed and pass, the same bits
+    ModelOptions other = opt, no_dropout = opt;
+    other.lora.seed = 18;
+    no_dropout.lora.dropout = 0.0f;
+    CpuModel first(cfg, opt), twin(cfg, opt), other_seed(cfg, other), plain(cfg, no_dropout);
+    for (CpuModel* m : {&first, &twin, &other_seed, &plain}) randomize(*m, 42);
+    // evaluation: no dropout, as a model without it
+    EXPECT_EQ(first.evaluate_f64(batch), plain.evaluate_f64(batch));
+    const double loss9 = pass_loss(first, 9);
+    EXPECT_EQ(loss9, pass_loss(twin, 9));
+    EXPECT_NE(loss9, pass_loss(other_seed, 9));
+    EXPECT_NE(loss9, pass_loss(plain, 9));
 }
 
 }  // namespace

@@ -54,8 +54,9 @@ TEST(LoraOptions, BadValuesNameFlagAndValue) {
         const std::string m = validate_message({flag});
         EXPECT_NE(m.find(flag.substr(0, flag.find('=')) + " needs --lora-rank > 0"), std::string::npos) << m;
     }
-    const std::string dropout = validate_message({"--lora-rank=4", "--lora-dropout=0.1"});
-    EXPECT_NE(dropout.find("--lora-dropout=0.1 is not yet implemented"), std::string::npos) << dropout;
+    EXPECT_EQ(validate_message({"--lora-rank=4", "--lora-dropout=0.1"}), "");
+    const std::string dropout = validate_message({"--lora-rank=4", "--lora-dropout=1"});
+    EXPECT_NE(dropout.find("--lora-dropout must be in [0, 1)"), std::string::npos) << dropout;
     EXPECT_NE(validate_message({"--lora-rank=4", "--lora-alpha=0"}).find("--lora-alpha"), std::string::npos);
     EXPECT_NE(validate_message({"--lora-rank=-1"}).find("--lora-rank"), std::string::npos);
     EXPECT_NE(validate_message({"--lora-rank=4", "--lora-init=pissa"}).find("--lora-init"), std::string::npos);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/cpu/cpu_ops.h"
 
 namespace qtrain {
@@ -35,6 +36,25 @@ size_t CpuLora::index(const std::string& name) const {
 void CpuLora::init(uint64_t seed) {
     for (size_t i = 0; i < specs_.size(); ++i) init_lora_parameter(specs_[i], lora_, seed, params_.data() + offsets_[i]);
     for (auto* v : {&grads_, &m_, &v_}) std::fill(v->begin(), v->end(), 0.0f);
+    passes_ = 0;
+}
+
+const float* CpuLora::dropped_input(int l, LoraTarget t, const float* x, int64_t n) {
+    if (static_cast<int64_t>(mask_.size()) < n) {
+        mask_.resize(static_cast<size_t>(n));
+        xd_.resize(static_cast<size_t>(n));
+        dxd_.resize(static_cast<size_t>(n));
+    }
+    uint64_t state = lora_.seed ^ 0x6c6f7261ull;  // "lora": apart from the init's streams
+    state ^= splitmix64(state) + passes_;
+    state ^= splitmix64(state) + static_cast<uint64_t>(slot(l, t));
+    Rng rng(splitmix64(state));
+    const float p = lora_.dropout, keep = 1.0f / (1.0f - p);
+    for (int64_t i = 0; i < n; ++i) {
+        mask_[i] = rng.uniform() < p ? 0.0f : keep;
+        xd_[i] = x[i] * mask_[i];
+    }
+    return xd_.data();
 }
 
 void CpuLora::ensure_activations(int N) {
@@ -50,6 +70,7 @@ void CpuLora::forward(int l, LoraTarget t, float* y, const float* x, int N) {
     const int r = lora_.rank;
     const int64_t a = a_offset_[slot(l, t)], b = a + static_cast<int64_t>(r) * in;
     float* h = h_.data() + static_cast<int64_t>(slot(l, t)) * n_ * r;
+    if (dropping()) x = dropped_input(l, t, x, static_cast<int64_t>(N) * in);
     cpu::lora_forward(y, h, x, params_.data() + a, params_.data() + b, N, static_cast<int>(in), static_cast<int>(out),
                       r, lora_.scale());
 }
@@ -60,6 +81,16 @@ void CpuLora::backward(int l, LoraTarget t, float* dx, const float* dy, const fl
     const int r = lora_.rank;
     const int64_t a = a_offset_[slot(l, t)], b = a + static_cast<int64_t>(r) * in;
     const float* h = h_.data() + static_cast<int64_t>(slot(l, t)) * n_ * r;
+    if (dropping()) {
+        // the forward's mask again; the input gradient goes through it too
+        const int64_t n = static_cast<int64_t>(N) * in;
+        const float* xd = dropped_input(l, t, x, n);
+        std::fill(dxd_.begin(), dxd_.begin() + n, 0.0f);
+        cpu::lora_backward(dxd_.data(), grads_.data() + a, grads_.data() + b, dh_.data(), dy, xd, h, params_.data() + a,
+                           params_.data() + b, N, static_cast<int>(in), static_cast<int>(out), r, lora_.scale());
+        for (int64_t i = 0; i < n; ++i) dx[i] += mask_[i] * dxd_[i];
+        return;
+    }
     cpu::lora_backward(dx, grads_.data() + a, grads_.data() + b, dh_.data(), dy, x, h, params_.data() + a,
                        params_.data() + b, N, static_cast<int>(in), static_cast<int>(out), r, lora_.scale());
 }

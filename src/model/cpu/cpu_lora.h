@@ -28,9 +28,20 @@ public:
     void init(uint64_t seed);
     // Saved inputs x A^T for a B*T = N micro-batch.
     void ensure_activations(int N);
-    // y[N, out] += s * (x A^T) B^T for layer l's target t (nothing when t has no adapter); saves x A^T.
+    // Dropout (LoraOptions::dropout > 0) acts in training passes only: forward_backward opens one
+    // with begin_pass(true) and closes it with end_pass(), which counts it; evaluation passes
+    // (begin_pass(false)) use every input. The mask of pass c, layer l, target t is drawn from
+    // hash(seed, c, l, t), so it is the same in the backward, after a resume (the count is in the
+    // checkpoint) and on every machine; kept inputs are scaled by 1 / (1 - p) as torch's Dropout.
+    void begin_pass(bool training) { training_ = training; }
+    void end_pass() { passes_ += training_ ? 1 : 0; training_ = false; }
+    uint64_t passes() const { return passes_; }
+    void set_passes(uint64_t n) { passes_ = n; }  // tests: replay a pass
+    // y[N, out] += s * (drop(x) A^T) B^T for layer l's target t (nothing when t has no adapter);
+    // saves drop(x) A^T.
     void forward(int l, LoraTarget t, float* y, const float* x, int N);
-    // dx += s * dy B A; dA += s * (dy B)^T x; dB += s * dy^T (x A^T). x is the forward's input.
+    // dx += mask * (s * dy B A); dA += s * (dy B)^T drop(x); dB += s * dy^T (drop(x) A^T). x is the
+    // forward's input (before dropout).
     void backward(int l, LoraTarget t, float* dx, const float* dy, const float* x, int N);
 
     // ---- files (cpu_lora_io.cpp) ----
@@ -79,6 +90,9 @@ public:
 
 private:
     void merge_one(int l, LoraTarget t, float* w) const;
+    bool dropping() const { return training_ && lora_.dropout > 0.0f; }
+    // mask_ = the pass's mask of (l, t) over n inputs (0 or 1 / (1 - p)); xd_ = x * mask_.
+    const float* dropped_input(int l, LoraTarget t, const float* x, int64_t n);
     size_t index(const std::string& name) const;
     int64_t offset(const std::string& name) const { return offsets_[index(name)]; }
     int slot(int l, LoraTarget t) const { return l * kLoraTargets + static_cast<int>(t); }
@@ -92,6 +106,9 @@ private:
     std::vector<float> h_;   // [L, 7, N, r] x A^T of each adapter
     std::vector<float> dh_;  // [N, r] backward scratch
     int n_ = 0;              // rows h_ is sized for
+    std::vector<float> mask_, xd_, dxd_;  // dropout scratch [N, in]
+    bool training_ = false;
+    uint64_t passes_ = 0;    // training passes since the adapters started (dropout masks)
 };
 
 }  // namespace qtrain

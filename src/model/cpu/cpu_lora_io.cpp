@@ -67,6 +67,8 @@ void CpuLora::save_checkpoint(const std::string& dir) const {
         optimizer.add_f32(s.name + ".exp_avg", s.shape, m_.data() + offsets_[i], DType::F32);
         optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, v_.data() + offsets_[i], DType::F32);
     }
+    // the dropout masks' pass count: a resume draws the masks the uninterrupted run would have
+    optimizer.set_metadata("lora_dropout_passes", std::to_string(passes_));
     weights.write(join(dir, kAdapterWeightsFile));
     optimizer.write(join(dir, kOptimizerFile));
     write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_));
@@ -90,9 +92,15 @@ void CpuLora::load_checkpoint(const std::string& dir) {
         read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
         read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
     }
+    const SafeTensorsFile opt_file(opt_path);
+    const auto& meta = opt_file.metadata();
+    const auto passes = meta.find("lora_dropout_passes");
+    QT_CHECK(passes != meta.end() || lora_.dropout == 0.0f, "checkpoint '", dir, "': ", opt_path,
+             " records no lora_dropout_passes (needed to resume --lora-dropout's masks)");
     params_.swap(p);
     m_.swap(m);
     v_.swap(v);
+    passes_ = passes == meta.end() ? 0 : std::stoull(passes->second);
     zero_grads();
 }
 

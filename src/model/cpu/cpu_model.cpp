@@ -519,6 +519,7 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     check_batch(batch);
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, true);
+    lora_.begin_pass(true);  // a training pass: LoRA dropout acts (and the pass is counted at its end)
     forward_to_final_norm(batch);
     const int valid = cpu::count_valid_targets(batch.targets, N);
     const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
@@ -532,6 +533,7 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
                                   options_.lmhead_chunks, dscale, acts_.logits.data());
     }
     backward_from_final_norm(batch);
+    lora_.end_pass();
     step_loss_ += mean_loss(batch) * grad_scale;
 }
 
@@ -539,6 +541,7 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     check_batch(batch);
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, false);
+    lora_.begin_pass(false);
     forward_to_final_norm(batch);
     const Held head(*this, lm_head_range());
     cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
@@ -595,11 +598,13 @@ MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options
         plan.add("Gradients", lora_bytes);
         plan.add("Adam M", lora_bytes);
         plan.add("Adam V", lora_bytes);
-        // x A^T of every adapter for the backward, and its gradient scratch (CpuLora::ensure_activations)
+        // x A^T of every adapter for the backward, and its gradient scratch (CpuLora::ensure_activations);
+        // with dropout the mask, the dropped input and its gradient ([N, widest input] each)
         const int64_t N = static_cast<int64_t>(options.batch_size) * options.seq_len;
-        plan.add("LoRA activations", static_cast<uint64_t>((static_cast<int64_t>(config.num_hidden_layers) *
-                                                                kLoraTargets + 1) * N * options.lora.rank) *
-                                         sizeof(float));
+        int64_t floats = (static_cast<int64_t>(config.num_hidden_layers) * kLoraTargets + 1) * N * options.lora.rank;
+        if (options.lora.dropout > 0.0f)
+            floats += 3 * N * std::max<int64_t>({config.hidden_size, config.q_dim(), config.intermediate_size});
+        plan.add("LoRA activations", static_cast<uint64_t>(floats) * sizeof(float));
     } else {
         plan.add("Gradients", bytes);
         plan.add("Adam M", bytes);
