@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "model/lora.h"
 
 namespace qtrain {
 
@@ -65,6 +66,8 @@ struct ModelOptions {
     Fp8FastAccum fp8_fast_accum = Fp8FastAccum::Off;
     bool gemm_autotune = false;  // time cuBLASLt's candidate algorithms per shape (cuda/gemm.h)
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
+    // LoRA adapters on a frozen base (--lora-*; model/lora.h); rank 0 = full training
+    LoraOptions lora;
 
     bool operator==(const ModelOptions&) const = default;
 };

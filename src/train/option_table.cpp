@@ -31,6 +31,7 @@ const char* const kMultiGpu = "Multi-GPU";
 const char* const kPerf = "Performance and memory";
 const char* const kOptim = "Optimisation";
 const char* const kOutput = "Evaluation, checkpoints and output";
+const char* const kLora = "LoRA";
 
 // An entry under construction: opt(...), then what the model takes from it (.model) and what it
 // implies (.implying).
@@ -347,6 +348,44 @@ std::vector<OptionSpec> make_table() {
         opt(kOptim, "beta-2", &T::beta_2, R::MustMatch, "Adam beta2"),
         opt(kOptim, "adam-epsilon", &T::adam_epsilon, R::MustMatch, "Adam epsilon"),
         opt(kOptim, "seed", &T::seed, R::MustMatch, "Seed for initialisation and data order"),
+
+        // LoRA: one setter fills ModelOptions::lora from all five (checked in TrainOptions::validate)
+        opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
+            "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
+            "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu only "
+            "for now",
+            non_negative())
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.lora.rank = o.lora_rank;
+                m.lora.alpha = o.lora_alpha;
+                m.lora.dropout = o.lora_dropout;
+                m.lora.targets = parse_lora_targets(o.lora_targets, "--lora-targets");
+                m.lora.init = o.lora_init;
+                m.lora.seed = o.seed;
+                m.lora.base_model = o.model;
+            }),
+        opt(kLora, "lora-alpha", &T::lora_alpha, R::MustMatch,
+            "LoRA scaling numerator: the adapters' output is multiplied by alpha / rank (PEFT's lora_alpha, default 8 "
+            "as PEFT's)"),
+        opt(kLora, "lora-dropout", &T::lora_dropout, R::MustMatch,
+            "Dropout on the adapters' input in training (PEFT's lora_dropout), in [0, 1); its masks come from --seed "
+            "and the pass, so runs and resumes reproduce them"),
+        opt(kLora, "lora-targets", &T::lora_targets, R::MustMatch,
+            "The projections that get adapters: all, or any of q,k,v,o,gate,up,down, comma-separated (PEFT's "
+            "target_modules q_proj, ..., down_proj)"),
+        opt(kLora, "lora-init", &T::lora_init, R::MustMatch,
+            "Adapter initialisation: kaiming (PEFT's default: A Kaiming-uniform as torch's kaiming_uniform_(a=sqrt(5)), "
+            "B zero) or gaussian (PEFT's init_lora_weights=\"gaussian\": A ~ N(0, 1/rank), B zero)",
+            choices({"kaiming", "gaussian"})),
+        // where the adapters start and what the export is: not the math of the steps
+        opt(kLora, "lora-from", &T::lora_from, R::MayChange,
+            "Start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "
+            "fresh adapters; its rank, alpha, targets and shapes must be this run's")
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.from = o.lora_from; }),
+        opt(kLora, "merge-lora", &T::merge_lora, R::MayChange,
+            "With --lora-rank: --out-dir gets the merged full model (W + alpha/rank * B A, as PEFT's "
+            "merge_and_unload; model.safetensors and config.json) instead of the PEFT adapter")
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.merge = o.merge_lora; }),
 
         // Evaluation, checkpoints and output
         opt(kOutput, "eval-every-n-steps", &T::eval_every_n_steps, R::MayChange,

@@ -209,12 +209,20 @@ void RankSession::start() {
 int RankSession::load_start_state() {
     State& s = *s_;
     if (s.resume_state) {
+        // LoRA checkpoints hold the adapters only: the frozen base comes from --model as at the start
+        if (o_.lora_rank > 0) load_base_weights();
         s.model->load_checkpoint(s.resume_dir);
         if (s.train_data) s.train_data->set_state(s.resume_state->train_data);
         return s.resume_state->step;
     }
     if (lead_ && o_.continue_from_checkpoint)
         s.log->message(fmt::format("[Resume] no checkpoint in '{}', starting from step 0", o_.checkpoint_dir));
+    load_base_weights();
+    return 0;
+}
+
+void RankSession::load_base_weights() {
+    State& s = *s_;
     if (o_.from_scratch) {
         s.model->init_random(o_.seed);
     } else {
@@ -223,7 +231,6 @@ int RankSession::load_start_state() {
         if (lead_) s.log->message("Loading weights from " + *source.directory);
         s.model->load_hf(*source.directory);
     }
-    return 0;
 }
 
 StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_override) {

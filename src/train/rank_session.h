@@ -81,6 +81,8 @@ public:
 private:
     void start();
     int load_start_state();
+    // --from-scratch's random init or --model's weights (also the frozen base of a LoRA resume).
+    void load_base_weights();
     void export_files(const std::string& dir);
     void log_packing();
     std::string write_checkpoint_now(int completed_steps);

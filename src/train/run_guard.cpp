@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/lora.h"
 #include "train/resume_check.h"
 #include "train/train_options.h"
 
@@ -62,8 +63,11 @@ std::vector<std::string> existing_run_output(const TrainOptions& o) {
     std::vector<std::string> found;
     std::error_code ec;
     if (fs::is_regular_file(o.log_path(), ec) && log_records_training(o.log_path())) found.push_back(o.log_path());
-    const std::string model = (fs::path(o.out_dir) / "model.safetensors").string();
-    if (fs::is_regular_file(model, ec) && fs::file_size(model, ec) > 0) found.push_back(model);
+    // a model, or a LoRA run's PEFT adapter (model/lora.h)
+    for (const char* file : {"model.safetensors", kAdapterWeightsFile}) {
+        const std::string model = (fs::path(o.out_dir) / file).string();
+        if (fs::is_regular_file(model, ec) && fs::file_size(model, ec) > 0) found.push_back(model);
+    }
     return found;
 }
 

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "io/flat_state_reader.h"
 #include "model/checkpoint_layout.h"
+#include "model/lora.h"
 #include "train/data_loader.h"
 #include "train/run_guard.h"
 #include "train/train_options.h"
@@ -95,6 +96,12 @@ void check_resume_point(RunStart& start, const TrainOptions& o, const std::strin
     // model exists, so one that cannot be read (blocks missing or of two world sizes, another
     // model's) is refused now. (Whether the run stays the same run at another world size,
     // accumulation x ranks, was compare_resume_options' question, above.)
+    if (o.lora_rank > 0) {
+        // a LoRA run's checkpoint holds the adapters and their moments only (model/lora.h), no flat state
+        QT_CHECK(fs::exists(fs::path(r.dir) / kAdapterWeightsFile), what, ": ", r.dir, " holds no ",
+                 kAdapterWeightsFile, ": it is not a checkpoint of a LoRA run (--lora-rank=", o.lora_rank, ")");
+        return;
+    }
     std::optional<FlatStateReader> readable;
     try {
         readable.emplace(r.dir, gpu_checkpoint_layout(cfg));

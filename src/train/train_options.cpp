@@ -1,5 +1,7 @@
 #include "train/train_options.h"
 
+#include "model/lora.h"
+
 #include <cmath>
 #include <cstdio>
 #include <type_traits>
@@ -107,7 +109,27 @@ void TrainOptions::validate(bool need_train_file) const {
     QT_CHECK(!force_resume || continue_from_checkpoint, "--force-resume only applies with --continue");
     if (!plan_only && need_train_file) QT_CHECK(!train_file.empty(), "--train-file is required (a BIN.TOK file or glob; build/tokenize makes them)");
     if (!memory_limit.empty()) (void)parse_bytes(memory_limit, "--memory-limit");
+    validate_lora();
     if (!host_memory_limit.empty()) (void)parse_bytes(host_memory_limit, "--host-memory-limit");
+}
+
+void TrainOptions::validate_lora() const {
+    QT_CHECK(lora_rank >= 0, "--lora-rank must be >= 0 (0 = off), got ", lora_rank);
+    (void)parse_lora_targets(lora_targets, "--lora-targets");  // an unknown target is refused at once
+    if (lora_rank == 0) {
+        // a LoRA setting without adapters would silently do nothing
+        const TrainOptions defaults;
+        const std::pair<const char*, bool> given[] = {{"--lora-alpha", lora_alpha != defaults.lora_alpha},
+                                                      {"--lora-dropout", lora_dropout != defaults.lora_dropout},
+                                                      {"--lora-targets", lora_targets != defaults.lora_targets},
+                                                      {"--lora-init", lora_init != defaults.lora_init},
+                                                      {"--lora-from", !lora_from.empty()},
+                                                      {"--merge-lora", merge_lora}};
+        for (const auto& [flag, on] : given) QT_CHECK(!on, flag, " needs --lora-rank > 0 (LoRA is off)");
+        return;
+    }
+    QT_CHECK(std::isfinite(lora_alpha) && lora_alpha > 0, "--lora-alpha must be a positive number, got ", lora_alpha);
+    QT_CHECK(lora_dropout >= 0.0f && lora_dropout < 1.0f, "--lora-dropout must be in [0, 1), got ", lora_dropout);
 }
 
 // Each entry of the option table fills the model's fields it decides (its `to_model`), from the

@@ -87,6 +87,14 @@ struct TrainOptions {
     bool overwrite = false;         // replace another run's output/checkpoints instead of refusing
     bool force_resume = false;      // --continue even when options that change the run differ
     uint64_t seed = 42;
+    // LoRA (issue 33; model/lora.h): adapters on a frozen base, --device=cpu only for now
+    int lora_rank = 0;                   // 0 = off (full training)
+    float lora_alpha = 8.0f;             // PEFT's default lora_alpha; scaling alpha / rank
+    float lora_dropout = 0.0f;           // in [0, 1), training passes only
+    std::string lora_targets = "all";    // all | any of q,k,v,o,gate,up,down
+    std::string lora_init = "kaiming";   // kaiming (PEFT's default) | gaussian
+    std::string lora_from;               // a PEFT adapter directory to start from ("" = fresh adapters)
+    bool merge_lora = false;             // export the merged model instead of the adapter
 
     // Resolved helpers
     int warmup_steps() const { return warmup >= 0 ? warmup : std::min(100, steps / 10); }
@@ -94,6 +102,8 @@ struct TrainOptions {
     // Throws a clear error for values out of range (names the flag). need_train_file=false: the
     // Python session may feed its own tokens instead of --train-file's.
     void validate(bool need_train_file = true) const;
+    // The --lora-* flags alone (validate calls it): unknown targets, settings without --lora-rank.
+    void validate_lora() const;
     // The model-layer view, for `device` ("cpu" or "cuda"), with dtype defaults resolved: every
     // implication of the option table applied, then each entry's `to_model`.
     ModelOptions model_options(const std::string& resolved_device) const;

@@ -48,7 +48,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
         "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
-        "attention", "gemm-autotune"};
+        "attention", "gemm-autotune", "lora-from", "merge-lora"};
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
     const Names kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
     EXPECT_EQ(with_rule(ResumeRule::MayChange), kMayChange);
@@ -61,7 +61,9 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "gpus", "fp8-fast-accum", "grad-accumulation", "learning-rate", "lr-schedule", "cooldown",
         "final-lr-fraction", "weight-decay", "grad-clip", "beta-1", "beta-2", "adam-epsilon", "seed",
         // added since (issue 31): they change the data and the math
-        "document-masking", "loss-normalization", "packing"};
+        "document-masking", "loss-normalization", "packing",
+        // issue 33: LoRA changes what is trained
+        "lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lora-init"};
     EXPECT_EQ(with_rule(ResumeRule::MustMatch), kMustMatch);
     for (const OptionSpec& spec : train_option_table())
         EXPECT_NE(std::string(resume_rule_name(spec.resume)), "?") << spec.name << " has no resume rule";
@@ -159,7 +161,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "offload-quants", "offload-gradients", "persistent-quants", "offload-double-buffer", "write-combined",
         "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
         "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
-        "document-masking"};  // added since (issue 31); its auto is resolved on the train files
+        "document-masking",  // added since (issue 31); its auto is resolved on the train files
+        "lora-rank", "lora-from", "merge-lora"};  // issue 33: ModelOptions::lora
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);
@@ -170,7 +173,7 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         {"gradient-dtype", "e5m2"}, {"opt-m-dtype", "bf16"},    {"opt-v-dtype", "bf16"},   {"master-dtype", "bf16"},
         {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
         {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"},
-        {"document-masking", "on"}};
+        {"document-masking", "on"}, {"lora-rank", "4"}};
     const ModelOptions base = TrainOptions().model_options("cuda");
     for (const OptionSpec& spec : train_option_table()) {
         const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);

@@ -100,6 +100,12 @@ void CpuModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
     QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
     QT_CHECK(o.seq_len >= 1, "--seq-len must be at least 1, got ", o.seq_len);
+    if (o.lora.enabled()) {
+        QT_CHECK(!fp8, "--lora-rank=", o.lora.rank, " with --matmul-dtype=e4m3 is not yet supported on --device=cpu "
+                 "(the adapters' FP8 emulation is not written)");
+        QT_CHECK(o.gpus <= 1, "--lora-rank=", o.lora.rank, " with --gpus=", o.gpus, " is not yet supported on "
+                 "--device=cpu (data parallel adapters are not written)");
+    }
 }
 
 ModelOptions CpuModel::fp32_options(int batch_size, int seq_len) {
@@ -133,9 +139,41 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : con
         }
     }
     params_.assign(static_cast<size_t>(total), 0.0f);
+    lora_ = CpuLora(config_, options_.lora);
+    // LoRA: the frozen base has no gradients and no moments (the adapters keep theirs in lora_)
+    if (frozen_base()) {
+        lora_.init(options_.lora.seed);  // init_random / load_hf start them again (then --lora-from's)
+        return;
+    }
     grads_.assign(static_cast<size_t>(total), 0.0f);
     adam_m_.assign(static_cast<size_t>(total), 0.0f);
     adam_v_.assign(static_cast<size_t>(total), 0.0f);
+}
+
+float* CpuModel::param(const std::string& name) {
+    if (lora_.has(name)) return lora_.param(name);
+    return params_.data() + offset(name);
+}
+
+float* CpuModel::grad(const std::string& name) {
+    if (lora_.has(name)) return lora_.grad(name);
+    const int64_t o = offset(name);
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no gradient");
+    return grads_.data() + o;
+}
+
+float* CpuModel::adam_m(const std::string& name) {
+    if (lora_.has(name)) return lora_.adam_m(name);
+    const int64_t o = offset(name);
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no Adam moments");
+    return adam_m_.data() + o;
+}
+
+float* CpuModel::adam_v(const std::string& name) {
+    if (lora_.has(name)) return lora_.adam_v(name);
+    const int64_t o = offset(name);
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no Adam moments");
+    return adam_v_.data() + o;
 }
 
 int64_t CpuModel::offset(const std::string& name) const {
@@ -157,6 +195,7 @@ const float* CpuModel::lm_head() const {
 }
 
 float* CpuModel::lm_head_grad() {
+    if (frozen_base()) return nullptr;
     return grads_.data() + (config_.tie_word_embeddings ? offsets_.front() : offsets_.back());
 }
 
@@ -171,6 +210,7 @@ void CpuModel::init_random(uint64_t seed) {
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
     step_loss_ = 0.0;
+    start_adapters();
     shard_state();  // ZeRO-3: every rank initialised the whole model and keeps its block
 }
 
@@ -223,6 +263,7 @@ void CpuModel::ensure_activations(int B, int T, bool backward) {
     }
     // tmp carries the attention / MLP output before the residual add in the forward too.
     ensure(a.tmp, N * C);
+    lora_.ensure_activations(static_cast<int>(N));
     if (fp8()) ensure(a.fq_x, static_cast<int64_t>(N) * std::max({C, Q, I}));
     if (!backward) return;
     if (fp8_grads()) ensure(a.fq_dy, static_cast<int64_t>(N) * std::max({C, Q, I}));
@@ -293,6 +334,9 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         cpu::matmul_forward(q, ln1_in, w.wq, wp.bq, N, C, Q);
         cpu::matmul_forward(k, ln1_in, w.wk, wp.bk, N, C, KV);
         cpu::matmul_forward(v, ln1_in, w.wv, wp.bv, N, C, KV);
+        lora_.forward(l, LoraTarget::Q, q, ln1_in, N);  // LoRA: + s x A^T B^T (nothing without adapters)
+        lora_.forward(l, LoraTarget::K, k, ln1_in, N);
+        lora_.forward(l, LoraTarget::V, v, ln1_in, N);
         if (c.qk_norm) {  // Qwen3: each head of q and k RMS-normalised before RoPE
             float *qp = a.q_pre.data() + nq, *kp = a.k_pre.data() + nkv;
             std::copy(q, q + static_cast<int64_t>(N) * Q, qp);
@@ -308,6 +352,7 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         cpu::attention_forward(att, a.lse.data() + static_cast<int64_t>(l) * N * Hq, q, k, v, B, T, Hq, Hkv, D,
                                batch.positions);
         cpu::matmul_forward(a.tmp.data(), in(att, static_cast<int64_t>(N) * Q), w.wo, wp.bo, N, Q, C);
+        lora_.forward(l, LoraTarget::O, a.tmp.data(), att, N);
         cpu::residual_forward(mid, x, a.tmp.data(), static_cast<int64_t>(N) * C);
 
         // MLP block: mid + down(silu(gate(ln2)) * up(ln2))
@@ -315,8 +360,11 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         const float* ln2_in = in(ln2, static_cast<int64_t>(N) * C);
         cpu::matmul_forward(gate, ln2_in, w.wg, wp.bg, N, C, I);
         cpu::matmul_forward(up, ln2_in, w.wu, wp.bu, N, C, I);
+        lora_.forward(l, LoraTarget::Gate, gate, ln2_in, N);
+        lora_.forward(l, LoraTarget::Up, up, ln2_in, N);
         cpu::swiglu_forward(act, gate, up, static_cast<int64_t>(N) * I);
         cpu::matmul_forward(a.tmp.data(), in(act, static_cast<int64_t>(N) * I), w.wd, wp.bd, N, I, C);
+        lora_.forward(l, LoraTarget::Down, a.tmp.data(), act, N);
         cpu::residual_forward(a.resid.data() + nc + static_cast<int64_t>(N) * C, mid, a.tmp.data(),
                               static_cast<int64_t>(N) * C);
     }
@@ -340,7 +388,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
     zero(a.dresid, nC);
     {
         const Held norm(*this, norm_range());
-        cpu::rmsnorm_backward(a.dresid.data(), grads_.data() + norm_offset, a.dln.data(),
+        cpu::rmsnorm_backward(a.dresid.data(), frozen_base() ? nullptr : grads_.data() + norm_offset, a.dln.data(),
                               a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
                               params_.data() + norm_offset, a.rstd_final.data(), N, C);
     }
@@ -364,7 +412,8 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         if (fq && weights_sharded()) quantize_layer(l);
         const Layer w = layer(fq ? fq_params_.data() : params_.data(), l);
         const Layer wp = layer(params_.data(), l);
-        const Layer g = layer(grads_.data(), l);
+        // LoRA: the frozen base gets no gradient (every pointer null), only the input gradient
+        const Layer g = frozen_base() ? Layer{} : layer(grads_.data(), l);
         const float* x = a.resid.data() + l * nC;
         const float *ln1 = a.ln1.data() + l * nC, *q = a.q.data() + l * nQ, *k = a.k.data() + l * nKV,
                     *v = a.v.data() + l * nKV, *att = a.att.data() + l * nQ, *mid = a.resid_mid.data() + l * nC,
@@ -377,6 +426,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             if (fq && g.bd) add_bias_grad(g.bd, a.dresid.data(), N, C);  // from the unquantised dy
             const float* dy = dyin(a.dresid.data(), nC);
             cpu::matmul_backward(a.dact.data(), g.wd, fq ? nullptr : g.bd, dy, xin(act, nI), w.wd, N, I, C);
+            lora_.backward(l, LoraTarget::Down, a.dact.data(), dy, act, N);
         }
         zero(a.dgate, nI);
         zero(a.dup, nI);
@@ -391,6 +441,8 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             const float* x2 = xin(ln2, nC);
             cpu::matmul_backward(a.dln.data(), g.wg, fq ? nullptr : g.bg, a.dgate.data(), x2, w.wg, N, C, I);
             cpu::matmul_backward(a.dln.data(), g.wu, fq ? nullptr : g.bu, a.dup.data(), x2, w.wu, N, C, I);
+            lora_.backward(l, LoraTarget::Gate, a.dln.data(), a.dgate.data(), ln2, N);
+            lora_.backward(l, LoraTarget::Up, a.dln.data(), a.dup.data(), ln2, N);
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, wp.ln2, a.rstd2.data() + l * N, N, C);
 
@@ -400,6 +452,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             if (fq && g.bo) add_bias_grad(g.bo, a.dresid.data(), N, C);
             const float* dy = dyin(a.dresid.data(), nC);
             cpu::matmul_backward(a.datt.data(), g.wo, fq ? nullptr : g.bo, dy, xin(att, nQ), w.wo, N, Q, C);
+            lora_.backward(l, LoraTarget::O, a.datt.data(), dy, att, N);
         }
         zero(a.dq, nQ);
         zero(a.dk, nKV);
@@ -430,11 +483,14 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             cpu::matmul_backward(a.dln.data(), g.wq, fq ? nullptr : g.bq, a.dq.data(), x1, w.wq, N, C, Q);
             cpu::matmul_backward(a.dln.data(), g.wk, fq ? nullptr : g.bk, a.dk.data(), x1, w.wk, N, C, KV);
             cpu::matmul_backward(a.dln.data(), g.wv, fq ? nullptr : g.bv, a.dv.data(), x1, w.wv, N, C, KV);
+            lora_.backward(l, LoraTarget::Q, a.dln.data(), a.dq.data(), ln1, N);
+            lora_.backward(l, LoraTarget::K, a.dln.data(), a.dk.data(), ln1, N);
+            lora_.backward(l, LoraTarget::V, a.dln.data(), a.dv.data(), ln1, N);
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }
-    // (reads no weight: the embedding is not gathered again)
-    cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
+    // (reads no weight: the embedding is not gathered again; frozen under LoRA)
+    if (!frozen_base()) cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
 }
 
 void CpuModel::quantize_layer(int l) {
@@ -463,6 +519,7 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     check_batch(batch);
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, true);
+    lora_.begin_pass(true);  // a training pass: LoRA dropout acts (and the pass is counted at its end)
     forward_to_final_norm(batch);
     const int valid = cpu::count_valid_targets(batch.targets, N);
     const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
@@ -476,6 +533,7 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
                                   options_.lmhead_chunks, dscale, acts_.logits.data());
     }
     backward_from_final_norm(batch);
+    lora_.end_pass();
     step_loss_ += mean_loss(batch) * grad_scale;
 }
 
@@ -483,6 +541,7 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     check_batch(batch);
     const int N = batch.batch_size * batch.seq_len;
     ensure_activations(batch.batch_size, batch.seq_len, false);
+    lora_.begin_pass(false);
     forward_to_final_norm(batch);
     const Held head(*this, lm_head_range());
     cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
@@ -497,16 +556,23 @@ StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
     QT_CHECK(p.step >= 1, "optimizer step must be 1-based, got ", p.step);
     if (comm_ && comm_->world() > 1) return data_parallel_step(p);
     StepStats stats;
-    stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_squares(grads_.data(), num_elements())));
+    // LoRA: the adapters are all there is to train (the frozen base has no gradient)
+    const double squares = frozen_base() ? lora_.grad_sum_squares() : cpu::sum_squares(grads_.data(), num_elements());
+    stats.grad_norm = static_cast<float>(std::sqrt(squares));
     stats.loss = static_cast<float>(step_loss_);
     step_loss_ = 0.0;
     if (!update_allowed(stats)) {  // nothing is written from a broken step (imodel.h)
         std::fill(grads_.begin(), grads_.end(), 0.0f);
+        lora_.zero_grads();
         return stats;
     }
     // Clip only when the norm exceeds the threshold: scale = clip / norm < 1.
     float clip_scale = 1.0f;
     if (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) clip_scale = p.grad_clip / stats.grad_norm;
+    if (frozen_base()) {
+        lora_.adamw(p, clip_scale);
+        return stats;
+    }
     for (size_t i = 0; i < specs_.size(); ++i) {
         const int64_t o = offsets_[i];
         cpu::adamw_update(params_.data() + o, grads_.data() + o, adam_m_.data() + o, adam_v_.data() + o,
@@ -523,9 +589,27 @@ MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options
     plan.device = "cpu";
     const uint64_t bytes = static_cast<uint64_t>(config.num_parameters()) * sizeof(float);
     plan.add("Weights", bytes);
-    plan.add("Gradients", bytes);
-    plan.add("Adam M", bytes);
-    plan.add("Adam V", bytes);
+    if (options.lora.enabled()) {
+        // LoRA: the base is frozen (no gradients, no moments); the adapters have all three
+        int64_t adapters = 0;
+        for (const ParamSpec& s : lora_parameters(config, options.lora)) adapters += s.numel();
+        const uint64_t lora_bytes = static_cast<uint64_t>(adapters) * sizeof(float);
+        plan.add("LoRA adapters", lora_bytes);
+        plan.add("Gradients", lora_bytes);
+        plan.add("Adam M", lora_bytes);
+        plan.add("Adam V", lora_bytes);
+        // x A^T of every adapter for the backward, and its gradient scratch (CpuLora::ensure_activations);
+        // with dropout the mask, the dropped input and its gradient ([N, widest input] each)
+        const int64_t N = static_cast<int64_t>(options.batch_size) * options.seq_len;
+        int64_t floats = (static_cast<int64_t>(config.num_hidden_layers) * kLoraTargets + 1) * N * options.lora.rank;
+        if (options.lora.dropout > 0.0f)
+            floats += 3 * N * std::max<int64_t>({config.hidden_size, config.q_dim(), config.intermediate_size});
+        plan.add("LoRA activations", static_cast<uint64_t>(floats) * sizeof(float));
+    } else {
+        plan.add("Gradients", bytes);
+        plan.add("Adam M", bytes);
+        plan.add("Adam V", bytes);
+    }
     plan.add("Activations", static_cast<uint64_t>(activation_floats(config, options.batch_size, options.seq_len,
                                                                     options.lmhead_chunks, true)) *
                                 sizeof(float));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/imodel.h"
+#include "model/cpu/cpu_lora.h"
 #include "model/model_options.h"
 #include "model/parameters.h"
 
@@ -71,12 +72,21 @@ public:
 
     // ---- direct access, for tests and for comparing the GPU model against this one ----
     const std::vector<ParamSpec>& params() const { return specs_; }
-    // Pointers into the flat buffers; throw naming the tensor if `name` is not a parameter.
-    float* param(const std::string& name) { return params_.data() + offset(name); }
-    const float* param(const std::string& name) const { return params_.data() + offset(name); }
-    float* grad(const std::string& name) { return grads_.data() + offset(name); }
-    float* adam_m(const std::string& name) { return adam_m_.data() + offset(name); }
-    float* adam_v(const std::string& name) { return adam_v_.data() + offset(name); }
+    // Pointers into the flat buffers; throw naming the tensor if `name` is not a parameter. With LoRA
+    // (ModelOptions::lora) the adapters' PEFT names are found too, and the frozen base has no
+    // gradient or moments (grad/adam_m/adam_v of a base tensor throw).
+    float* param(const std::string& name);
+    const float* param(const std::string& name) const { return const_cast<CpuModel*>(this)->param(name); }
+    float* grad(const std::string& name);
+    float* adam_m(const std::string& name);
+    float* adam_v(const std::string& name);
+    // The LoRA adapters (empty unless ModelOptions::lora.rank > 0).
+    CpuLora& lora() { return lora_; }
+    const CpuLora& lora() const { return lora_; }
+    // Base weights frozen: LoRA is on. Then save_hf writes the PEFT adapter (or, with
+    // ModelOptions::lora.merge, the merged model) and checkpoints hold the adapters and their moments
+    // only (load_checkpoint expects the base loaded already).
+    bool frozen_base() const { return lora_.enabled(); }
     int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
     // The flat elements [begin, end) this rank owns under data parallel (its block of ceil(P / W));
     // [0, P) for a single model. Under ZeRO-3 only these hold weights and moments between steps.
@@ -120,6 +130,8 @@ private:
         std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
+    // LoRA: the adapters from the seed (init_lora_parameter), or from --lora-from's PEFT adapter.
+    void start_adapters();
     int tensors_per_layer_ = 0;  // model_parameters() per layer (every layer has the same tensors)
     std::vector<int64_t> layer_offsets_;  // per layer, Layer's fields in order: offset or -1 (absent)
     int64_t offset(const std::string& name) const;
@@ -185,6 +197,7 @@ private:
     void adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* grads, int64_t grads_begin,
                      float clip_scale);
     Activations acts_;
+    CpuLora lora_;
 };
 
 }  // namespace qtrain

@@ -48,13 +48,30 @@ void CpuModel::load_hf(const std::string& model_dir) {
     std::fill(adam_m_.begin(), adam_m_.end(), 0.0f);
     std::fill(adam_v_.begin(), adam_v_.end(), 0.0f);
     step_loss_ = 0.0;
+    start_adapters();
     shard_state();
 }
 
+void CpuModel::start_adapters() {
+    if (!frozen_base()) return;
+    lora_.init(options_.lora.seed);
+    if (!options_.lora.from.empty()) lora_.load_adapter(options_.lora.from, "--lora-from");
+}
+
 void CpuModel::save_hf(const std::string& dir) const {
+    // LoRA: the PEFT adapter, or with --merge-lora the base with every adapter merged in (W + s B A)
+    if (frozen_base() && !options_.lora.merge) {
+        lora_.save_adapter(dir);
+        return;
+    }
+    std::vector<float> merged;
+    if (frozen_base()) {
+        merged = params_;
+        lora_.merge_into(merged.data(), [&](const std::string& name) { return offset(name); });
+    }
     // ZeRO-3: called on every rank (imodel.h), which all send rank 0 their blocks; else rank 0 only
     std::vector<float> gathered;
-    const float* weights = whole(params_, gathered);
+    const float* weights = frozen_base() ? merged.data() : whole(params_, gathered);
     if (weights_sharded() && comm_->rank() != 0) return;
     fs::create_directories(dir);
     SafeTensorsWriter writer;
@@ -69,6 +86,10 @@ void CpuModel::save_hf(const std::string& dir) const {
 }
 
 void CpuModel::save_checkpoint(const std::string& dir) const {
+    if (frozen_base()) {  // the adapters and their moments only: the base is --model's, unchanged
+        lora_.save_checkpoint(dir);
+        return;
+    }
     // Under ZeRO-1/2 every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's
     // files are the whole checkpoint and the other ranks have nothing of their own to write. Under
     // ZeRO-3 the ranks gather the state to rank 0 first (collective), which writes the same files.
@@ -88,6 +109,11 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
 }
 
 void CpuModel::load_checkpoint(const std::string& dir) {
+    if (frozen_base()) {  // the base was loaded from --model first (the engine's resume)
+        lora_.load_checkpoint(dir);
+        step_loss_ = 0.0;
+        return;
+    }
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
     if (holds_block_files(dir)) {
         // the GPU model's blocks of its flat layout, at any number of ranks (io/flat_state_reader.h)
@@ -121,6 +147,13 @@ void CpuModel::load_checkpoint(const std::string& dir) {
 }
 
 std::vector<float> CpuModel::read_tensor(const std::string& name, TensorKind kind) {
+    if (lora_.has(name)) {  // an adapter (PEFT name): never sharded
+        const int64_t n = lora_.spec(name).numel();
+        const float* p = kind == TensorKind::Gradient ? lora_.grad(name) : lora_.param(name);
+        return std::vector<float>(p, p + n);
+    }
+    QT_CHECK(kind != TensorKind::Gradient || !frozen_base(), "CpuModel: '", name,
+             "' is frozen under LoRA (--lora-rank): it has no gradient");
     const int64_t begin = offset(name), end = begin + specs_[index_.at(name)].numel();
     if (kind == TensorKind::Gradient) return std::vector<float>(grads_.begin() + begin, grads_.begin() + end);
     const Held held(*this, {begin, end});

@@ -115,3 +115,18 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
                   float eps, float weight_decay, float grad_scale, int step);
 
 }  // namespace qtrain::cpu
+
+namespace qtrain::cpu {
+
+// ---- LoRA (cpu_lora_ops.cpp) ----
+
+// One adapter on a Linear with input x [N, IC] and output y [N, OC]: A [r, IC], B [OC, r], scale s.
+// h[N, r] = x A^T (saved for the backward); y += s * h B^T (added to the base's output).
+void lora_forward(float* y, float* h, const float* x, const float* A, const float* B, int N, int IC, int OC, int r,
+                  float scale);
+// dh[N, r] = s * dy B (scratch, written); dB += s * dy^T h; dA += dh^T x; dx += dh A.
+// dx may be null (no input gradient wanted).
+void lora_backward(float* dx, float* dA, float* dB, float* dh, const float* dy, const float* x, const float* h,
+                   const float* A, const float* B, int N, int IC, int OC, int r, float scale);
+
+}  // namespace qtrain::cpu

@@ -1,0 +1,112 @@
+#include "model/cpu/cpu_lora.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+
+CpuLora::CpuLora(const ModelConfig& cfg, const LoraOptions& lora) : lora_(lora), cfg_(cfg) {
+    if (!lora_.enabled()) return;
+    check_lora(cfg, lora);
+    specs_ = lora_parameters(cfg, lora);
+    int64_t total = 0;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        offsets_.push_back(total);
+        index_[specs_[i].name] = i;
+        total += specs_[i].numel();
+    }
+    a_offset_.assign(static_cast<size_t>(cfg.num_hidden_layers) * kLoraTargets, -1);
+    for (int l = 0; l < cfg.num_hidden_layers; ++l)
+        for (int t = 0; t < kLoraTargets; ++t) {
+            const auto target = static_cast<LoraTarget>(t);
+            if (lora_.has(target)) a_offset_[slot(l, target)] = offset(lora_tensor_name(l, target, "lora_A"));
+        }
+    for (auto* v : {&params_, &grads_, &m_, &v_}) v->assign(static_cast<size_t>(total), 0.0f);
+}
+
+size_t CpuLora::index(const std::string& name) const {
+    auto it = index_.find(name);
+    QT_CHECK(it != index_.end(), "LoRA: no adapter tensor named '", name, "'");
+    return it->second;
+}
+
+void CpuLora::init(uint64_t seed) {
+    for (size_t i = 0; i < specs_.size(); ++i) init_lora_parameter(specs_[i], lora_, seed, params_.data() + offsets_[i]);
+    for (auto* v : {&grads_, &m_, &v_}) std::fill(v->begin(), v->end(), 0.0f);
+    passes_ = 0;
+}
+
+const float* CpuLora::dropped_input(int l, LoraTarget t, const float* x, int64_t n) {
+    if (static_cast<int64_t>(mask_.size()) < n) {
+        mask_.resize(static_cast<size_t>(n));
+        xd_.resize(static_cast<size_t>(n));
+        dxd_.resize(static_cast<size_t>(n));
+    }
+    uint64_t state = lora_.seed ^ 0x6c6f7261ull;  // "lora": apart from the init's streams
+    state ^= splitmix64(state) + passes_;
+    state ^= splitmix64(state) + static_cast<uint64_t>(slot(l, t));
+    Rng rng(splitmix64(state));
+    const float p = lora_.dropout, keep = 1.0f / (1.0f - p);
+    for (int64_t i = 0; i < n; ++i) {
+        mask_[i] = rng.uniform() < p ? 0.0f : keep;
+        xd_[i] = x[i] * mask_[i];
+    }
+    return xd_.data();
+}
+
+void CpuLora::ensure_activations(int N) {
+    if (!enabled() || N <= n_) return;
+    n_ = N;
+    h_.assign(static_cast<size_t>(cfg_.num_hidden_layers) * kLoraTargets * N * lora_.rank, 0.0f);
+    dh_.assign(static_cast<size_t>(N) * lora_.rank, 0.0f);
+}
+
+void CpuLora::forward(int l, LoraTarget t, float* y, const float* x, int N) {
+    if (!enabled() || a_offset_[slot(l, t)] < 0) return;
+    const auto [out, in] = lora_target_shape(cfg_, t);
+    const int r = lora_.rank;
+    const int64_t a = a_offset_[slot(l, t)], b = a + static_cast<int64_t>(r) * in;
+    float* h = h_.data() + static_cast<int64_t>(slot(l, t)) * n_ * r;
+    if (dropping()) x = dropped_input(l, t, x, static_cast<int64_t>(N) * in);
+    cpu::lora_forward(y, h, x, params_.data() + a, params_.data() + b, N, static_cast<int>(in), static_cast<int>(out),
+                      r, lora_.scale());
+}
+
+void CpuLora::backward(int l, LoraTarget t, float* dx, const float* dy, const float* x, int N) {
+    if (!enabled() || a_offset_[slot(l, t)] < 0) return;
+    const auto [out, in] = lora_target_shape(cfg_, t);
+    const int r = lora_.rank;
+    const int64_t a = a_offset_[slot(l, t)], b = a + static_cast<int64_t>(r) * in;
+    const float* h = h_.data() + static_cast<int64_t>(slot(l, t)) * n_ * r;
+    if (dropping()) {
+        // the forward's mask again; the input gradient goes through it too
+        const int64_t n = static_cast<int64_t>(N) * in;
+        const float* xd = dropped_input(l, t, x, n);
+        std::fill(dxd_.begin(), dxd_.begin() + n, 0.0f);
+        cpu::lora_backward(dxd_.data(), grads_.data() + a, grads_.data() + b, dh_.data(), dy, xd, h, params_.data() + a,
+                           params_.data() + b, N, static_cast<int>(in), static_cast<int>(out), r, lora_.scale());
+        for (int64_t i = 0; i < n; ++i) dx[i] += mask_[i] * dxd_[i];
+        return;
+    }
+    cpu::lora_backward(dx, grads_.data() + a, grads_.data() + b, dh_.data(), dy, x, h, params_.data() + a,
+                       params_.data() + b, N, static_cast<int>(in), static_cast<int>(out), r, lora_.scale());
+}
+
+double CpuLora::grad_sum_squares() const { return cpu::sum_squares(grads_.data(), num_elements()); }
+
+void CpuLora::adamw(const OptimizerParams& p, float clip_scale) {
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const int64_t o = offsets_[i];
+        cpu::adamw_update(params_.data() + o, grads_.data() + o, m_.data() + o, v_.data() + o, specs_[i].numel(),
+                          p.learning_rate, p.beta1, p.beta2, p.epsilon, specs_[i].decay() ? p.weight_decay : 0.0f,
+                          clip_scale, p.step);
+    }
+    zero_grads();
+}
+
+void CpuLora::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+}  // namespace qtrain

@@ -1,0 +1,117 @@
+// CpuLora's files: PEFT's adapter directory (the export and --lora-from), the checkpoint's adapter
+// state, and the merge into the base for --merge-lora.
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "io/safetensors.h"
+#include "model/cpu/cpu_lora.h"
+#include "model/cpu/cpu_ops.h"
+
+namespace qtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+std::string join(const std::string& dir, const char* file) { return (fs::path(dir) / file).string(); }
+
+}  // namespace
+
+void CpuLora::save_adapter(const std::string& dir) const {
+    fs::create_directories(dir);
+    SafeTensorsWriter writer;
+    writer.set_metadata("format", "pt");
+    for (size_t i = 0; i < specs_.size(); ++i)
+        writer.add_f32(specs_[i].name, specs_[i].shape, params_.data() + offsets_[i], DType::F32);
+    writer.write(join(dir, kAdapterWeightsFile));
+    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_));
+}
+
+void CpuLora::load_adapter(const std::string& dir, const std::string& flag) {
+    const std::string where = flag + "=" + dir;
+    const std::string config = join(dir, kAdapterConfigFile), weights = join(dir, kAdapterWeightsFile);
+    std::error_code ec;
+    QT_CHECK(fs::exists(config, ec), where, ": no ", kAdapterConfigFile, " (a PEFT adapter directory holds it)");
+    QT_CHECK(fs::exists(weights, ec), where, ": no ", kAdapterWeightsFile,
+             " (a PEFT adapter saved with safe_serialization, peft's default)");
+    check_peft_adapter_config(read_text_file(config), lora_, flag, dir);
+    const SafeTensorsReader reader({weights});
+    std::vector<float> loaded(params_.size());
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        QT_CHECK(reader.has(s.name), where, ": tensor '", s.name, "' is missing (an adapter of another base, or "
+                 "of fewer layers?)");
+        try {
+            reader.read_finite_f32(s.name, s.shape, loaded.data() + offsets_[i]);
+        } catch (const Error& e) {
+            throw_error(cat(where, ": not an adapter of this base model: ", e.what()));
+        }
+    }
+    // a tensor this model has no place for: another base (more layers) or another kind of adapter
+    for (const std::string& name : reader.names())
+        QT_CHECK(index_.count(name), where, ": tensor '", name, "' has no place in this model (an adapter of "
+                 "another base?)");
+    params_.swap(loaded);
+    for (auto* v : {&grads_, &m_, &v_}) std::fill(v->begin(), v->end(), 0.0f);
+}
+
+void CpuLora::save_checkpoint(const std::string& dir) const {
+    fs::create_directories(dir);
+    SafeTensorsWriter weights, optimizer;
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        weights.add_f32(s.name, s.shape, params_.data() + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg", s.shape, m_.data() + offsets_[i], DType::F32);
+        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, v_.data() + offsets_[i], DType::F32);
+    }
+    // the dropout masks' pass count: a resume draws the masks the uninterrupted run would have
+    optimizer.set_metadata("lora_dropout_passes", std::to_string(passes_));
+    weights.write(join(dir, kAdapterWeightsFile));
+    optimizer.write(join(dir, kOptimizerFile));
+    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_));
+}
+
+void CpuLora::load_checkpoint(const std::string& dir) {
+    const std::string weights_path = join(dir, kAdapterWeightsFile), opt_path = join(dir, kOptimizerFile);
+    std::error_code ec;
+    QT_CHECK(fs::exists(weights_path, ec), "checkpoint '", dir, "': no ", kAdapterWeightsFile,
+             " (not a checkpoint of a LoRA run: --lora-rank differs from the run that wrote it)");
+    QT_CHECK(fs::exists(opt_path, ec), "checkpoint '", dir, "': '", opt_path, "' does not exist");
+    const SafeTensorsReader weights({weights_path}), optimizer({opt_path});
+    std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
+    auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
+        QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
+        r.read_finite_f32(name, s.shape, out);
+    };
+    for (size_t i = 0; i < specs_.size(); ++i) {
+        const ParamSpec& s = specs_[i];
+        read(weights, s.name, s, p.data() + offsets_[i]);
+        read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
+        read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
+    }
+    const SafeTensorsFile opt_file(opt_path);
+    const auto& meta = opt_file.metadata();
+    const auto passes = meta.find("lora_dropout_passes");
+    QT_CHECK(passes != meta.end() || lora_.dropout == 0.0f, "checkpoint '", dir, "': ", opt_path,
+             " records no lora_dropout_passes (needed to resume --lora-dropout's masks)");
+    params_.swap(p);
+    m_.swap(m);
+    v_.swap(v);
+    passes_ = passes == meta.end() ? 0 : std::stoull(passes->second);
+    zero_grads();
+}
+
+void CpuLora::merge_one(int l, LoraTarget t, float* w) const {
+    const auto [out, in] = lora_target_shape(cfg_, t);
+    const int r = lora_.rank;
+    const float* a = params_.data() + a_offset_[slot(l, t)];
+    const float* b = a + static_cast<int64_t>(r) * in;
+    // W[out, in] += s * B[out, r] A[r, in]
+    cpu::gemm(false, false, static_cast<int>(out), static_cast<int>(in), r, lora_.scale(), b, r, a,
+              static_cast<int>(in), 1.0f, w, static_cast<int>(in));
+}
+
+}  // namespace qtrain
