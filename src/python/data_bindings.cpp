@@ -69,15 +69,22 @@ void write_token_file_full(const std::string& path,
 
 class PyDataLoader {
 public:
-    PyDataLoader(const std::string& files, int batch_size, int seq_len, uint64_t seed, bool shuffle, int vocab_size)
+    PyDataLoader(const std::string& files, int batch_size, int seq_len, uint64_t seed, bool shuffle, int vocab_size,
+                 bool document_masking, int eos_token_id, const std::string& packing_mode)
         : loader_(std::make_unique<DataLoader>(expand_glob(files, "files"), checked(batch_size, "batch_size"),
-                                               checked(seq_len, "seq_len"), seed, shuffle, vocab_size, "files")),
+                                               checked(seq_len, "seq_len"), seed, shuffle, vocab_size, "files",
+                                               packing(document_masking, eos_token_id, packing_mode))),
           batch_(batch_size), seq_(seq_len) {}
-    std::tuple<Array, Array> next_batch() {
-        std::vector<int32_t> in, tgt;
-        loader_->next_batch(in, tgt);
-        return {to_array(std::move(in), batch_, seq_), to_array(std::move(tgt), batch_, seq_)};
+    // (inputs, targets), or with document masking (inputs, targets, positions)
+    nb::object next_batch() {
+        std::vector<int32_t> in, tgt, pos;
+        loader_->next_batch(in, tgt, loader_->packed() ? &pos : nullptr);
+        if (!loader_->packed())
+            return nb::cast(std::make_tuple(to_array(std::move(in), batch_, seq_), to_array(std::move(tgt), batch_, seq_)));
+        return nb::cast(std::make_tuple(to_array(std::move(in), batch_, seq_), to_array(std::move(tgt), batch_, seq_),
+                                        to_array(std::move(pos), batch_, seq_)));
     }
+    double fill_rate() const { return loader_->pack_stats().fill_rate(static_cast<int>(seq_)); }
     double epoch_progress() const { return loader_->epoch_progress(); }
     int64_t num_tokens() const { return loader_->num_tokens(); }
 
@@ -87,6 +94,17 @@ private:
     static int checked(int value, const char* name) {
         QT_CHECK(value > 0, "DataLoader: ", name, " must be positive, got ", value);
         return value;
+    }
+    // train's --document-masking=on with --packing=MODE (documents end after eos_token_id where a file
+    // records no document starts)
+    static Packing packing(bool document_masking, int eos_token_id, const std::string& mode) {
+        QT_CHECK(mode == "greedy" || mode == "one-per-row", "DataLoader: packing must be 'greedy' or 'one-per-row', got '",
+                 mode, "'");
+        Packing p;
+        p.enabled = document_masking;
+        p.eos_token_id = eos_token_id;
+        p.one_per_row = mode == "one-per-row";
+        return p;
     }
 
     std::unique_ptr<DataLoader> loader_;  // (held by pointer: its files are not copyable)
@@ -105,10 +123,17 @@ void bind_data(nb::module_& m) {
           "Writes a BIN.TOK file with optional loss masks (uint8, nonzero = trained) and document starts.");
     nb::class_<PyDataLoader>(m, "DataLoader",
                              "The training data loader: chunks of seq_len + 1 tokens of BIN.TOK files, shuffled by "
-                             "(seed, epoch); targets are the inputs shifted by one (-1: no loss).")
-        .def(nb::init<const std::string&, int, int, uint64_t, bool, int>(), nb::arg("files"), nb::arg("batch_size"),
-             nb::arg("seq_len"), nb::arg("seed") = 42, nb::arg("shuffle") = true, nb::arg("vocab_size"))
-        .def("next_batch", &PyDataLoader::next_batch, "(inputs, targets), each [batch_size, seq_len] int32.")
+                             "(seed, epoch); targets are the inputs shifted by one (-1: no loss). document_masking=True "
+                             "packs documents into rows as train --document-masking=on does (document starts, or ending "
+                             "after eos_token_id; packing='greedy' or 'one-per-row').")
+        .def(nb::init<const std::string&, int, int, uint64_t, bool, int, bool, int, const std::string&>(), nb::arg("files"),
+             nb::arg("batch_size"), nb::arg("seq_len"), nb::arg("seed") = 42, nb::arg("shuffle") = true,
+             nb::arg("vocab_size"), nb::arg("document_masking") = false, nb::arg("eos_token_id") = -1,
+             nb::arg("packing") = "greedy")
+        .def("next_batch", &PyDataLoader::next_batch,
+             "(inputs, targets), each [batch_size, seq_len] int32; with document_masking also positions (each "
+             "token's position in its document, as train passes them to the model).")
+        .def_prop_ro("fill_rate", &PyDataLoader::fill_rate, "With document_masking: document tokens / row slots.")
         .def_prop_ro("epoch_progress", &PyDataLoader::epoch_progress)
         .def_prop_ro("num_tokens", &PyDataLoader::num_tokens);
 }

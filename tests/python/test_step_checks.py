@@ -231,3 +231,26 @@ def test_a_closed_trainer_raises_instead_of_crashing(tmp_path: Path):
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])  # (was a segmentation fault)
     lines = [line for line in r.stdout.splitlines() if line.startswith("closed: ")]  # (not the run's own lines)
     assert len(lines) == 12 and all(line.endswith(" the Trainer is closed") for line in lines), lines
+
+
+def test_data_loader_packs_documents_as_train_does(tmp_path: Path):
+    """document_masking=True: documents of 5, 3 and 7 tokens in rows of 8 slots are [5 3] and [7 + 1 of
+    padding]; positions restart at each document, a document's last target and the padding are -1, and
+    the mask's 0 bits are -1 too. packing='one-per-row' gives each document its own row."""
+    path = tmp_path / "docs.bin"
+    tokens = np.arange(10, 25, dtype=np.int32)
+    mask = np.ones(15, dtype=np.uint8)
+    mask[1] = 0  # token 11 is not trained: the target that predicts it is -1
+    qtrain._qtrain.write_token_file(str(path), tokens, 100, mask, [0, 5, 8])
+    loader = qtrain.DataLoader(str(path), batch_size=2, seq_len=8, shuffle=False, vocab_size=100, document_masking=True,
+                               eos_token_id=99)
+    inputs, targets, positions = loader.next_batch()
+    assert inputs.tolist() == [[10, 11, 12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22, 23, 24, 99]]
+    assert targets.tolist() == [[-1, 12, 13, 14, -1, 16, 17, -1], [19, 20, 21, 22, 23, 24, -1, -1]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 0]]
+    assert loader.fill_rate == 15 / 16
+    one = qtrain.DataLoader(str(path), batch_size=3, seq_len=8, shuffle=False, vocab_size=100, document_masking=True,
+                            packing="one-per-row")
+    _, _, positions = one.next_batch()
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 0]]
+    assert len(qtrain.DataLoader(str(path), batch_size=1, seq_len=8, shuffle=False, vocab_size=100).next_batch()) == 2
