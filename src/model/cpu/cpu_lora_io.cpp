@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "io/safetensors.h"
+#include "model/cpu/cpu_adam_files.h"
 #include "model/cpu/cpu_lora.h"
 #include "model/cpu/cpu_ops.h"
 
@@ -61,12 +62,7 @@ void CpuLora::load_adapter(const std::string& dir, const std::string& flag) {
 void CpuLora::save_checkpoint(const std::string& dir) const {
     fs::create_directories(dir);
     SafeTensorsWriter weights, optimizer;
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        const ParamSpec& s = specs_[i];
-        weights.add_f32(s.name, s.shape, params_.data() + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg", s.shape, m_.data() + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, v_.data() + offsets_[i], DType::F32);
-    }
+    add_adam_state(weights, optimizer, specs_, offsets_, params_.data(), m_.data(), v_.data());
     // the dropout masks' pass count: a resume draws the masks the uninterrupted run would have
     optimizer.set_metadata("lora_dropout_passes", std::to_string(passes_));
     weights.write(join(dir, kAdapterWeightsFile));
@@ -82,16 +78,7 @@ void CpuLora::load_checkpoint(const std::string& dir) {
     QT_CHECK(fs::exists(opt_path, ec), "checkpoint '", dir, "': '", opt_path, "' does not exist");
     const SafeTensorsReader weights({weights_path}), optimizer({opt_path});
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
-    auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
-        QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
-        r.read_finite_f32(name, s.shape, out);
-    };
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        const ParamSpec& s = specs_[i];
-        read(weights, s.name, s, p.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
-        read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
-    }
+    read_adam_state(weights, optimizer, specs_, offsets_, p.data(), m.data(), v.data(), dir);
     const SafeTensorsFile opt_file(opt_path);
     const auto& meta = opt_file.metadata();
     const auto passes = meta.find("lora_dropout_passes");

@@ -11,6 +11,7 @@
 #include "io/flat_state_reader.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_layout.h"
+#include "model/cpu/cpu_adam_files.h"
 #include "model/cpu/cpu_model.h"
 
 namespace qtrain {
@@ -98,12 +99,7 @@ void CpuModel::save_checkpoint(const std::string& dir) const {
     if (comm_ && comm_->rank() != 0) return;
     fs::create_directories(dir);
     SafeTensorsWriter weights, optimizer;
-    for (size_t i = 0; i < specs_.size(); ++i) {
-        const ParamSpec& s = specs_[i];
-        weights.add_f32(s.name, s.shape, p + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg", s.shape, m + offsets_[i], DType::F32);
-        optimizer.add_f32(s.name + ".exp_avg_sq", s.shape, v + offsets_[i], DType::F32);
-    }
+    add_adam_state(weights, optimizer, specs_, offsets_, p, m, v);
     weights.write(join(dir, kModelFile));
     optimizer.write(join(dir, kOptimizerFile));
 }
@@ -127,16 +123,7 @@ void CpuModel::load_checkpoint(const std::string& dir) {
         require_file(model_path, "checkpoint '" + dir + "'");
         require_file(opt_path, "checkpoint '" + dir + "'");
         SafeTensorsReader weights({model_path}), optimizer({opt_path});
-        auto read = [&](const SafeTensorsReader& r, const std::string& name, const ParamSpec& s, float* out) {
-            QT_CHECK(r.has(name), "checkpoint '", dir, "': tensor '", name, "' is missing from ", r.describe());
-            r.read_finite_f32(name, s.shape, out);
-        };
-        for (size_t i = 0; i < specs_.size(); ++i) {
-            const ParamSpec& s = specs_[i];
-            read(weights, s.name, s, p.data() + offsets_[i]);
-            read(optimizer, s.name + ".exp_avg", s, m.data() + offsets_[i]);
-            read(optimizer, s.name + ".exp_avg_sq", s, v.data() + offsets_[i]);
-        }
+        read_adam_state(weights, optimizer, specs_, offsets_, p.data(), m.data(), v.data(), dir);
     }
     params_.swap(p);
     adam_m_.swap(m);
