@@ -96,7 +96,7 @@ void RankSession::start() {
     // Without --train-file (the Python session feeding its own tokens) there is no loader.
     const std::vector<std::string> train_files =
         o_.train_file.empty() ? std::vector<std::string>() : expand_glob(o_.train_file, "--train-file");
-    s.packing = decide_packing(o_, train_files);
+    s.packing = ctx_.packing;  // decided once for the run (run_context.cpp)
     const Packing packing = loader_packing(s.packing, cfg.eos_token_id);
     if (!train_files.empty()) {
         s.train_data = std::make_unique<DataLoader>(train_files, o_.batch_size, o_.seq_len, o_.seed, true,
@@ -117,8 +117,7 @@ void RankSession::start() {
     }
 
     // set-up phases are timed: for a 14B model with 110 GiB pinned they take minutes
-    ModelOptions mopt = ctx_.model_options;
-    mopt.document_masking = s.packing.document_masking;  // --document-masking=auto resolved on the files
+    ModelOptions mopt = ctx_.model_options;  // document_masking as ctx_.packing decided it
     mopt.device_index = rank_device_index(ctx_.gpu_ids, rank_, ctx_.mpi_local_rank);
     auto t_setup = Clock::now();
     s.model = create_model(cfg, mopt, ctx_.device);

@@ -72,16 +72,16 @@ RunContext make_run_context(const TrainOptions& options, const std::string& comm
         if (std::optional<Tokenizer> t = load_output_tokenizer(o.tokenizer, cfg.vocab_size))
             ctx.tokenizer = std::make_shared<const Tokenizer>(std::move(*t));
     ctx.model_options = o.model_options(device);
-    // --document-masking=auto is decided by the train files' headers: the plan (the positions buffer,
-    // the attention kernels) must see the decision the ranks will make (RankSession::start).
-    if (o.document_masking == "auto" && !o.train_file.empty()) {
-        try {
-            ctx.model_options.document_masking =
-                decide_packing(o, expand_glob(o.train_file, "--train-file")).document_masking;
-        } catch (const Error&) {
-            // a missing or bad --train-file: the loader names it when the run opens the files
-        }
+    // Packing is decided once, here: --document-masking=auto by the train files' headers, so the plan
+    // (the positions buffer, the attention kernels), the ranks' loaders and their models see one decision.
+    try {
+        ctx.packing = decide_packing(o, o.train_file.empty() ? std::vector<std::string>()
+                                                            : expand_glob(o.train_file, "--train-file"));
+    } catch (const Error&) {
+        // a missing or bad --train-file: the loader names it when the run opens the files
+        ctx.packing = decide_packing(o, {});
     }
+    ctx.model_options.document_masking = ctx.packing.document_masking;
     if (planning_for_gpu)
         std::printf("note: no GPU here; --plan-only plans for the GPU (--device=cuda). --device=cpu plans the CPU "
                     "reference model instead\n\n");

@@ -17,6 +17,7 @@
 #include "model/model_options.h"
 #include "tokenizer/tokenizer.h"
 #include "train/model_source.h"
+#include "train/packing_options.h"
 #include "train/plan_check.h"
 #include "train/test_fault.h"
 #include "train/train_options.h"
@@ -37,6 +38,7 @@ struct RunContext {
     int world = 1;               // ranks of the run
     ModelSource source;
     ModelOptions model_options;  // device_index is set per rank
+    PackingDecision packing;     // --document-masking / --loss-normalization, auto resolved on the train files
     CheckedPlan plan;
     std::shared_ptr<const Tokenizer> tokenizer;  // --tokenizer's, for rank 0's export (null: none)
     std::string launch;          // "threads mode" or "MPI mode", for the log
