@@ -143,6 +143,29 @@ __device__ __forceinline__ int doc_end(const int32_t* __restrict__ pos_row, int 
     return lo;
 }
 
+// What a query tile's kernel (the forward's and dQ's) needs of the document bounds, read once before its
+// key loop: the first key block it can see (that of its first query's document start), its thread's two
+// rows' lower key bounds (rows past T keep 0: their results are dropped), and the smallest and largest
+// bound among its warp's valid rows (the warp's first and last row, wq0 and wq0 + 15).
+struct QueryTileDocBounds {
+    int first_key_block = 0;
+    int row_lo_bound[2] = {0, 0};
+    int warp_min = 0, warp_max = 0;
+};
+template <int kBc>
+__device__ __forceinline__ QueryTileDocBounds query_tile_doc_bounds(const int32_t* __restrict__ pos_row, int q0,
+                                                                    int row_lo, int row_hi, int wq0, int T) {
+    QueryTileDocBounds d;
+    d.first_key_block = doc_start(pos_row, q0) / kBc;  // q0 < T: the grid covers T
+    if (row_lo < T) d.row_lo_bound[0] = doc_start(pos_row, row_lo);
+    if (row_hi < T) d.row_lo_bound[1] = doc_start(pos_row, row_hi);
+    if (wq0 < T) {
+        d.warp_min = doc_start(pos_row, wq0);
+        d.warp_max = doc_start(pos_row, min(wq0 + 15, T - 1));
+    }
+    return d;
+}
+
 // ---- backward preprocessing ----
 // delta[b, h, t] = sum_d dout[n, h*D + d] * out[n, h*D + d], n = b*T + t: one 8-lane team per (n, h)
 // row, 16-byte loads (a warp reads 4 consecutive rows = contiguous memory), fixed-order reduction.

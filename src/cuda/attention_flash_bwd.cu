@@ -337,14 +337,13 @@ __global__ void __launch_bounds__(DqTile<D>::kThreads)
     load_tile_async<kBr, D, kThreads>(sdO, dout + static_cast<int64_t>(b) * T * ldo + h * D, ldo, q0, T);
     cp_async_commit();
     if constexpr (kDoc) {
-        const int32_t* pos_row = positions + static_cast<int64_t>(b) * T;
-        j0 = doc_start(pos_row, q0) / kBc;
-        if (row_lo < T) lo_row[0] = doc_start(pos_row, row_lo);
-        if (row_hi < T) lo_row[1] = doc_start(pos_row, row_hi);
-        if (wq0 < T) {
-            warp_lo_min = doc_start(pos_row, wq0);
-            warp_lo_max = doc_start(pos_row, min(wq0 + 15, T - 1));
-        }
+        const QueryTileDocBounds d =
+            query_tile_doc_bounds<kBc>(positions + static_cast<int64_t>(b) * T, q0, row_lo, row_hi, wq0, T);
+        j0 = d.first_key_block;
+        lo_row[0] = d.row_lo_bound[0];
+        lo_row[1] = d.row_lo_bound[1];
+        warp_lo_min = d.warp_min;
+        warp_lo_max = d.warp_max;
     }
     load_tile_async<kBc, D, kThreads>(sK + (j0 & 1) * kBc * kS, gk, ld, j0 * kBc, T);
     load_tile_async<kBc, D, kThreads>(sV + (j0 & 1) * kBc * kS, gv, ld, j0 * kBc, T);
