@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/flag_names.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 
@@ -109,7 +110,8 @@ public:
     virtual void set_communicator(comm::Communicator* comm, int zero_level) {
         (void)comm;
         (void)zero_level;
-        throw_error(cat("--gpus > 1 is not supported yet on --device=", device_name()));
+        throw_error(
+            cat(flag(&ModelOptions::gpus), " > 1 is not supported yet on ", flag(RunFlag::Device), "=", device_name()));
     }
 
     // ZeRO-3 (set_communicator with zero_level 3): each rank holds only its block of the weights,
@@ -128,7 +130,7 @@ public:
     virtual std::vector<float> read_tensor(const std::string& name, TensorKind kind) {
         (void)name;
         (void)kind;
-        throw_error(cat("reading tensors is not supported on --device=", device_name()));
+        throw_error(cat("reading tensors is not supported on ", flag(RunFlag::Device), "=", device_name()));
     }
 
     // What the backend learnt while running that a user should see once (e.g. the GEMM autotuner's

@@ -33,8 +33,8 @@ const char* const kOptim = "Optimisation";
 const char* const kOutput = "Evaluation, checkpoints and output";
 const char* const kLora = "LoRA";
 
-// An entry under construction: opt(...), then what the model takes from it (.model) and what it
-// implies (.implying).
+// An entry under construction: opt(...), then what the model takes from it (.model), what the models'
+// messages call it (.names; .model(&M::field, ...) says both) and what it implies (.implying).
 struct Entry : OptionSpec {
     // The flag's value copied into the model's field `to`, which has the flag field's type.
     template <class V>
@@ -42,10 +42,31 @@ struct Entry : OptionSpec {
         const auto* from = std::get_if<V T::*>(&member);
         if (!from) throw std::logic_error("option table: --" + name + " and its ModelOptions field differ in type");
         to_model = [from = *from, to](const OptionSpec&, const T& o, const std::string&, M& m) { m.*to = o.*from; };
+        model_flag = to;
         return std::move(*this);
     }
+    // `set` fills the model's field `field` (a conversion: a dtype, an enum, a size).
+    template <class V>
+    Entry&& model(V M::* field, ModelSetter set) && {
+        to_model = std::move(set);
+        model_flag = field;
+        return std::move(*this);
+    }
+    // A dtype flag whose value is given ("fp32" by default), one of `allowed` ("fp32|bf16").
+    Entry&& dtype(DType M::* to, const char* allowed) && {
+        return std::move(*this).model(to, [to, allowed](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+            m.*to = parse_dtype(o.*std::get<std::string T::*>(spec.member), flag_name(spec), allowed);
+        });
+    }
+    // `set` fills several fields, or fields the models name otherwise (.names).
     Entry&& model(ModelSetter set) && {
         to_model = std::move(set);
+        return std::move(*this);
+    }
+    // What the models' messages name this flag by, where no `.model(&M::field)` says it: a LoRA field or a
+    // RunFlag (model/flag_names.h).
+    Entry&& names(ModelFlag key) && {
+        model_flag = key;
         return std::move(*this);
     }
     Entry&& implying(std::vector<OptionImplication> flags) && {
@@ -62,13 +83,6 @@ OptionImplication turns_on(bool T::* flag, int from = 1, bool several_ranks = fa
     i.from = from;
     i.several_ranks = several_ranks;
     return i;
-}
-
-// A dtype flag whose value is given ("fp32" by default), one of `allowed` ("fp32|bf16").
-ModelSetter dtype_to(DType M::* to, const char* allowed) {
-    return [to, allowed](const OptionSpec& spec, const T& o, const std::string&, M& m) {
-        m.*to = parse_dtype(o.*std::get<std::string T::*>(spec.member), flag_name(spec), allowed);
-    };
 }
 
 // One entry; `names` is the long name, then any aliases, comma-separated ("batch-size,batch").
@@ -127,7 +141,8 @@ std::vector<OptionSpec> make_table() {
             "directory or a model in the local HF cache); its HF tokenizer files go to --out-dir with the "
             "model (default: those in --model's directory, if any)"),
         opt(kModel, "device", &T::device, R::MayChange,
-            "Where to train: auto (GPU if present), cpu (reference model) or cuda", choices({"auto", "cpu", "cuda"})),
+            "Where to train: auto (GPU if present), cpu (reference model) or cuda", choices({"auto", "cpu", "cuda"}))
+            .names(RunFlag::Device),
 
         // Data
         opt(kData, "train-file", &T::train_file, R::MustMatch,
@@ -143,7 +158,7 @@ std::vector<OptionSpec> make_table() {
             "restarting at each: documents from the token files' document starts, or ending after each EOS "
             "token; longer ones are split. auto: on when every --train-file records document starts (chat data)",
             choices({"auto", "on", "off"}))
-            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+            .model(&M::document_masking, [](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.document_masking = o.document_masking == "on";
             }),
         opt(kData, "loss-normalization", &T::loss_normalization, R::MustMatch,
@@ -160,13 +175,13 @@ std::vector<OptionSpec> make_table() {
         // Precision ("" dtypes are the device's defaults, so they are compared resolved)
         opt(kPrecision, "model-dtype", &T::model_dtype, R::Resolved,
             "Weights and activations: fp32|bf16 (default: fp32 on cpu, bf16 on cuda)")
-            .model([](const OptionSpec& spec, const T& o, const std::string& device, M& m) {
+            .model(&M::model_dtype, [](const OptionSpec& spec, const T& o, const std::string& device, M& m) {
                 const std::string dtype = o.model_dtype.empty() ? (device == "cpu" ? "fp32" : "bf16") : o.model_dtype;
                 m.model_dtype = parse_dtype(dtype, flag_name(spec), "fp32|bf16");
             }),
         opt(kPrecision, "matmul-dtype", &T::matmul_dtype, R::Resolved,
             "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)")
-            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+            .model(&M::matmul_dtype, [](const OptionSpec& spec, const T& o, const std::string&, M& m) {
                 m.matmul_dtype = o.matmul_dtype.empty()
                                      ? m.model_dtype
                                      : parse_dtype(o.matmul_dtype, flag_name(spec), "fp32|bf16|e4m3");
@@ -174,7 +189,7 @@ std::vector<OptionSpec> make_table() {
         opt(kPrecision, "gradient-dtype", &T::gradient_dtype, R::Resolved,
             "Activation gradients into matmuls: fp32|bf16|e4m3|e5m2 (default: the matmul dtype; bf16 when matmuls "
             "are fp8)")
-            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+            .model(&M::gradient_dtype, [](const OptionSpec& spec, const T& o, const std::string&, M& m) {
                 // "" = the matmul dtype, bf16 when matmuls are fp8
                 m.gradient_dtype = !o.gradient_dtype.empty()
                                        ? parse_dtype(o.gradient_dtype, flag_name(spec), "fp32|bf16|e4m3|e5m2")
@@ -183,18 +198,18 @@ std::vector<OptionSpec> make_table() {
             }),
         opt(kPrecision, "opt-m-dtype", &T::opt_m_dtype, R::MustMatch,
             "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)")
-            .model(dtype_to(&M::opt_m_dtype, "fp32|bf16")),
+            .dtype(&M::opt_m_dtype, "fp32|bf16"),
         opt(kPrecision, "opt-v-dtype", &T::opt_v_dtype, R::MustMatch,
             "Adam second moment: fp32|bf16 (bf16 uses stochastic rounding)")
-            .model(dtype_to(&M::opt_v_dtype, "fp32|bf16")),
+            .dtype(&M::opt_v_dtype, "fp32|bf16"),
         opt(kPrecision, "master-dtype", &T::master_dtype, R::MustMatch,
             "Master weights: fp32|bf16. bf16 (with --model-dtype=bf16, GPU): no fp32 copy, AdamW updates the bf16 "
             "weights with stochastic rounding; saves 4 bytes per parameter")
-            .model(dtype_to(&M::master_dtype, "fp32|bf16")),
+            .dtype(&M::master_dtype, "fp32|bf16"),
         opt(kPrecision, "param-grad-dtype", &T::param_grad_dtype, R::MustMatch,
             "Accumulated parameter gradients: fp32|bf16. bf16 needs --offload-gradients (GPU): the host copy is "
             "bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory")
-            .model(dtype_to(&M::param_grad_dtype, "fp32|bf16")),
+            .dtype(&M::param_grad_dtype, "fp32|bf16"),
 
         // Recompute
         opt(kRecompute, "recompute-swiglu", &T::recompute_swiglu, R::MayChange,
@@ -255,7 +270,8 @@ std::vector<OptionSpec> make_table() {
         opt(kMultiGpu, "gpu-ids", &T::gpu_ids, R::MayChange,
             "The CUDA device of each rank, comma-separated, one per rank (e.g. 0,1,2,3; repeats allowed: 0,0 puts two "
             "ranks on device 0). Default: rank r on device r in threads mode, each process's local rank "
-            "(OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only"),
+            "(OMPI_COMM_WORLD_LOCAL_RANK) under mpirun. GPU only")
+            .names(RunFlag::GpuIds),
         opt(kMultiGpu, "shard-weights", &T::shard_weights, R::MayChange,
             "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: each rank holds 1/N of them and every layer "
             "is gathered from its owners just before it is used, in the forward and again in the backward); on one "
@@ -268,6 +284,7 @@ std::vector<OptionSpec> make_table() {
         opt(kMultiGpu, "zero-level", &T::zero_level, R::MayChange,
             "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights",
             range(1, 3))
+            .names(RunFlag::ZeroLevel)
             .implying({turns_on(&T::shard_gradients, 2), turns_on(&T::shard_weights, 3)}),
         opt(kMultiGpu, "comm-timeout", &T::comm_timeout, R::MayChange,
             "Seconds a data-parallel rank may go without finishing a micro-batch, the optimizer step or a round of "
@@ -296,7 +313,7 @@ std::vector<OptionSpec> make_table() {
             "(qtrain's own kernels) or auto (cudnn where this build and machine have it and --model-dtype=bf16, else "
             "flash)",
             choices({"auto", "flash", "cudnn"}))
-            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+            .model(&M::attention, [](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.attention = o.attention == "flash"   ? AttentionImpl::Flash
                               : o.attention == "cudnn" ? AttentionImpl::Cudnn
                                                        : AttentionImpl::Auto;
@@ -307,7 +324,7 @@ std::vector<OptionSpec> make_table() {
             "to fp32 every few blocks): off, forward (the forward products, as TransformerEngine does) or all; faster, "
             "slightly less accurate",
             choices({"off", "forward", "all"}))
-            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+            .model(&M::fp8_fast_accum, [](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.fp8_fast_accum = o.fp8_fast_accum == "forward" ? Fp8FastAccum::Forward
                                    : o.fp8_fast_accum == "all"   ? Fp8FastAccum::All
                                                                  : Fp8FastAccum::Off;
@@ -318,7 +335,7 @@ std::vector<OptionSpec> make_table() {
             "only to the last bits").model(&M::gemm_autotune),
         opt(kPerf, "memory-limit", &T::memory_limit, R::MayChange,
             "Cap the memory plan, e.g. 24GiB (rehearse a smaller card)")
-            .model([](const OptionSpec& spec, const T& o, const std::string&, M& m) {
+            .model(&M::memory_limit, [](const OptionSpec& spec, const T& o, const std::string&, M& m) {
                 m.memory_limit = o.memory_limit.empty() ? 0 : parse_bytes(o.memory_limit, flag_name(spec));
             }),
         opt(kPerf, "host-memory-limit", &T::host_memory_limit, R::MayChange,
@@ -363,29 +380,36 @@ std::vector<OptionSpec> make_table() {
                 m.lora.init = o.lora_init;
                 m.lora.seed = o.seed;
                 m.lora.base_model = o.model;
-            }),
+            })
+            .names(&LoraOptions::rank),
         opt(kLora, "lora-alpha", &T::lora_alpha, R::MustMatch,
             "LoRA scaling numerator: the adapters' output is multiplied by alpha / rank (PEFT's lora_alpha, default 8 "
-            "as PEFT's)"),
+            "as PEFT's)")
+            .names(&LoraOptions::alpha),
         opt(kLora, "lora-dropout", &T::lora_dropout, R::MustMatch,
             "Dropout on the adapters' input in training (PEFT's lora_dropout), in [0, 1); its masks come from --seed "
-            "and the pass, so runs and resumes reproduce them"),
+            "and the pass, so runs and resumes reproduce them")
+            .names(&LoraOptions::dropout),
         opt(kLora, "lora-targets", &T::lora_targets, R::MustMatch,
             "The projections that get adapters: all, or any of q,k,v,o,gate,up,down, comma-separated (PEFT's "
-            "target_modules q_proj, ..., down_proj)"),
+            "target_modules q_proj, ..., down_proj)")
+            .names(&LoraOptions::targets),
         opt(kLora, "lora-init", &T::lora_init, R::MustMatch,
             "Adapter initialisation: kaiming (PEFT's default: A Kaiming-uniform as torch's kaiming_uniform_(a=sqrt(5)), "
             "B zero) or gaussian (PEFT's init_lora_weights=\"gaussian\": A ~ N(0, 1/rank), B zero)",
-            choices({"kaiming", "gaussian"})),
+            choices({"kaiming", "gaussian"}))
+            .names(&LoraOptions::init),
         // where the adapters start and what the export is: not the math of the steps
         opt(kLora, "lora-from", &T::lora_from, R::MayChange,
             "Start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "
             "fresh adapters; its rank, alpha, targets and shapes must be this run's")
-            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.from = o.lora_from; }),
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.from = o.lora_from; })
+            .names(&LoraOptions::from),
         opt(kLora, "merge-lora", &T::merge_lora, R::MayChange,
             "With --lora-rank: --out-dir gets the merged full model (W + alpha/rank * B A, as PEFT's "
             "merge_and_unload; model.safetensors and config.json) instead of the PEFT adapter")
-            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.merge = o.merge_lora; }),
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.merge = o.merge_lora; })
+            .names(&LoraOptions::merge),
 
         // Evaluation, checkpoints and output
         opt(kOutput, "eval-every-n-steps", &T::eval_every_n_steps, R::MayChange,
@@ -424,10 +448,18 @@ std::vector<OptionSpec> make_table() {
     };
 }
 
+// The table, with its names registered for the models' messages (model/flag_names.h).
+std::vector<OptionSpec> make_registered_table() {
+    std::vector<OptionSpec> table = make_table();
+    for (const OptionSpec& spec : table)
+        if (spec.model_flag) register_flag_name(*spec.model_flag, flag_name(spec));
+    return table;
+}
+
 }  // namespace
 
 const std::vector<OptionSpec>& train_option_table() {
-    static const std::vector<OptionSpec> table = make_table();
+    static const std::vector<OptionSpec> table = make_registered_table();
     return table;
 }
 

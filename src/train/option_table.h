@@ -2,9 +2,10 @@
 // (`--help`, train_options.cpp), the JSON a log and a checkpoint record (TrainOptions::to_json /
 // from_json, options_json.cpp), what `--continue` compares (resume_check.cpp) and what the Python
 // package is told about them (option_info.h), what the model is given (TrainOptions::model_options:
-// each entry's `to_model` and `implies`) and how memory_fit names the flags it suggests. A new flag is
-// a field of TrainOptions plus one entry in option_table.cpp (and, when the model reads it, a field of
-// ModelOptions that the entry fills); nothing else lists flags.
+// each entry's `to_model` and `implies`), how memory_fit names the flags it suggests and how the
+// models' messages name them (model/flag_names.h). A new flag is a field of TrainOptions plus one
+// entry in option_table.cpp (and, when the model reads it, a field of ModelOptions that the entry
+// fills); nothing else lists flags.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "model/flag_names.h"
 #include "train/train_options.h"
 
 namespace qtrain {
@@ -70,10 +72,14 @@ struct OptionSpec {
     std::string python;                // the Python keyword, where the name with '_' for '-' cannot be
                                        // one ("continue"); "" = that name
     ModelSetter to_model;              // the model's fields it fills (TrainOptions::model_options); empty = none
+    // What the models' messages name this flag by (model/flag_names.h): the ModelOptions field
+    // `.model(&ModelOptions::x)` fills, or what `.names(...)` says; the table registers "--name" under it.
+    std::optional<ModelFlag> model_flag;
     std::vector<OptionImplication> implies;
 };
 
-// Every flag, in --help order (groups in the order they first appear).
+// Every flag, in --help order (groups in the order they first appear). Building it (the first call)
+// registers each entry's name under its `model_flag` (model/flag_names.h), the names the models print.
 const std::vector<OptionSpec>& train_option_table();
 // The entry named `name` (no "--"; aliases are not looked up), or nullptr.
 const OptionSpec* find_train_option(std::string_view name);

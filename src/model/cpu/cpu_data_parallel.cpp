@@ -10,14 +10,15 @@
 #include "core/error.h"
 #include "model/cpu/cpu_model.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 
 void CpuModel::set_communicator(comm::Communicator* comm, int zero_level) {
-    QT_CHECK(zero_level >= 1 && zero_level <= 3, "--zero-level=", zero_level,
+    QT_CHECK(zero_level >= 1 && zero_level <= 3, flag(RunFlag::ZeroLevel), "=", zero_level,
              " is not supported by the CPU model's data parallel step (1, 2 or 3)");
-    QT_CHECK(!frozen_base() || !comm || comm->world() <= 1, "--lora-rank=", options_.lora.rank,
-             ": LoRA with several ranks is not yet supported on --device=cpu");
+    QT_CHECK(!frozen_base() || !comm || comm->world() <= 1, flag(&LoraOptions::rank), "=", options_.lora.rank,
+             ": LoRA with several ranks is not yet supported on ", flag(RunFlag::Device), "=cpu");
     if (weights_sharded()) {
         // leaving ZeRO-3 (or its world): every rank gets the whole state back from the old owners
         std::vector<float> all;

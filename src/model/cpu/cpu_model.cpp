@@ -14,6 +14,7 @@
 #include "core/fp8_reference.h"
 #include "model/cpu/cpu_head_norm.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 
@@ -65,46 +66,66 @@ void CpuModel::check_options(const ModelOptions& o) {
     // matmuls mean "not quantised" here, as the CPU keeps them in fp32)
     const bool fp8 = o.matmul_dtype == DType::E4M3;
     const bool fp8_grad = is_fp8(o.gradient_dtype);
-    QT_CHECK(!fp8_grad || fp8, "--gradient-dtype=", dtype_name(o.gradient_dtype),
-             " needs --matmul-dtype=e4m3 on --device=cpu (the CPU model emulates FP8 matmuls)");
+    QT_CHECK(!fp8_grad || fp8, flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype), " needs ",
+             flag(&ModelOptions::matmul_dtype), "=e4m3 on ", flag(RunFlag::Device),
+             "=cpu (the CPU model emulates FP8 matmuls)");
     const DType matmul = fp8 ? DType::F32 : o.matmul_dtype;
     const DType grad = (fp8 && (fp8_grad || o.gradient_dtype == DType::BF16)) ? DType::F32 : o.gradient_dtype;
-    const std::pair<const char*, DType> dtypes[] = {
-        {"--model-dtype", o.model_dtype}, {"--matmul-dtype", matmul},         {"--gradient-dtype", grad},
-        {"--opt-m-dtype", o.opt_m_dtype}, {"--opt-v-dtype", o.opt_v_dtype},   {"--master-dtype", o.master_dtype},
-        {"--param-grad-dtype", o.param_grad_dtype}};
-    for (const auto& [flag, dt] : dtypes)
-        QT_CHECK(dt == DType::F32, flag, "=", dtype_name(dt), " is not supported yet on --device=cpu (the CPU ",
-                 "reference model runs every role in fp32: use ", flag, "=fp32)");
+    const std::pair<std::string, DType> dtypes[] = {{flag(&ModelOptions::model_dtype), o.model_dtype},
+                                                    {flag(&ModelOptions::matmul_dtype), matmul},
+                                                    {flag(&ModelOptions::gradient_dtype), grad},
+                                                    {flag(&ModelOptions::opt_m_dtype), o.opt_m_dtype},
+                                                    {flag(&ModelOptions::opt_v_dtype), o.opt_v_dtype},
+                                                    {flag(&ModelOptions::master_dtype), o.master_dtype},
+                                                    {flag(&ModelOptions::param_grad_dtype), o.param_grad_dtype}};
+    for (const auto& [name, dt] : dtypes)
+        QT_CHECK(dt == DType::F32, name, "=", dtype_name(dt), " is not supported yet on ", flag(RunFlag::Device),
+                 "=cpu (the CPU reference model runs every role in fp32: use ", name, "=fp32)");
     // GPU settings mean nothing to the CPU model, so each is refused (not ignored; with several ranks
     // --shard-gradients is ZeRO-2 and --shard-weights ZeRO-3, --gpus > 1 in threads mode; the engine
     // refuses --zero-level=2|3 on one CPU rank by that name, run_context.cpp). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
-    const std::pair<const char*, bool> flags[] = {
-        {"--recompute-block", o.recompute_block},     {"--recompute-ffn", o.recompute_ffn},
-        {"--recompute-att", o.recompute_att},         {"--recompute-swiglu", o.recompute_swiglu},
-        {"--recompute-norm", o.recompute_norm},       {"--recompute-qkv", o.recompute_qkv},
-        {"--offload-residual", o.offload_residual},   {"--offload-master", o.offload_master},
-        {"--offload-opt-m", o.offload_opt_m},         {"--offload-opt-v", o.offload_opt_v},
-        {"--offload-quants", o.offload_quants},       {"--offload-gradients", o.offload_gradients},
-        {"--persistent-quants", o.persistent_quants}, {"--write-combined", o.write_combined},
-        {"--memcpy-all-gather", o.memcpy_all_gather}, {"--shard-weights", o.shard_weights && o.gpus <= 1},
-        {"--shard-gradients", o.shard_gradients && o.gpus <= 1},     {"--use-cuda-graphs", o.use_cuda_graphs},
-        {"--offload-double-buffer", o.offload_double_buffer}, {"--gemm-autotune", o.gemm_autotune},
-        {"--fp8-fast-accum", o.fp8_fast_accum != Fp8FastAccum::Off},
-        {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
-    for (const auto& [flag, on] : flags)
-        QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
-    QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, " on --device=cpu: give the number of ranks (threads), at least 1");
-    QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
-    QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
-    QT_CHECK(o.seq_len >= 1, "--seq-len must be at least 1, got ", o.seq_len);
+    const std::pair<std::string, bool> flags[] = {
+        {flag(&ModelOptions::recompute_block), o.recompute_block},
+        {flag(&ModelOptions::recompute_ffn), o.recompute_ffn},
+        {flag(&ModelOptions::recompute_att), o.recompute_att},
+        {flag(&ModelOptions::recompute_swiglu), o.recompute_swiglu},
+        {flag(&ModelOptions::recompute_norm), o.recompute_norm},
+        {flag(&ModelOptions::recompute_qkv), o.recompute_qkv},
+        {flag(&ModelOptions::offload_residual), o.offload_residual},
+        {flag(&ModelOptions::offload_master), o.offload_master},
+        {flag(&ModelOptions::offload_opt_m), o.offload_opt_m},
+        {flag(&ModelOptions::offload_opt_v), o.offload_opt_v},
+        {flag(&ModelOptions::offload_quants), o.offload_quants},
+        {flag(&ModelOptions::offload_gradients), o.offload_gradients},
+        {flag(&ModelOptions::persistent_quants), o.persistent_quants},
+        {flag(&ModelOptions::write_combined), o.write_combined},
+        {flag(&ModelOptions::memcpy_all_gather), o.memcpy_all_gather},
+        {flag(&ModelOptions::shard_weights), o.shard_weights && o.gpus <= 1},
+        {flag(&ModelOptions::shard_gradients), o.shard_gradients && o.gpus <= 1},
+        {flag(&ModelOptions::use_cuda_graphs), o.use_cuda_graphs},
+        {flag(&ModelOptions::offload_double_buffer), o.offload_double_buffer},
+        {flag(&ModelOptions::gemm_autotune), o.gemm_autotune},
+        {flag(&ModelOptions::fp8_fast_accum), o.fp8_fast_accum != Fp8FastAccum::Off},
+        {flag(&ModelOptions::attention), o.attention != AttentionImpl::Auto},
+        {flag(&ModelOptions::attn_bwd_chunks), o.attn_bwd_chunks != 1}};
+    for (const auto& [name, on] : flags)
+        QT_CHECK(!on, name, " is not supported on ", flag(RunFlag::Device),
+                 "=cpu (a GPU setting; the CPU reference model has no use for it)");
+    QT_CHECK(o.gpus >= 1, flag(&ModelOptions::gpus), "=", o.gpus, " on ", flag(RunFlag::Device),
+             "=cpu: give the number of ranks (threads), at least 1");
+    QT_CHECK(o.lmhead_chunks >= 1, flag(&ModelOptions::lmhead_chunks), " must be at least 1, got ", o.lmhead_chunks);
+    QT_CHECK(o.batch_size >= 1, flag(&ModelOptions::batch_size), " must be at least 1, got ", o.batch_size);
+    QT_CHECK(o.seq_len >= 1, flag(&ModelOptions::seq_len), " must be at least 1, got ", o.seq_len);
     if (o.lora.enabled()) {
-        QT_CHECK(!fp8, "--lora-rank=", o.lora.rank, " with --matmul-dtype=e4m3 is not yet supported on --device=cpu "
+        QT_CHECK(!fp8, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::matmul_dtype),
+                 "=e4m3 is not yet supported on ", flag(RunFlag::Device),
+                 "=cpu "
                  "(the adapters' FP8 emulation is not written)");
-        QT_CHECK(o.gpus <= 1, "--lora-rank=", o.lora.rank, " with --gpus=", o.gpus, " is not yet supported on "
-                 "--device=cpu (data parallel adapters are not written)");
+        QT_CHECK(o.gpus <= 1, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::gpus), "=",
+                 o.gpus, " is not yet supported on ", flag(RunFlag::Device),
+                 "=cpu (data parallel adapters are not written)");
     }
 }
 
@@ -158,21 +179,24 @@ float* CpuModel::param(const std::string& name) {
 float* CpuModel::grad(const std::string& name) {
     if (lora_.has(name)) return lora_.grad(name);
     const int64_t o = offset(name);
-    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no gradient");
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (", flag(&LoraOptions::rank),
+             "): it has no gradient");
     return grads_.data() + o;
 }
 
 float* CpuModel::adam_m(const std::string& name) {
     if (lora_.has(name)) return lora_.adam_m(name);
     const int64_t o = offset(name);
-    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no Adam moments");
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (", flag(&LoraOptions::rank),
+             "): it has no Adam moments");
     return adam_m_.data() + o;
 }
 
 float* CpuModel::adam_v(const std::string& name) {
     if (lora_.has(name)) return lora_.adam_v(name);
     const int64_t o = offset(name);
-    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (--lora-rank): it has no Adam moments");
+    QT_CHECK(!frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (", flag(&LoraOptions::rank),
+             "): it has no Adam moments");
     return adam_v_.data() + o;
 }
 
@@ -290,8 +314,10 @@ void CpuModel::check_batch(const Batch& b) const {
     }
     QT_CHECK(b.loss_denominator >= 0.0f, "CpuModel: negative loss_denominator ", b.loss_denominator);
     if (!b.positions) return;
-    QT_CHECK(options_.document_masking, "CpuModel: the batch carries document positions (packed rows) but the model "
-             "was built without document masking (ModelOptions::document_masking, --document-masking)");
+    QT_CHECK(options_.document_masking,
+             "CpuModel: the batch carries document positions (packed rows) but the model "
+             "was built without document masking (ModelOptions::document_masking, ",
+             flag(&ModelOptions::document_masking), ")");
     // a position says where the token's document starts: never before its row
     for (int64_t i = 0; i < N; ++i) {
         const int64_t t = i % b.seq_len;

@@ -13,6 +13,7 @@
 #include "model/checkpoint_layout.h"
 #include "model/cpu/cpu_adam_files.h"
 #include "model/cpu/cpu_model.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 
@@ -56,7 +57,7 @@ void CpuModel::load_hf(const std::string& model_dir) {
 void CpuModel::start_adapters() {
     if (!frozen_base()) return;
     lora_.init(options_.lora.seed);
-    if (!options_.lora.from.empty()) lora_.load_adapter(options_.lora.from, "--lora-from");
+    if (!options_.lora.from.empty()) lora_.load_adapter(options_.lora.from, flag(&LoraOptions::from));
 }
 
 void CpuModel::save_hf(const std::string& dir) const {
@@ -139,8 +140,8 @@ std::vector<float> CpuModel::read_tensor(const std::string& name, TensorKind kin
         const float* p = kind == TensorKind::Gradient ? lora_.grad(name) : lora_.param(name);
         return std::vector<float>(p, p + n);
     }
-    QT_CHECK(kind != TensorKind::Gradient || !frozen_base(), "CpuModel: '", name,
-             "' is frozen under LoRA (--lora-rank): it has no gradient");
+    QT_CHECK(kind != TensorKind::Gradient || !frozen_base(), "CpuModel: '", name, "' is frozen under LoRA (",
+             flag(&LoraOptions::rank), "): it has no gradient");
     const int64_t begin = offset(name), end = begin + specs_[index_.at(name)].numel();
     if (kind == TensorKind::Gradient) return std::vector<float>(grads_.begin() + begin, grads_.begin() + end);
     const Held held(*this, {begin, end});

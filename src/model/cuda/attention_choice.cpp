@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cuda/attention_cudnn.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 namespace {
@@ -25,17 +26,19 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
     const bool explicit_cudnn = o.attention == AttentionImpl::Cudnn;
     std::string why;
     if (o.model_dtype != DType::BF16) {
-        QT_CHECK(!explicit_cudnn, "--attention=cudnn needs --model-dtype=bf16 (fp32 attention runs qtrain's "
-                                  "fp32 kernels); use --attention=auto or flash");
+        QT_CHECK(!explicit_cudnn, flag(&ModelOptions::attention), "=cudnn needs ", flag(&ModelOptions::model_dtype),
+                 "=bf16 (fp32 attention runs qtrain's fp32 kernels); use ", flag(&ModelOptions::attention),
+                 "=auto or flash");
         return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
     }
     // Packed rows need block-causal masks over each row's documents: qtrain's kernels do that (a
     // per-row key bound from Batch::positions); cuDNN's variable-length SDPA would need one ragged
     // sequence per document, a graph shape that changes with every micro-batch (docs/design.md).
     if (o.document_masking) {
-        QT_CHECK(!explicit_cudnn, "--attention=cudnn cannot run --document-masking (cuDNN has no block-causal mask "
-                                  "over packed documents here); use --attention=flash or auto, or drop "
-                                  "--document-masking");
+        QT_CHECK(!explicit_cudnn, flag(&ModelOptions::attention), "=cudnn cannot run ",
+                 flag(&ModelOptions::document_masking),
+                 " (cuDNN has no block-causal mask over packed documents here); use ", flag(&ModelOptions::attention),
+                 "=flash or auto, or drop ", flag(&ModelOptions::document_masking));
         if (why_not_cudnn) *why_not_cudnn = "document masking runs on qtrain's flash kernels";
         return AttentionBackend::Flash;
     }
@@ -53,7 +56,8 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
             why = e.what();
         }
     }
-    QT_CHECK(ok || !explicit_cudnn, "--attention=cudnn: ", why, "; use --attention=flash");
+    QT_CHECK(ok || !explicit_cudnn, flag(&ModelOptions::attention), "=cudnn: ", why, "; use ",
+             flag(&ModelOptions::attention), "=flash");
     if (!ok && why_not_cudnn) *why_not_cudnn = why;
     return ok ? AttentionBackend::Cudnn : AttentionBackend::Flash;
 }

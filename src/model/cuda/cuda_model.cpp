@@ -22,6 +22,7 @@
 #include "io/safetensors.h"
 #include "model/checkpoint_layout.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/flag_names.h"
 #include "model/hf_writer.h"
 #include "model/parameters.h"
 
@@ -34,35 +35,46 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 
 void CudaModel::check_options(const ModelOptions& o) {
-    QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, "--model-dtype=", dtype_name(o.model_dtype),
-             " is not supported on --device=cuda (fp32 or bf16)");
+    QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, flag(&ModelOptions::model_dtype), "=",
+             dtype_name(o.model_dtype), " is not supported on ", flag(RunFlag::Device), "=cuda (fp32 or bf16)");
     const bool fp8 = o.matmul_dtype == DType::E4M3;
-    QT_CHECK(o.matmul_dtype == o.model_dtype || (fp8 && o.model_dtype == DType::BF16), "--matmul-dtype=",
-             dtype_name(o.matmul_dtype), " is not supported on --device=cuda with --model-dtype=",
-             dtype_name(o.model_dtype), " (use the model dtype, or e4m3 with bf16)");
-    QT_CHECK(o.gradient_dtype == o.model_dtype || (fp8 && is_fp8(o.gradient_dtype)), "--gradient-dtype=",
-             dtype_name(o.gradient_dtype), " is not supported on --device=cuda with --matmul-dtype=",
-             dtype_name(o.matmul_dtype), " (use the model dtype, or e4m3|e5m2 with --matmul-dtype=e4m3)");
+    QT_CHECK(o.matmul_dtype == o.model_dtype || (fp8 && o.model_dtype == DType::BF16),
+             flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.matmul_dtype), " is not supported on ",
+             flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::model_dtype), "=", dtype_name(o.model_dtype),
+             " (use the model dtype, or e4m3 with bf16)");
+    QT_CHECK(o.gradient_dtype == o.model_dtype || (fp8 && is_fp8(o.gradient_dtype)),
+             flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype), " is not supported on ",
+             flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.matmul_dtype),
+             " (use the model dtype, or e4m3|e5m2 with ", flag(&ModelOptions::matmul_dtype), "=e4m3)");
     QT_CHECK(o.master_dtype == DType::F32 || (o.master_dtype == DType::BF16 && o.model_dtype == DType::BF16),
-             "--master-dtype=", dtype_name(o.master_dtype), " needs --model-dtype=bf16 on --device=cuda (fp32 or bf16)");
-    QT_CHECK(!(o.offload_master && o.master_dtype == DType::BF16),
-             "--offload-master with --master-dtype=bf16: there is no separate master copy to offload (the bf16 "
-             "weights are the master); drop --offload-master, or add --shard-weights to keep the weights in host memory");
+             flag(&ModelOptions::master_dtype), "=", dtype_name(o.master_dtype), " needs ",
+             flag(&ModelOptions::model_dtype), "=bf16 on ", flag(RunFlag::Device), "=cuda (fp32 or bf16)");
+    QT_CHECK(!(o.offload_master && o.master_dtype == DType::BF16), flag(&ModelOptions::offload_master), " with ",
+             flag(&ModelOptions::master_dtype),
+             "=bf16: there is no separate master copy to offload (the bf16 weights are the master); drop ",
+             flag(&ModelOptions::offload_master), ", or add ", flag(&ModelOptions::shard_weights),
+             " to keep the weights in host memory");
     QT_CHECK(o.param_grad_dtype == DType::F32 ||
                  (o.param_grad_dtype == DType::BF16 && (o.offload_gradients || gradients_reduced_per_layer(o))),
-             "--param-grad-dtype=", dtype_name(o.param_grad_dtype), " needs --offload-gradients or ZeRO-2 with --gpus > 1 "
-             "on --device=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's "
+             flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " needs ",
+             flag(&ModelOptions::offload_gradients), " or ZeRO-2 with ", flag(&ModelOptions::gpus), " > 1 on ",
+             flag(RunFlag::Device),
+             "=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's "
              "block; the device accumulates each layer in fp32)");
-    QT_CHECK(!o.offload_master || o.model_dtype != DType::F32,
-             "--offload-master needs --model-dtype=bf16 (in fp32 the master copy is the weights the GEMMs read)");
+    QT_CHECK(!o.offload_master || o.model_dtype != DType::F32, flag(&ModelOptions::offload_master), " needs ",
+             flag(&ModelOptions::model_dtype), "=bf16 (in fp32 the master copy is the weights the GEMMs read)");
     QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||
                  o.shard_weights,
-             "--write-combined applies to offloaded buffers: add --offload-master, --offload-opt-m, --offload-opt-v, "
-             "--offload-gradients or --shard-weights");
+             flag(&ModelOptions::write_combined), " applies to offloaded buffers: add ",
+             flag(&ModelOptions::offload_master), ", ", flag(&ModelOptions::offload_opt_m), ", ",
+             flag(&ModelOptions::offload_opt_v), ", ", flag(&ModelOptions::offload_gradients), " or ",
+             flag(&ModelOptions::shard_weights));
     QT_CHECK(!o.offload_double_buffer || o.offload_master || o.offload_opt_m || o.offload_opt_v ||
                  o.offload_gradients || o.shard_weights,
-             "--offload-double-buffer applies to offloaded optimizer inputs: add --offload-master, --offload-opt-m, "
-             "--offload-opt-v, --offload-gradients or --shard-weights");
+             flag(&ModelOptions::offload_double_buffer), " applies to offloaded optimizer inputs: add ",
+             flag(&ModelOptions::offload_master), ", ", flag(&ModelOptions::offload_opt_m), ", ",
+             flag(&ModelOptions::offload_opt_v), ", ", flag(&ModelOptions::offload_gradients), " or ",
+             flag(&ModelOptions::shard_weights));
     QT_CHECK(o.optimizer_chunk >= 64 && o.optimizer_chunk % 64 == 0, "optimizer chunk of ", o.optimizer_chunk,
              " elements: must be a positive multiple of 64");
     // Resident FP8 weights are always quantised once per optimizer step and kept (wq, wTq), so
@@ -70,48 +82,56 @@ void CudaModel::check_options(const ModelOptions& o) {
     // made on the device from the kept one: that needs FP8 gradients (a bf16 backward reads the bf16
     // weight matrices, which a persistent-quants pass no longer copies in).
     QT_CHECK(!(o.persistent_quants || o.offload_quants) || fp8,
-             o.offload_quants ? "--offload-quants" : "--persistent-quants",
-             " keeps FP8 weight copies: it needs --matmul-dtype=e4m3");
-    QT_CHECK(!o.offload_quants || o.shard_weights,
-             "--offload-quants puts the FP8 copies of streamed layers in pinned host memory: it needs --shard-weights "
+             o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
+             " keeps FP8 weight copies: it needs ", flag(&ModelOptions::matmul_dtype), "=e4m3");
+    QT_CHECK(!o.offload_quants || o.shard_weights, flag(&ModelOptions::offload_quants),
+             " puts the FP8 copies of streamed layers in pinned host memory: it needs ",
+             flag(&ModelOptions::shard_weights),
+             " "
              "(without it the FP8 copies are resident, quantised once per step, and need no offload)");
     QT_CHECK(!(o.persistent_quants || o.offload_quants) || !o.shard_weights || is_fp8(o.gradient_dtype),
-             o.offload_quants ? "--offload-quants" : "--persistent-quants",
-             " with --shard-weights needs --gradient-dtype=e4m3|e5m2 (the backward then reads only FP8 weight "
+             o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants), " with ",
+             flag(&ModelOptions::shard_weights), " needs ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2 (the backward then reads only FP8 weight "
              "copies; with bf16 gradients it reads the bf16 weights, which are streamed anyway)");
-    QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8,
-             "--fp8-fast-accum applies to FP8 GEMMs: it needs --matmul-dtype=e4m3 (or drop it)");
-    QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype),
-             "--fp8-fast-accum=all also covers the backward GEMMs, which are FP8 only with --gradient-dtype=e4m3|e5m2 "
-             "(add that, or use --fp8-fast-accum=forward)");
+    QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8, flag(&ModelOptions::fp8_fast_accum),
+             " applies to FP8 GEMMs: it needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 (or drop it)");
+    QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype), flag(&ModelOptions::fp8_fast_accum),
+             "=all also covers the backward GEMMs, which are FP8 only with ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2 (add that, or use ", flag(&ModelOptions::fp8_fast_accum), "=forward)");
     // On one GPU, sharding means streaming from host memory (the weights role, weights.h).
-    QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16,
-             "--shard-weights needs --model-dtype=bf16 (it streams the bf16 weights from host memory)");
-    QT_CHECK(!o.shard_gradients || o.offload_gradients || o.gpus > 1,
-             "--shard-gradients on one GPU streams the gradients to host memory: add --offload-gradients");
+    QT_CHECK(!o.shard_weights || o.model_dtype == DType::BF16, flag(&ModelOptions::shard_weights), " needs ",
+             flag(&ModelOptions::model_dtype), "=bf16 (it streams the bf16 weights from host memory)");
+    QT_CHECK(!o.shard_gradients || o.offload_gradients || o.gpus > 1, flag(&ModelOptions::shard_gradients),
+             " on one GPU streams the gradients to host memory: add ", flag(&ModelOptions::offload_gradients));
     QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients && !o.offload_residual),
-             "--use-cuda-graphs cannot be combined with --shard-weights, --offload-gradients or --offload-residual yet "
+             flag(&ModelOptions::use_cuda_graphs), " cannot be combined with ", flag(&ModelOptions::shard_weights),
+             ", ", flag(&ModelOptions::offload_gradients), " or ", flag(&ModelOptions::offload_residual),
+             " yet "
              "(the streamed step decides its copies on the host)");
-    QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, "--attn-bwd-chunks=",
-             o.attn_bwd_chunks, " must divide --batch-size=", o.batch_size,
+    QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, flag(&ModelOptions::attn_bwd_chunks), "=",
+             o.attn_bwd_chunks, " must divide ", flag(&ModelOptions::batch_size), "=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
-    QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, ": must be at least 1");
+    QT_CHECK(o.gpus >= 1, flag(&ModelOptions::gpus), "=", o.gpus, ": must be at least 1");
     // ZeRO-3 (--shard-weights with --gpus > 1, weights.h) gathers each layer's weights from their
     // owners and reduces its gradient to them as the backward produces it: it needs ZeRO-2's
     // per-layer reductions (a rank holds no whole copy to add a whole gradient to).
-    QT_CHECK(o.gpus == 1 || !o.shard_weights || gradients_reduced_per_layer(o), "--shard-weights with --gpus=", o.gpus,
-             " is ZeRO-3: it shards the gradients too (--zero-level=3, or add --shard-gradients)");
+    QT_CHECK(o.gpus == 1 || !o.shard_weights || gradients_reduced_per_layer(o), flag(&ModelOptions::shard_weights),
+             " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is ZeRO-3: it shards the gradients too (",
+             flag(RunFlag::ZeroLevel), "=3, or add ", flag(&ModelOptions::shard_gradients), ")");
     // ZeRO-2 reduces each layer's device slot to its owner, which adds it into its block: in pinned
     // host memory with --offload-gradients. ZeRO-1 would all-reduce the host gradient, which NCCL
     // cannot read.
-    QT_CHECK(o.gpus == 1 || !o.offload_gradients || o.shard_gradients, "--offload-gradients with --gpus=", o.gpus,
-             " needs ZeRO-2 (--zero-level=2): the ranks reduce the device slots of each layer to their owner's "
+    QT_CHECK(o.gpus == 1 || !o.offload_gradients || o.shard_gradients, flag(&ModelOptions::offload_gradients), " with ",
+             flag(&ModelOptions::gpus), "=", o.gpus, " needs ZeRO-2 (", flag(RunFlag::ZeroLevel),
+             "=2): the ranks reduce the device slots of each layer to their owner's "
              "block in host memory; ZeRO-1 would all-reduce the whole host gradient");
-    QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32 || gradients_reduced_per_layer(o), "--param-grad-dtype=",
-             dtype_name(o.param_grad_dtype), " with --gpus=", o.gpus, " needs ZeRO-2 (--zero-level=2) without "
-             "--use-cuda-graphs: the rank's block of the gradient is what is kept in bf16");
-    QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather,
-             "--memcpy-all-gather chooses the copy-engine communicator between ranks: it needs --gpus > 1");
+    QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32 || gradients_reduced_per_layer(o),
+             flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " with ",
+             flag(&ModelOptions::gpus), "=", o.gpus, " needs ZeRO-2 (", flag(RunFlag::ZeroLevel), "=2) without ",
+             flag(&ModelOptions::use_cuda_graphs), ": the rank's block of the gradient is what is kept in bf16");
+    QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather, flag(&ModelOptions::memcpy_all_gather),
+             " chooses the copy-engine communicator between ranks: it needs ", flag(&ModelOptions::gpus), " > 1");
 }
 
 // FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 alignment rules).
@@ -119,7 +139,8 @@ static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
     const int64_t N = static_cast<int64_t>(o.batch_size) * o.seq_len;
     for (auto [what, v] : {std::pair<const char*, int64_t>{"batch-size x seq-len", N}, {"hidden_size", c.hidden_size},
                            {"q dim", c.q_dim()}, {"kv dim", c.kv_dim()}, {"intermediate_size", c.intermediate_size}})
-        QT_CHECK(v % 16 == 0, "--matmul-dtype=e4m3 needs ", what, " to be a multiple of 16 (got ", v, ")");
+        QT_CHECK(v % 16 == 0, flag(&ModelOptions::matmul_dtype), "=e4m3 needs ", what, " to be a multiple of 16 (got ",
+                 v, ")");
 }
 
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
@@ -137,10 +158,10 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     recompute_ = recompute_set(opt_);
     check_recompute(program_, recompute_);
     const int devices = cuda_device_count();
-    QT_CHECK(devices > 0, "--device=cuda: no GPU is visible");
+    QT_CHECK(devices > 0, flag(RunFlag::Device), "=cuda: no GPU is visible");
     QT_CHECK(opt_.device_index >= 0 && opt_.device_index < devices, "GPU ", opt_.device_index,
-             " does not exist: this machine has ", devices, " visible GPU", devices == 1 ? "" : "s",
-             " (--gpu-ids, CUDA_VISIBLE_DEVICES)");
+             " does not exist: this machine has ", devices, " visible GPU", devices == 1 ? "" : "s", " (",
+             flag(RunFlag::GpuIds), ", CUDA_VISIBLE_DEVICES)");
     // the calling thread's device: a rank thread makes all of its model's CUDA calls on it
     CUDA_CHECK(cudaSetDevice(opt_.device_index));
     shard_ = param_shard(layout_.total, 1, 0);  // the whole space until set_communicator
@@ -149,8 +170,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     device_name_ = info.name;
     plan_ = gpu_memory_plan(config_, opt_, device_name_);
     QT_CHECK(plan_.total_device() <= info.free_memory, "the memory plan needs ", human_bytes(plan_.total_device()),
-             " on the GPU but only ", human_bytes(info.free_memory), " are free on ", info.name,
-             "; reduce --batch-size or --seq-len, raise --lmhead-chunks, or use recompute/offload flags");
+             " on the GPU but only ", human_bytes(info.free_memory), " are free on ", info.name, "; reduce ",
+             flag(&ModelOptions::batch_size), " or ", flag(&ModelOptions::seq_len), ", raise ",
+             flag(&ModelOptions::lmhead_chunks), ", or use recompute/offload flags");
 
     arenas_ = make_arenas(opt_);
     {
@@ -313,8 +335,8 @@ void CudaModel::upload(void* dst, const void* src, std::size_t bytes) {
 // refresh_weights rounds the master) and the master its block's.
 void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
     // (the buffers are a rank's blocks: which block is known once the rank is)
-    QT_CHECK(opt_.gpus <= 1 || comm_, "GPU model: set_communicator must come before the parameters are set (--gpus=",
-             opt_.gpus, ")");
+    QT_CHECK(opt_.gpus <= 1 || comm_, "GPU model: set_communicator must come before the parameters are set (",
+             flag(&ModelOptions::gpus), "=", opt_.gpus, ")");
     if (master_is_block()) {
         const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
         if (weights_->sharded()) {  // ZeRO-3: the weights of the block only (changed() sends the resident ones)
@@ -452,8 +474,10 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     QT_CHECK(!(which == Which::Master && master_is_block()) &&
                  !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()) &&
                  !(which == Which::Grad && grads_->reduced_per_layer()),
-             "GPU model: with --gpus=", opt_.gpus, " this rank holds only its block of the master weights and Adam's "
-             "moments (and with ZeRO-2 of the gradient), not the whole of ", name);
+             "GPU model: with ", flag(&ModelOptions::gpus), "=", opt_.gpus,
+             " this rank holds only its block of the master weights and Adam's "
+             "moments (and with ZeRO-2 of the gradient), not the whole of ",
+             name);
     switch (which) {
         case Which::Master:
             if (buf_.master) return fetch_values(buf_.master, DType::F32, off, n);

@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "model/checkpoint_layout.h"
 #include "model/cuda/cuda_model.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 
@@ -31,17 +32,20 @@ namespace fs = std::filesystem;
 
 void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(comm, "GPU model: set_communicator without a communicator");
-    QT_CHECK(zero_level >= 1 && zero_level <= 3, "--zero-level=", zero_level, ": 1, 2 or 3");
-    QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for --gpus=", opt_.gpus,
-             " but the communicator has ", comm->world(), " ranks");
+    QT_CHECK(zero_level >= 1 && zero_level <= 3, flag(RunFlag::ZeroLevel), "=", zero_level, ": 1, 2 or 3");
+    QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for ", flag(&ModelOptions::gpus), "=",
+             opt_.gpus, " but the communicator has ", comm->world(), " ranks");
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
-             " but the model was planned ", opt_.shard_gradients ? "with" : "without",
-             " --shard-gradients (--zero-level=2 and --shard-gradients go together)");
+             " but the model was planned ", opt_.shard_gradients ? "with" : "without", " ",
+             flag(&ModelOptions::shard_gradients), " (", flag(RunFlag::ZeroLevel), "=2 and ",
+             flag(&ModelOptions::shard_gradients), " go together)");
     QT_CHECK(comm->world() == 1 || (zero_level == 3) == opt_.shard_weights, "GPU model: ZeRO-", zero_level,
-             " but the model was planned ", opt_.shard_weights ? "with" : "without",
-             " --shard-weights (--zero-level=3 and --shard-weights go together)");
+             " but the model was planned ", opt_.shard_weights ? "with" : "without", " ",
+             flag(&ModelOptions::shard_weights), " (", flag(RunFlag::ZeroLevel), "=3 and ",
+             flag(&ModelOptions::shard_weights), " go together)");
     QT_CHECK(!opt_.offload_gradients || grads_->reduced_per_layer(),
-             "GPU model: --offload-gradients with a communicator needs ZeRO-2's per-layer reductions");
+             "GPU model: ", flag(&ModelOptions::offload_gradients),
+             " with a communicator needs ZeRO-2's per-layer reductions");
     const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
     QT_CHECK(s.count() > 0, "GPU model: ", comm->world(), " ranks leave rank ", comm->rank(),
              " no parameters of this ", layout_.total, "-element model (fewer ranks, or a larger model)");

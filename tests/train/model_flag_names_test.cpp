@@ -1,0 +1,110 @@
+// The flag names the models' messages print (model/flag_names.h) come from the option table: every
+// field a model message names is registered by an entry, under that entry's name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "model/flag_names.h"
+#include "train/option_table.h"
+
+using namespace qtrain;
+
+namespace {
+
+// The keys as the model sources spell them. A message naming a field not listed here fails the scan
+// below: add the field, and the scan then checks that the table registers it.
+#define QT_KEY(key) {#key, ModelFlag{key}}
+const std::map<std::string, ModelFlag>& spelled_keys() {
+    static const std::map<std::string, ModelFlag> keys = {
+        QT_KEY(&ModelOptions::batch_size), QT_KEY(&ModelOptions::seq_len), QT_KEY(&ModelOptions::model_dtype),
+        QT_KEY(&ModelOptions::matmul_dtype), QT_KEY(&ModelOptions::gradient_dtype),
+        QT_KEY(&ModelOptions::opt_m_dtype), QT_KEY(&ModelOptions::opt_v_dtype), QT_KEY(&ModelOptions::master_dtype),
+        QT_KEY(&ModelOptions::param_grad_dtype), QT_KEY(&ModelOptions::recompute_swiglu),
+        QT_KEY(&ModelOptions::recompute_norm), QT_KEY(&ModelOptions::recompute_qkv),
+        QT_KEY(&ModelOptions::recompute_ffn), QT_KEY(&ModelOptions::recompute_att),
+        QT_KEY(&ModelOptions::recompute_block), QT_KEY(&ModelOptions::offload_residual),
+        QT_KEY(&ModelOptions::offload_master), QT_KEY(&ModelOptions::offload_opt_m),
+        QT_KEY(&ModelOptions::offload_opt_v), QT_KEY(&ModelOptions::offload_quants),
+        QT_KEY(&ModelOptions::offload_gradients), QT_KEY(&ModelOptions::persistent_quants),
+        QT_KEY(&ModelOptions::write_combined), QT_KEY(&ModelOptions::memcpy_all_gather),
+        QT_KEY(&ModelOptions::offload_double_buffer), QT_KEY(&ModelOptions::shard_weights),
+        QT_KEY(&ModelOptions::shard_gradients), QT_KEY(&ModelOptions::gpus), QT_KEY(&ModelOptions::use_cuda_graphs),
+        QT_KEY(&ModelOptions::document_masking), QT_KEY(&ModelOptions::lmhead_chunks),
+        QT_KEY(&ModelOptions::attn_bwd_chunks), QT_KEY(&ModelOptions::attention),
+        QT_KEY(&ModelOptions::fp8_fast_accum), QT_KEY(&ModelOptions::gemm_autotune),
+        QT_KEY(&ModelOptions::memory_limit), QT_KEY(&LoraOptions::rank), QT_KEY(&LoraOptions::alpha),
+        QT_KEY(&LoraOptions::dropout), QT_KEY(&LoraOptions::targets), QT_KEY(&LoraOptions::init),
+        QT_KEY(&LoraOptions::from), QT_KEY(&LoraOptions::merge), QT_KEY(RunFlag::Device),
+        QT_KEY(RunFlag::ZeroLevel), QT_KEY(RunFlag::GpuIds)};
+    return keys;
+}
+#undef QT_KEY
+
+std::string read_text(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+}  // namespace
+
+// Every flag(...) in src/model names a field some entry registers: a model message never meets a
+// missing name (flag() would throw std::logic_error instead of the message).
+TEST(ModelFlagNames, EveryFieldTheModelsNameIsRegisteredByTheTable) {
+    (void)train_option_table();
+    const std::regex call(R"(flag\(\s*(&(?:ModelOptions|LoraOptions)::\w+|RunFlag::\w+)\s*\))");
+    int calls = 0;
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(std::string(QTRAIN_SOURCE_DIR) + "/src/model")) {
+        const std::string ext = entry.path().extension().string();
+        if (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh") continue;
+        const std::string text = read_text(entry.path());
+        for (auto it = std::sregex_iterator(text.begin(), text.end(), call); it != std::sregex_iterator(); ++it) {
+            ++calls;
+            const std::string key = (*it)[1];
+            const auto known = spelled_keys().find(key);
+            if (known == spelled_keys().end()) {
+                ADD_FAILURE() << entry.path() << " names " << key << ": add it to this test's spelled_keys()";
+                continue;
+            }
+            EXPECT_TRUE(has_flag_name(known->second)) << entry.path() << " names " << key
+                                                      << ", which no option-table entry registers (.model or .names)";
+        }
+    }
+    EXPECT_GT(calls, 50);  // the scan found the messages (they name flags through flag())
+}
+
+// Each registered name is its entry's "--name"; the ones the messages use most, spelled out.
+TEST(ModelFlagNames, NamesAreTheEntriesNames) {
+    int registered = 0;
+    for (const OptionSpec& spec : train_option_table()) {
+        if (!spec.model_flag) continue;
+        ++registered;
+        EXPECT_EQ(flag(*spec.model_flag), flag_name(spec));
+    }
+    EXPECT_GT(registered, 40);
+    EXPECT_EQ(flag(&ModelOptions::matmul_dtype), "--matmul-dtype");
+    EXPECT_EQ(flag(&ModelOptions::batch_size), "--batch-size");  // the long name, not the alias --batch
+    EXPECT_EQ(flag(&LoraOptions::merge), "--merge-lora");
+    EXPECT_EQ(flag(RunFlag::Device), "--device");
+    EXPECT_EQ(flag(RunFlag::ZeroLevel), "--zero-level");
+    EXPECT_EQ(flag(RunFlag::GpuIds), "--gpu-ids");
+}
+
+// One field, one flag: a second name for a registered field is refused; the same name again is not.
+TEST(ModelFlagNames, OneNamePerField) {
+    (void)train_option_table();
+    EXPECT_NO_THROW(register_flag_name(&ModelOptions::seq_len, "--seq-len"));
+    EXPECT_THROW(register_flag_name(&ModelOptions::seq_len, "--sequence-length"), std::logic_error);
+    EXPECT_EQ(flag(&ModelOptions::seq_len), "--seq-len");
+    // a field no entry names (the optimizer's staging chunk is not a flag): a logic error, not a name
+    EXPECT_FALSE(has_flag_name(&ModelOptions::optimizer_chunk));
+    EXPECT_THROW(flag(&ModelOptions::optimizer_chunk), std::logic_error);
+}
