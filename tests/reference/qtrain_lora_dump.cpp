@@ -20,6 +20,7 @@
 #include "io/safetensors.h"
 #include "model/cpu/cpu_model.h"
 #include "model/model_config.h"
+#include "train/option_table.h"
 
 using namespace qtrain;
 
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
     app.add_option("--export-dir", export_dir);
     app.add_option("--merged-dir", merged_dir);
     CLI11_PARSE(app, argc, argv);
+    (void)qtrain::train_option_table();  // the flag names the model's messages print (model/flag_names.h)
     try {
         const ModelConfig cfg = load_model_config(model_dir + "/config.json");
         ModelOptions opt = CpuModel::fp32_options(B, T);

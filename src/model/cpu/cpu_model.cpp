@@ -71,47 +71,45 @@ void CpuModel::check_options(const ModelOptions& o) {
              "=cpu (the CPU model emulates FP8 matmuls)");
     const DType matmul = fp8 ? DType::F32 : o.matmul_dtype;
     const DType grad = (fp8 && (fp8_grad || o.gradient_dtype == DType::BF16)) ? DType::F32 : o.gradient_dtype;
-    const std::pair<std::string, DType> dtypes[] = {{flag(&ModelOptions::model_dtype), o.model_dtype},
-                                                    {flag(&ModelOptions::matmul_dtype), matmul},
-                                                    {flag(&ModelOptions::gradient_dtype), grad},
-                                                    {flag(&ModelOptions::opt_m_dtype), o.opt_m_dtype},
-                                                    {flag(&ModelOptions::opt_v_dtype), o.opt_v_dtype},
-                                                    {flag(&ModelOptions::master_dtype), o.master_dtype},
-                                                    {flag(&ModelOptions::param_grad_dtype), o.param_grad_dtype}};
-    for (const auto& [name, dt] : dtypes)
-        QT_CHECK(dt == DType::F32, name, "=", dtype_name(dt), " is not supported yet on ", flag(RunFlag::Device),
-                 "=cpu (the CPU reference model runs every role in fp32: use ", name, "=fp32)");
+    const std::pair<ModelFlag, DType> dtypes[] = {
+        {&ModelOptions::model_dtype, o.model_dtype}, {&ModelOptions::matmul_dtype, matmul},
+        {&ModelOptions::gradient_dtype, grad},       {&ModelOptions::opt_m_dtype, o.opt_m_dtype},
+        {&ModelOptions::opt_v_dtype, o.opt_v_dtype}, {&ModelOptions::master_dtype, o.master_dtype},
+        {&ModelOptions::param_grad_dtype, o.param_grad_dtype}};
+    for (const auto& [key, dt] : dtypes)
+        QT_CHECK(dt == DType::F32, flag(key), "=", dtype_name(dt), " is not supported yet on ", flag(RunFlag::Device),
+                 "=cpu (the CPU reference model runs every role in fp32: use ", flag(key), "=fp32)");
     // GPU settings mean nothing to the CPU model, so each is refused (not ignored; with several ranks
     // --shard-gradients is ZeRO-2 and --shard-weights ZeRO-3, --gpus > 1 in threads mode; the engine
     // refuses --zero-level=2|3 on one CPU rank by that name, run_context.cpp). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
-    const std::pair<std::string, bool> flags[] = {
-        {flag(&ModelOptions::recompute_block), o.recompute_block},
-        {flag(&ModelOptions::recompute_ffn), o.recompute_ffn},
-        {flag(&ModelOptions::recompute_att), o.recompute_att},
-        {flag(&ModelOptions::recompute_swiglu), o.recompute_swiglu},
-        {flag(&ModelOptions::recompute_norm), o.recompute_norm},
-        {flag(&ModelOptions::recompute_qkv), o.recompute_qkv},
-        {flag(&ModelOptions::offload_residual), o.offload_residual},
-        {flag(&ModelOptions::offload_master), o.offload_master},
-        {flag(&ModelOptions::offload_opt_m), o.offload_opt_m},
-        {flag(&ModelOptions::offload_opt_v), o.offload_opt_v},
-        {flag(&ModelOptions::offload_quants), o.offload_quants},
-        {flag(&ModelOptions::offload_gradients), o.offload_gradients},
-        {flag(&ModelOptions::persistent_quants), o.persistent_quants},
-        {flag(&ModelOptions::write_combined), o.write_combined},
-        {flag(&ModelOptions::memcpy_all_gather), o.memcpy_all_gather},
-        {flag(&ModelOptions::shard_weights), o.shard_weights && o.gpus <= 1},
-        {flag(&ModelOptions::shard_gradients), o.shard_gradients && o.gpus <= 1},
-        {flag(&ModelOptions::use_cuda_graphs), o.use_cuda_graphs},
-        {flag(&ModelOptions::offload_double_buffer), o.offload_double_buffer},
-        {flag(&ModelOptions::gemm_autotune), o.gemm_autotune},
-        {flag(&ModelOptions::fp8_fast_accum), o.fp8_fast_accum != Fp8FastAccum::Off},
-        {flag(&ModelOptions::attention), o.attention != AttentionImpl::Auto},
-        {flag(&ModelOptions::attn_bwd_chunks), o.attn_bwd_chunks != 1}};
-    for (const auto& [name, on] : flags)
-        QT_CHECK(!on, name, " is not supported on ", flag(RunFlag::Device),
+    const std::pair<ModelFlag, bool> flags[] = {
+        {&ModelOptions::recompute_block, o.recompute_block},
+        {&ModelOptions::recompute_ffn, o.recompute_ffn},
+        {&ModelOptions::recompute_att, o.recompute_att},
+        {&ModelOptions::recompute_swiglu, o.recompute_swiglu},
+        {&ModelOptions::recompute_norm, o.recompute_norm},
+        {&ModelOptions::recompute_qkv, o.recompute_qkv},
+        {&ModelOptions::offload_residual, o.offload_residual},
+        {&ModelOptions::offload_master, o.offload_master},
+        {&ModelOptions::offload_opt_m, o.offload_opt_m},
+        {&ModelOptions::offload_opt_v, o.offload_opt_v},
+        {&ModelOptions::offload_quants, o.offload_quants},
+        {&ModelOptions::offload_gradients, o.offload_gradients},
+        {&ModelOptions::persistent_quants, o.persistent_quants},
+        {&ModelOptions::write_combined, o.write_combined},
+        {&ModelOptions::memcpy_all_gather, o.memcpy_all_gather},
+        {&ModelOptions::shard_weights, o.shard_weights && o.gpus <= 1},
+        {&ModelOptions::shard_gradients, o.shard_gradients && o.gpus <= 1},
+        {&ModelOptions::use_cuda_graphs, o.use_cuda_graphs},
+        {&ModelOptions::offload_double_buffer, o.offload_double_buffer},
+        {&ModelOptions::gemm_autotune, o.gemm_autotune},
+        {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
+        {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
+        {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1}};
+    for (const auto& [key, on] : flags)
+        QT_CHECK(!on, flag(key), " is not supported on ", flag(RunFlag::Device),
                  "=cpu (a GPU setting; the CPU reference model has no use for it)");
     QT_CHECK(o.gpus >= 1, flag(&ModelOptions::gpus), "=", o.gpus, " on ", flag(RunFlag::Device),
              "=cpu: give the number of ranks (threads), at least 1");
@@ -121,8 +119,7 @@ void CpuModel::check_options(const ModelOptions& o) {
     if (o.lora.enabled()) {
         QT_CHECK(!fp8, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::matmul_dtype),
                  "=e4m3 is not yet supported on ", flag(RunFlag::Device),
-                 "=cpu "
-                 "(the adapters' FP8 emulation is not written)");
+                 "=cpu (the adapters' FP8 emulation is not written)");
         QT_CHECK(o.gpus <= 1, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::gpus), "=",
                  o.gpus, " is not yet supported on ", flag(RunFlag::Device),
                  "=cpu (data parallel adapters are not written)");
@@ -315,8 +312,8 @@ void CpuModel::check_batch(const Batch& b) const {
     QT_CHECK(b.loss_denominator >= 0.0f, "CpuModel: negative loss_denominator ", b.loss_denominator);
     if (!b.positions) return;
     QT_CHECK(options_.document_masking,
-             "CpuModel: the batch carries document positions (packed rows) but the model "
-             "was built without document masking (ModelOptions::document_masking, ",
+             "CpuModel: the batch carries document positions (packed rows) but the model was built without document "
+             "masking (ModelOptions::document_masking, ",
              flag(&ModelOptions::document_masking), ")");
     // a position says where the token's document starts: never before its row
     for (int64_t i = 0; i < N; ++i) {

@@ -87,8 +87,7 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(!o.offload_quants || o.shard_weights, flag(&ModelOptions::offload_quants),
              " puts the FP8 copies of streamed layers in pinned host memory: it needs ",
              flag(&ModelOptions::shard_weights),
-             " "
-             "(without it the FP8 copies are resident, quantised once per step, and need no offload)");
+             " (without it the FP8 copies are resident, quantised once per step, and need no offload)");
     QT_CHECK(!(o.persistent_quants || o.offload_quants) || !o.shard_weights || is_fp8(o.gradient_dtype),
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants), " with ",
              flag(&ModelOptions::shard_weights), " needs ", flag(&ModelOptions::gradient_dtype),

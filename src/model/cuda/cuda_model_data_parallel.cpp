@@ -36,11 +36,11 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for ", flag(&ModelOptions::gpus), "=",
              opt_.gpus, " but the communicator has ", comm->world(), " ranks");
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
-             " but the model was planned ", opt_.shard_gradients ? "with" : "without", " ",
+             " but the model was planned ", opt_.shard_gradients ? "with " : "without ",
              flag(&ModelOptions::shard_gradients), " (", flag(RunFlag::ZeroLevel), "=2 and ",
              flag(&ModelOptions::shard_gradients), " go together)");
     QT_CHECK(comm->world() == 1 || (zero_level == 3) == opt_.shard_weights, "GPU model: ZeRO-", zero_level,
-             " but the model was planned ", opt_.shard_weights ? "with" : "without", " ",
+             " but the model was planned ", opt_.shard_weights ? "with " : "without ",
              flag(&ModelOptions::shard_weights), " (", flag(RunFlag::ZeroLevel), "=3 and ",
              flag(&ModelOptions::shard_weights), " go together)");
     QT_CHECK(!opt_.offload_gradients || grads_->reduced_per_layer(),
