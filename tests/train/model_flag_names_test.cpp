@@ -2,13 +2,16 @@
 // field a model message names is registered by an entry, under that entry's name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "model/flag_names.h"
 #include "train/option_table.h"
@@ -81,6 +84,53 @@ TEST(ModelFlagNames, EveryFieldTheModelsNameIsRegisteredByTheTable) {
         }
     }
     EXPECT_GT(calls, 100);  // the scan found the messages (about 130 keys today)
+}
+
+namespace {
+
+// The string literals of a C++ source, comments left out (src/model has no raw strings).
+std::vector<std::string> string_literals(const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (text.compare(i, 2, "//") == 0) {
+            i = std::min(text.find('\n', i), text.size());
+        } else if (text.compare(i, 2, "/*") == 0) {
+            i = std::min(text.find("*/", i) + 1, text.size());
+        } else if (text[i] == '\'' || text[i] == '"') {
+            const char quote = text[i];
+            std::string literal;
+            for (++i; i < text.size() && text[i] != quote; ++i) {
+                if (text[i] == '\\') literal += text[i++];
+                literal += text[i];
+            }
+            if (quote == '"') out.push_back(literal);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// No model message spells a flag: each takes its name from flag(), so the table is the one place that
+// names it.
+TEST(ModelFlagNames, NoModelMessageSpellsAFlag) {
+    // Not yet converted: files other work was changing at the time (their messages still spell
+    // --lora-*, --batch-size, --seq-len, --document-masking). Remove each once it uses flag().
+    const std::set<std::string> pending = {"lora.cpp", "cpu_lora_io.cpp", "cuda_model_step.cpp"};
+    const std::regex spelled(R"(--[a-z][a-z0-9-]*)");
+    int literals = 0;
+    for (const auto& entry :
+         std::filesystem::recursive_directory_iterator(std::string(QTRAIN_SOURCE_DIR) + "/src/model")) {
+        const std::string ext = entry.path().extension().string();
+        if (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh") continue;
+        if (pending.count(entry.path().filename().string())) continue;
+        for (const std::string& literal : string_literals(read_text(entry.path()))) {
+            ++literals;
+            EXPECT_FALSE(std::regex_search(literal, spelled))
+                << entry.path() << " spells a flag in \"" << literal << "\": use flag(...) (model/flag_names.h)";
+        }
+    }
+    EXPECT_GT(literals, 500);  // the scan saw the sources' messages
 }
 
 // Each registered name is its entry's "--name"; the ones the messages use most, spelled out.
