@@ -285,8 +285,6 @@ TEST(CpuLoraModel, DropoutGradientsMatchFiniteDifferencesOfTheTrainingPass) {
     EXPECT_NE(loss9, pass_loss(plain, 9));
 }
 
-}  // namespace
-}  // namespace qtrain
 
 // The dropout mask's per-element form (core/lora_dropout.h, which the GPU kernels compute element by
 // element) is the sequential splitmix64 stream the mask is defined by: a stream seeded from
@@ -310,3 +308,6 @@ TEST(LoraDropoutMask, PerElementFormIsTheSequentialStream) {
                 EXPECT_NEAR(dropped / 4000.0, p, 0.04);
             }
 }
+
+}  // namespace
+}  // namespace qtrain
