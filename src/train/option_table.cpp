@@ -352,8 +352,9 @@ std::vector<OptionSpec> make_table() {
         // LoRA: one setter fills ModelOptions::lora from all five (checked in TrainOptions::validate)
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
-            "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu only "
-            "for now",
+            "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
+            "--device=cuda on one GPU with the base resident in the model dtype (no FP8 base, --shard-weights or "
+            "--gpus>1 yet)",
             non_negative())
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.lora.rank = o.lora_rank;

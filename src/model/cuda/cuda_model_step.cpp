@@ -101,6 +101,7 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
 // output (that layer ends there); the roles' calls between are cuda_model_layer.cpp's.
 void CudaModel::forward(int B, int T, bool for_backward) {
     keep_xT_ = for_backward;
+    lora_training_ = for_backward;
     const BlockDims d = block_dims(B, T);
     const int L = config_.num_hidden_layers;
     auto W = [&](int64_t off) { return weights_->at(off); };
@@ -126,6 +127,7 @@ void CudaModel::forward(int B, int T, bool for_backward) {
     }
     layer_exit(L - 1, Pass::Forward);
     keep_xT_ = false;
+    lora_training_ = false;
 }
 
 void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
@@ -134,7 +136,7 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
     const int h = c.hidden_size, V = c.vocab_size;
     const std::size_t es = dtype_size(A);
     const void* w_lm = weights_->at(layout_.lm_head);
-    float* dw_lm = grads_->at(layout_.lm_head);
+    float* dw_lm = frozen_base() ? nullptr : grads_->at(layout_.lm_head);  // (LoRA: the head is frozen)
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
         const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
@@ -153,7 +155,7 @@ void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
                 auto t_ = timer_.scope("lm head gemm", stream_);
                 gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
             }
-            {
+            if (dw_lm) {
                 auto t_ = timer_.scope("lm head gemm", stream_);
                 gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
             }
@@ -173,7 +175,8 @@ void CudaModel::backward(int B, int T) {
     const int N = d.N, h = d.h, L = config_.num_hidden_layers;
     const std::size_t es = dtype_size(A);
     auto W = [&](int64_t off) { return weights_->at(off); };
-    auto G = [&](int64_t off) { return grads_->at(off); };
+    auto G = [&](int64_t off) { return param_grad(off); };
+    lora_training_ = true;  // the recompute re-runs the training forward's adapters, dropout included
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
     CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
@@ -188,7 +191,8 @@ void CudaModel::backward(int B, int T) {
         for (auto s = program_.steps.rbegin(); s != program_.steps.rend(); ++s) backward_step(l, *s, d);
         layer_exit(l, Pass::Backward);
     }
-    {
+    lora_training_ = false;
+    if (!frozen_base()) {  // (LoRA: the embedding is frozen)
         auto t_ = timer_.scope("embedding", stream_);
         const int32_t* num_unique = reinterpret_cast<const int32_t*>(buf_.step_scalars + 2);
         if (grads_->embedding_on_host()) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
@@ -212,6 +216,12 @@ void CudaModel::forward_backward_ops(int B, int T) {
 }
 
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
+    forward_backward_pass(batch, grad_scale);
+    // LoRA: the pass has ended (outside any captured graph): the next one draws new dropout masks
+    if (lora_) lora_->end_pass();
+}
+
+void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
     const int B = batch.batch_size, T = batch.seq_len, N = B * T;
     const int valid = cpu::count_valid_targets(batch.targets, N);
     const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
@@ -257,6 +267,7 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    if (lora_) return lora_optimizer_step(p);
     StepStats stats;
     bool updated = false;
     // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them (streamed
@@ -307,6 +318,28 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     }
     sync();
     timer_.collect();  // every scope of this step has ended (the optimizer's block above)
+    return stats;
+}
+
+// LoRA: the adapters are all there is to train. Their norm alone is clipped (the CPU model's
+// CpuLora::grad_sum_squares), and as for the full model a broken step writes nothing (imodel.h).
+StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
+    StepStats stats;
+    {
+        auto t_ = timer_.scope("optimizer", stream_);
+        lora_->sum_squares(buf_.norm_partials);
+        cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, cuda::norm_partials_count(), p.grad_clip, stream_);
+        float norm = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&norm, buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        stats = StepStats{global_loss(), norm};  // (waits for the stream)
+        if (update_allowed(stats))
+            lora_->update({p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_},
+                          buf_.norm_out);
+        else
+            lora_->zero_grads();
+    }
+    sync();
+    timer_.collect();
     return stats;
 }
 

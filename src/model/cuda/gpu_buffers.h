@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/lora_layout.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
@@ -91,6 +92,24 @@ struct OptimizerBuffers {
     int64_t elements = 0;  // of adam_m / adam_v: the whole flat space, or a data-parallel rank's block
 };
 
+// LoRA (--lora-rank, lora_layout.h): the adapters' state over their flat space (master, gradient and
+// Adam's moments in fp32; `weights`, the model-dtype copy the GEMMs read, is the master itself in an
+// fp32 model), the activations the backward reads (x A^T of every adapter, `saved`, [slots, N, r] in
+// the model dtype), the scratch of one adapter at a time (d(x A^T) [N, r]; with dropout the dropped
+// input and its gradient, [N, widest input]) and the device count of training passes the dropout
+// masks are drawn from. All null without LoRA.
+struct LoraBuffers {
+    float* master = nullptr;
+    float* grads = nullptr;
+    void* weights = nullptr;
+    OptimizerBuffers opt;
+    void* saved = nullptr;
+    void* dh = nullptr;
+    void* xd = nullptr;
+    void* dxd = nullptr;
+    uint64_t* pass = nullptr;
+};
+
 struct GpuBuffers {
     // parameters (layout: GpuParamLayout)
     void* weights = nullptr;  // act dtype; == master in fp32 mode
@@ -170,6 +189,12 @@ struct GpuBuffers {
     void* res_host = nullptr;
     void* res_slots[2] = {nullptr, nullptr};
 
+    // LoRA: the frozen base has no gradient, master or moments (grads and master null, the moments
+    // empty); its norm weights' gradients, which the norm backward kernels compute anyway, land in
+    // frozen_grads and are never read.
+    LoraBuffers lora;
+    float* frozen_grads = nullptr;
+
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };
@@ -209,7 +234,7 @@ bool fp8_weights_gathered(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
-// Persistent quants). With null arena bases it only measures.
+// Persistent quants, LoRA adapters, LoRA activations). With null arena bases it only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);
 std::vector<Arena> make_arenas(const ModelOptions& opt);
