@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "cpu_test_util.h"
+#include "model/cpu/cpu_ops.h"
 #include "model/cpu/cpu_model.h"
 #include "test_util.h"
 
@@ -42,6 +44,39 @@ HeadRun run(const ModelConfig& cfg, const ModelOptions& o, const test::TokenBatc
         if (s.name == head) r.head.assign(g, g + s.numel());
     }
     return r;
+}
+
+// The op's FP8 path only swaps the GEMM operands: given the unquantised x and head as its "quantised"
+// ones and fp32 gradients it is the plain op bit for bit (so the flag off, which passes no LmHeadFp8,
+// runs what ran before); given real FP8 operands it changes the loss.
+TEST(CpuFp8LmHead, TheOpsFp8PathOnlySwapsTheOperands) {
+    const int N = 24, C = 16, V = 37, chunks = 3;
+    Rng rng(5);
+    std::vector<float> x(N * C), w(V * C);
+    for (float& v : x) v = rng.uniform() * 2 - 1;
+    for (float& v : w) v = (rng.uniform() * 2 - 1) * 0.3f;
+    std::vector<int32_t> targets(N);
+    for (int i = 0; i < N; ++i) targets[i] = i % 5 == 2 ? -1 : static_cast<int32_t>(rng.below(V));
+    auto op = [&](const cpu::LmHeadFp8* fp8, std::vector<float>& losses, std::vector<float>& dx, std::vector<float>& dw) {
+        losses.assign(N, 0), dx.assign(N * C, 0), dw.assign(V * C, 0);
+        std::vector<float> scratch(static_cast<size_t>(cpu::lmhead_chunk_rows(N, chunks)) * V);
+        cpu::lmhead_cross_entropy(losses.data(), dx.data(), dw.data(), x.data(), w.data(), targets.data(), N, C, V,
+                                  chunks, 0.05f, scratch.data(), fp8);
+    };
+    std::vector<float> l0, dx0, dw0, l1, dx1, dw1;
+    op(nullptr, l0, dx0, dw0);
+    const cpu::LmHeadFp8 same{x.data(), w.data(), DType::F32};
+    op(&same, l1, dx1, dw1);
+    EXPECT_EQ(l1, l0);
+    EXPECT_EQ(dx1, dx0);
+    EXPECT_EQ(dw1, dw0);
+    std::vector<float> xq(x.size()), wq(w.size());
+    cpu::fake_quantize({{x.data(), xq.data(), N * C}}, DType::E4M3);
+    cpu::fake_quantize({{w.data(), wq.data(), V * C}}, DType::E4M3);
+    const cpu::LmHeadFp8 fp8{xq.data(), wq.data(), DType::E5M2};
+    op(&fp8, l1, dx1, dw1);
+    EXPECT_NE(l1, l0);
+    EXPECT_NE(dw1, dw0);
 }
 
 TEST(CpuFp8LmHead, RefusedWithoutFp8Matmuls) {
