@@ -131,7 +131,8 @@ std::string describe_device(const std::string& device, const ModelConfig& cfg, c
                opts.matmul_dtype == DType::E4M3
                    ? cat("; FP8 fast accumulation: ", opts.fp8_fast_accum == Fp8FastAccum::Off       ? "off"
                                                       : opts.fp8_fast_accum == Fp8FastAccum::Forward ? "forward"
-                                                                                                     : "all")
+                                                                                                     : "all",
+                         "; LM head: ", opts.fp8_lm_head ? "FP8 (--lm-head-dtype=e4m3)" : "bf16")
                    : std::string());
 #else
     if (peak_flops) *peak_flops = 0;

@@ -181,6 +181,16 @@ std::vector<OptionSpec> make_table() {
                                    : m.matmul_dtype == DType::E4M3 ? DType::BF16
                                                                    : m.matmul_dtype;
             }),
+        // FP8 LM head (issue 32): changes the numerics, so off by default and must match on resume; it needs
+        // --matmul-dtype=e4m3, which the backends check (CudaModel/CpuModel::check_options) naming both flags
+        opt(kPrecision, "lm-head-dtype", &T::lm_head_dtype, R::MustMatch,
+            "LM head GEMMs: bf16 (the model dtype, as before) or e4m3 (needs --matmul-dtype=e4m3): the logits GEMM in "
+            "FP8, and with --gradient-dtype=e4m3|e5m2 its dx and dW GEMMs too. Changes the numerics (the logits carry "
+            "FP8 rounding); off by default until its loss is shown to hold",
+            choices({"bf16", "e4m3"}))
+            .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.fp8_lm_head = o.lm_head_dtype == "e4m3";
+            }),
         opt(kPrecision, "opt-m-dtype", &T::opt_m_dtype, R::MustMatch,
             "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)")
             .model(dtype_to(&M::opt_m_dtype, "fp32|bf16")),

@@ -40,23 +40,7 @@ void add_bias_grad(float* db, const float* dy, int rows, int width) {
         for (int j = 0; j < width; ++j) db[j] += dy[static_cast<int64_t>(n) * width + j];
 }
 
-// Rounds the parts of one tensor (a fused group shares one per-tensor scale, from the amax over all
-// parts) through `type` and back: out = decode(quantize(in * scale)) / scale, as the GPU's FP8
-// GEMMs see their operands. out may alias in.
-struct Part {
-    const float* in;
-    float* out;
-    int64_t n;
-};
-void fake_quantize(std::initializer_list<Part> parts, DType type) {
-    float amax = 0.0f;
-    for (const Part& p : parts) amax = std::max(amax, fp8_abs_max(p.in, p.n));
-    const Fp8Scale s = fp8_scale_from_amax(amax, type);
-    for (const Part& p : parts) {
-#pragma omp parallel for schedule(static) if (p.n > (1 << 16))
-        for (int64_t i = 0; i < p.n; ++i) p.out[i] = fp8_decode(fp8_quantize_value(p.in[i], s.scale, type), type) * s.inv;
-    }
-}
+using cpu::fake_quantize;  // (cpu_ops.h: the GEMM operands rounded through FP8)
 
 }  // namespace
 
@@ -96,6 +80,8 @@ void CpuModel::check_options(const ModelOptions& o) {
         {"--attention", o.attention != AttentionImpl::Auto}, {"--attn-bwd-chunks", o.attn_bwd_chunks != 1}};
     for (const auto& [flag, on] : flags)
         QT_CHECK(!on, flag, " is not supported on --device=cpu (a GPU setting; the CPU reference model has no use for it)");
+    QT_CHECK(!o.fp8_lm_head || fp8, "--lm-head-dtype=e4m3 needs --matmul-dtype=e4m3 (the LM head joins the FP8 "
+             "matmuls; it is not FP8 on its own)");
     QT_CHECK(o.gpus >= 1, "--gpus=", o.gpus, " on --device=cpu: give the number of ranks (threads), at least 1");
     QT_CHECK(o.lmhead_chunks >= 1, "--lmhead-chunks must be at least 1, got ", o.lmhead_chunks);
     QT_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
@@ -504,6 +490,19 @@ void CpuModel::quantize_layer(int l) {
     fake_quantize({{w.wd, o.wd, C * I}}, DType::E4M3);
 }
 
+const cpu::LmHeadFp8* CpuModel::quantize_lm_head(cpu::LmHeadFp8& fp8, int N) {
+    if (!options_.fp8_lm_head) return nullptr;
+    if (fq_params_.size() != params_.size()) fq_params_.assign(params_.size(), 0.0f);
+    const int64_t C = config_.hidden_size, V = config_.vocab_size;
+    const int64_t head = lm_head() - params_.data();
+    fake_quantize({{acts_.final_norm.data(), acts_.fq_x.data(), N * C}}, DType::E4M3);
+    fake_quantize({{lm_head(), fq_params_.data() + head, V * C}}, DType::E4M3);
+    fp8.xq = acts_.fq_x.data();
+    fp8.wq = fq_params_.data() + head;
+    fp8.grad = fp8_grads() ? options_.gradient_dtype : DType::F32;
+    return &fp8;
+}
+
 double CpuModel::mean_loss(const Batch& batch) const {
     const int N = batch.batch_size * batch.seq_len;
     const int valid = cpu::count_valid_targets(batch.targets, N);
@@ -528,9 +527,10 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     zero(acts_.dln, nC);
     {
         const Held head(*this, lm_head_range());
+        cpu::LmHeadFp8 fp8;
         cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(),
                                   lm_head(), batch.targets, N, config_.hidden_size, config_.vocab_size,
-                                  options_.lmhead_chunks, dscale, acts_.logits.data());
+                                  options_.lmhead_chunks, dscale, acts_.logits.data(), quantize_lm_head(fp8, N));
     }
     backward_from_final_norm(batch);
     lora_.end_pass();
@@ -544,9 +544,10 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     lora_.begin_pass(false);
     forward_to_final_norm(batch);
     const Held head(*this, lm_head_range());
+    cpu::LmHeadFp8 fp8;
     cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
                               N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
-                              acts_.logits.data());
+                              acts_.logits.data(), quantize_lm_head(fp8, N));
     return mean_loss(batch);
 }
 

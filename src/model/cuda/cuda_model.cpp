@@ -79,6 +79,8 @@ void CudaModel::check_options(const ModelOptions& o) {
              o.offload_quants ? "--offload-quants" : "--persistent-quants",
              " with --shard-weights needs --gradient-dtype=e4m3|e5m2 (the backward then reads only FP8 weight "
              "copies; with bf16 gradients it reads the bf16 weights, which are streamed anyway)");
+    QT_CHECK(!o.fp8_lm_head || fp8, "--lm-head-dtype=e4m3 needs --matmul-dtype=e4m3 (the LM head joins the FP8 "
+             "matmuls; it is not FP8 on its own)");
     QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8,
              "--fp8-fast-accum applies to FP8 GEMMs: it needs --matmul-dtype=e4m3 (or drop it)");
     QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype),
@@ -143,6 +145,14 @@ static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
     for (auto [what, v] : {std::pair<const char*, int64_t>{"batch-size x seq-len", N}, {"hidden_size", c.hidden_size},
                            {"q dim", c.q_dim()}, {"kv dim", c.kv_dim()}, {"intermediate_size", c.intermediate_size}})
         QT_CHECK(v % 16 == 0, "--matmul-dtype=e4m3 needs ", what, " to be a multiple of 16 (got ", v, ")");
+    if (!o.fp8_lm_head) return;
+    // the LM head's GEMMs: the vocabulary is a dimension of all three, a chunk's rows of the dW GEMM's sum
+    QT_CHECK(c.vocab_size % 16 == 0, "--lm-head-dtype=e4m3 needs vocab_size to be a multiple of 16 (got ",
+             c.vocab_size, "); use --lm-head-dtype=bf16");
+    const int64_t rows = (N + o.lmhead_chunks - 1) / o.lmhead_chunks;
+    QT_CHECK(rows % 16 == 0, "--lm-head-dtype=e4m3 needs the LM head's chunk of rows (batch-size x seq-len / "
+             "--lmhead-chunks=", o.lmhead_chunks, ", rounded up: ", rows, ") to be a multiple of 16; choose another "
+             "--lmhead-chunks");
 }
 
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {

@@ -104,6 +104,12 @@ private:
     // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
     // The scales come from step_scalars (set by upload_batch).
     void lm_head(int N, float* loss_acc, bool with_grads);
+    // Its parts (cuda_model_step.cpp): the final norm's output quantised for an FP8 LM head
+    // (--lm-head-dtype=e4m3; nothing without it), a chunk's logits into buf_.logits, and a chunk's
+    // backward GEMMs from its d(logits) there (dx into d_ln, dW accumulated).
+    void lm_head_quantize_input(int N);
+    void lm_head_logits(int r0, int rows);
+    void lm_head_backward(int r0, int rows);
     void backward(int B, int T);
 
     // ---- one decoder layer (cuda_model_layer.cpp; docs/design.md, "The layer program") ----

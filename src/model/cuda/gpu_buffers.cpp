@@ -288,7 +288,18 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);
         }
-        b.fp8_scales = ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2));
+        const bool head = opt.fp8_lm_head;  // --lm-head-dtype=e4m3 (gpu_buffers.h)
+        if (head && opt.shard_weights) {  // the resident head's FP8 copies (resident weights: in wq / wTq)
+            b.lm_wq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
+            if (fp8_grads) b.lm_wTq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
+        }
+        if (head && fp8_grads) {  // one chunk's d(logits) in FP8, row-major and transposed
+            const std::size_t chunk = static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size;
+            b.lm_dyq = ws.take(chunk);
+            b.lm_dyTq = ws.take(chunk);
+        }
+        b.fp8_scales =
+            ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2 + (head ? kFp8HeadSlots : 0)));
         b.weight_amax = ws.take_n<float>(4 * 4 * static_cast<std::size_t>(L));
         const int64_t x_max = std::max({h, q, I});
         b.xq = ws.take(N * x_max);

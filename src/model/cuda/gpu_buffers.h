@@ -62,6 +62,12 @@ constexpr int kFp8SlotsPerLayer = 16;
 inline int fp8_slot(int layer, Fp8Slot kind, int matrix) { return layer * kFp8SlotsPerLayer + static_cast<int>(kind) + matrix; }
 inline int fp8_grad_amax_slot(int layers) { return layers * kFp8SlotsPerLayer; }
 inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1; }
+// --lm-head-dtype=e4m3: the LM head's own slots after the gradient pair (only allocated with it): the
+// final norm output's amax and inverse scale, the head weight's, and d(logits)'s (each LM-head chunk
+// quantised with its own, one chunk at a time).
+enum class Fp8HeadSlot { XAmax = 0, XInv = 1, WAmax = 2, WInv = 3, GradAmax = 4, GradInv = 5 };
+constexpr int kFp8HeadSlots = 6;
+inline int fp8_head_slot(int layers, Fp8HeadSlot s) { return layers * kFp8SlotsPerLayer + 2 + static_cast<int>(s); }
 
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
@@ -148,6 +154,12 @@ struct GpuBuffers {
     float* fp8_scales = nullptr;
     float* weight_amax = nullptr;  // 4 slots per layer (16 bytes each), contiguous: AdamW fills them
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
+    // --lm-head-dtype=e4m3: with FP8 gradients, one LM-head chunk's d(logits) quantised ([rows, V]) and
+    // transposed ([V, rows]); with streamed weights (--shard-weights), the head's FP8 copies ([V, h] and,
+    // with FP8 gradients, [h, V]; resident weights keep them in wq / wTq at the head's flat offset).
+    // The final norm's output is quantised into xq (and a chunk of it, transposed, into xTq).
+    void *lm_dyq = nullptr, *lm_dyTq = nullptr;
+    void *lm_wq = nullptr, *lm_wTq = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
     // memory (under ZeRO-3 the rank's block, weights_sharded_over_ranks, and the embedding is always
