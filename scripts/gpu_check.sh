@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard] [fp8head]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
@@ -174,6 +174,16 @@ for phase in $PHASES; do
             done
           done
         done
+      done ;;
+    fp8head)  # the FP8 LM head (--lm-head-dtype=e4m3, issue 32): its GPU tests, then Llama-3.2-1B FP8 without and
+              # with it in the same call (issue 30's flags; ~3 min)
+      timeout 400 $B/tests/qtrain_gpu_tests --gtest_filter='CudaFp8LmHead.*:Modes/DataParallel.*/mode5:DataParallelGpu.ZeroThreeGivesZeroTwosBits' \
+        > "$LOGS/fp8head-tests.log" 2>&1
+      echo "fp8 head tests exit $?"
+      grep -E "FAILED|PASSED|Failure|\[fp8 head|\[dp e4m3 with an FP8" "$LOGS/fp8head-tests.log" | head -40
+      for head in bf16 e4m3; do
+        VOCAB=128000 timeout 150 bench/bench_qtrain.sh Llama-3.2-1B 16 --matmul-dtype=e4m3 --gradient-dtype=e5m2 \
+          --fp8-fast-accum=all --use-cuda-graphs --lm-head-dtype=$head 2>&1 | tail -1
       done ;;
     ref)
       timeout 300 python3 tests/reference/compare_hf.py --build "$B" 2>&1 | tail -20 ;;

@@ -49,19 +49,7 @@ std::string resolve_device(const std::string& flag, bool need_gpu) {
     return gpu_count() > 0 ? "cuda" : "cpu";
 }
 
-namespace {
-
-// LoRA (issue 33) runs on the CPU reference model only so far.
-void check_device_supports(const ModelOptions& opts, const std::string& device) {
-    QT_CHECK(device == "cpu" || !opts.lora.enabled(), "--lora-rank=", opts.lora.rank,
-             ": LoRA is not yet on --device=cuda (only the CPU reference model trains adapters so far: use "
-             "--device=cpu)");
-}
-
-}  // namespace
-
 MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device) {
-    check_device_supports(opts, device);
     if (device == "cpu") return CpuModel::plan(cfg, opts);
 #ifdef QTRAIN_HAVE_CUDA
     return CudaModel::plan(cfg, opts);
@@ -71,7 +59,6 @@ MemoryPlan plan_model(const ModelConfig& cfg, const ModelOptions& opts, const st
 }
 
 std::unique_ptr<IModel> create_model(const ModelConfig& cfg, const ModelOptions& opts, const std::string& device) {
-    check_device_supports(opts, device);
     if (device == "cpu") return std::make_unique<CpuModel>(cfg, opts);
 #ifdef QTRAIN_HAVE_CUDA
     return std::make_unique<CudaModel>(cfg, opts);
@@ -144,7 +131,8 @@ std::string describe_device(const std::string& device, const ModelConfig& cfg, c
                opts.matmul_dtype == DType::E4M3
                    ? cat("; FP8 fast accumulation: ", opts.fp8_fast_accum == Fp8FastAccum::Off       ? "off"
                                                       : opts.fp8_fast_accum == Fp8FastAccum::Forward ? "forward"
-                                                                                                     : "all")
+                                                                                                     : "all",
+                         "; LM head: ", opts.fp8_lm_head ? "FP8 (--lm-head-dtype=e4m3)" : "bf16")
                    : std::string());
 #else
     if (peak_flops) *peak_flops = 0;

@@ -39,7 +39,7 @@ cudaDataType_t cuda_type(DType t) {
 
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, bool,
-                       bool, int, bool>;
+                       bool, int, bool, int>;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -124,7 +124,7 @@ struct GemmRunner::Impl {
         const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
         return Key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
                    static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
-                   op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum};
+                   op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum, op.min_alignment};
     }
 
     Plan& plan_for(const Key& key, const GemmOp& op) {
@@ -163,6 +163,12 @@ struct GemmRunner::Impl {
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                           &workspace_bytes, sizeof workspace_bytes));
+        if (op.min_alignment > 0) {  // (unset: cuBLASLt assumes 256-byte aligned pointers)
+            const uint32_t align = static_cast<uint32_t>(op.min_alignment);
+            for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                              CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+                CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align));
+        }
         const int wanted = autotune ? GemmRunner::kAutotuneCandidates : 1;
         std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
         int found = 0;

@@ -50,6 +50,11 @@ struct GemmOp {
     // FP8 only: cuBLASLt's fast accumulation (no periodic promotion of the tensor-core partial sums
     // to full fp32: faster, less accurate). Off by default.
     bool fp8_fast_accum = false;
+    // 0: every pointer is 256-byte aligned (cuBLASLt's default assumption, which the model's own
+    // buffers meet). Otherwise the bytes the pointers are known to be aligned to (a power of two; a
+    // view into a slice of a fused matrix, e.g. the LoRA adapters' part of q|k|v): the heuristic is
+    // then asked only for algorithms that accept that alignment.
+    int min_alignment = 0;
 };
 
 // What autotuning found (GemmRunner with autotune on): shapes decided, and for those the summed time of

@@ -165,4 +165,15 @@ void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
 void accumulate_bf16(void* dst, const float* src, int64_t n, bool overwrite, uint64_t index_base, uint32_t seed,
                      cudaStream_t s);
 
+// ---- lora_dropout.cu ----
+// LoRA dropout (core/lora_dropout.h's mask of (seed, *pass, slot) over the n elements): out = x * mask
+// (the adapter's dropped input), and dx += mask * g (its input gradient through the same mask). The
+// pass count is read on the device, so a captured CUDA graph draws each pass's masks.
+void lora_dropout_forward(DType act, void* out, const void* x, int64_t n, uint64_t seed, const uint64_t* pass,
+                          uint64_t slot, float p, cudaStream_t s);
+void lora_dropout_backward_add(DType act, void* dx, const void* g, int64_t n, uint64_t seed, const uint64_t* pass,
+                               uint64_t slot, float p, cudaStream_t s);
+// *pass += 1 (a training pass has ended).
+void lora_count_pass(uint64_t* pass, cudaStream_t s);
+
 }  // namespace qtrain::cuda

@@ -34,6 +34,9 @@ struct ModelOptions {
     DType opt_v_dtype = DType::F32;
     DType master_dtype = DType::F32;
     DType param_grad_dtype = DType::F32;  // the accumulated parameter gradients (bf16: offloaded only)
+    // --lm-head-dtype=e4m3 (needs matmul_dtype e4m3): the LM head's GEMMs in FP8 too (its logits GEMM
+    // always; dx and dW only with FP8 gradients). Off: the head stays in the model dtype, as before.
+    bool fp8_lm_head = false;
 
     // recompute
     bool recompute_swiglu = false, recompute_norm = false, recompute_qkv = false;

@@ -196,6 +196,16 @@ std::vector<OptionSpec> make_table() {
                                    : m.matmul_dtype == DType::E4M3 ? DType::BF16
                                                                    : m.matmul_dtype;
             }),
+        // FP8 LM head (issue 32): changes the numerics, so off by default and must match on resume; it needs
+        // --matmul-dtype=e4m3, which the backends check (CudaModel/CpuModel::check_options) naming both flags
+        opt(kPrecision, "lm-head-dtype", &T::lm_head_dtype, R::MustMatch,
+            "LM head GEMMs: bf16 (the model dtype, as before) or e4m3 (needs --matmul-dtype=e4m3): the logits GEMM in "
+            "FP8, and with --gradient-dtype=e4m3|e5m2 its dx and dW GEMMs too. Changes the numerics (the logits carry "
+            "FP8 rounding); off by default until its loss is shown to hold",
+            choices({"bf16", "e4m3"}))
+            .model(&M::fp8_lm_head, [](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.fp8_lm_head = o.lm_head_dtype == "e4m3";
+            }),
         opt(kPrecision, "opt-m-dtype", &T::opt_m_dtype, R::MustMatch,
             "Adam first moment: fp32|bf16 (bf16 uses stochastic rounding)")
             .dtype(&M::opt_m_dtype, "fp32|bf16"),
@@ -369,8 +379,9 @@ std::vector<OptionSpec> make_table() {
         // LoRA: one setter fills ModelOptions::lora from all five (checked in TrainOptions::validate)
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
-            "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu only "
-            "for now",
+            "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
+            "--device=cuda on one GPU with the base resident in the model dtype (no FP8 base, --shard-weights or "
+            "--gpus>1 yet)",
             non_negative())
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.lora.rank = o.lora_rank;

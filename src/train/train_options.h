@@ -33,6 +33,7 @@ struct TrainOptions {
     std::string model_dtype;
     std::string matmul_dtype;       // "" = model dtype
     std::string gradient_dtype;     // "" = matmul dtype (bf16 when matmuls are fp8)
+    std::string lm_head_dtype = "bf16";  // bf16 | e4m3 (ModelOptions::fp8_lm_head)
     std::string opt_m_dtype = "fp32";
     std::string opt_v_dtype = "fp32";
     std::string master_dtype = "fp32";

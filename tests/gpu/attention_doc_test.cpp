@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/attention.h"
+#include "attention_test_util.h"
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_ops.h"
 
@@ -34,6 +35,7 @@ namespace {
 using test::AllClose;
 using test::DeviceBuffer;
 using test::random_vector;
+using namespace test::attention;
 
 // A packed micro-batch: per row, the lengths of its documents in order (they sum to T).
 using Layout = std::vector<std::vector<int>>;
@@ -84,36 +86,6 @@ std::vector<int32_t> positions_of(const Layout& rows, int T) {
 }
 
 AttentionShape shape_of(const DocCase& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
-std::size_t qkv_width(const AttentionShape& s) { return static_cast<std::size_t>(s.Hq + 2 * s.Hkv) * s.D; }
-std::size_t tokens(const AttentionShape& s) { return static_cast<std::size_t>(s.B) * s.T; }
-
-std::vector<float> random_qkv(const AttentionShape& s, float qk_std, uint64_t seed) {
-    std::vector<float> qkv = random_vector(tokens(s) * qkv_width(s), seed);
-    const std::size_t qk_cols = static_cast<std::size_t>(s.Hq + s.Hkv) * s.D;
-    for (std::size_t n = 0; n < tokens(s); ++n)
-        for (std::size_t i = 0; i < qk_cols; ++i) qkv[n * qkv_width(s) + i] *= qk_std;
-    return qkv;
-}
-
-struct Parts {
-    std::vector<float> q, k, v;
-};
-Parts split_qkv(const std::vector<float>& x, const AttentionShape& s) {
-    const std::size_t w = qkv_width(s), nq = static_cast<std::size_t>(s.Hq) * s.D,
-                      nk = static_cast<std::size_t>(s.Hkv) * s.D;
-    Parts p;
-    p.q.resize(tokens(s) * nq);
-    p.k.resize(tokens(s) * nk);
-    p.v.resize(tokens(s) * nk);
-    for (std::size_t n = 0; n < tokens(s); ++n) {
-        const float* row = x.data() + n * w;
-        std::memcpy(p.q.data() + n * nq, row, nq * sizeof(float));
-        std::memcpy(p.k.data() + n * nk, row + nq, nk * sizeof(float));
-        std::memcpy(p.v.data() + n * nk, row + nq + nk, nk * sizeof(float));
-    }
-    return p;
-}
-
 // "b=1 t=130 (document at 129..250, position 1) h=3 d=5": where the worst element of a failing
 // comparison sits, including its document, since masking bugs show at document and tile edges.
 std::string token_where(std::size_t b, std::size_t t, const std::vector<int32_t>& pos, int T) {
@@ -135,87 +107,14 @@ std::function<std::string(std::size_t)> where_bht(const AttentionShape& s, const
     };
 }
 
-struct Result {
-    std::vector<float> out, lse;
-    Parts d;
-    std::vector<uint8_t> out_bytes, lse_bytes, dqkv_bytes;
-};
-
 Result run_cpu(const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s,
                const std::vector<int32_t>& pos) {
-    const Parts x = split_qkv(qkv, s);
-    Result r;
-    r.out.assign(tokens(s) * s.Hq * s.D, 0.0f);
-    r.lse.assign(static_cast<std::size_t>(s.B) * s.Hq * s.T, 0.0f);
-    cpu::attention_forward(r.out.data(), r.lse.data(), x.q.data(), x.k.data(), x.v.data(), s.B, s.T, s.Hq, s.Hkv, s.D,
-                           pos.data());
-    r.d.q.assign(x.q.size(), 0.0f);  // the CPU backward accumulates
-    r.d.k.assign(x.k.size(), 0.0f);
-    r.d.v.assign(x.v.size(), 0.0f);
-    cpu::attention_backward(r.d.q.data(), r.d.k.data(), r.d.v.data(), dout.data(), x.q.data(), x.k.data(),
-                            x.v.data(), r.lse.data(), s.B, s.T, s.Hq, s.Hkv, s.D, pos.data());
-    return r;
+    return test::attention::run_cpu(qkv, dout, s, pos.data());
 }
-
-constexpr std::size_t kGuardBytes = 4096;
-DeviceBuffer nan_buffer(std::size_t bytes) {
-    DeviceBuffer m(bytes + kGuardBytes);
-    m.fill_bytes(0xFF);
-    return m;
-}
-::testing::AssertionResult GuardIntact(const char* what, const DeviceBuffer& m) {
-    const auto all = test::to_host<uint8_t>(m.get(), m.bytes());
-    for (std::size_t i = m.bytes() - kGuardBytes; i < m.bytes(); ++i)
-        if (all[i] != 0xFF)
-            return ::testing::AssertionFailure()
-                   << what << ": write past the end, " << (i - (m.bytes() - kGuardBytes)) << " bytes after it";
-    return ::testing::AssertionSuccess();
-}
-
-// Flash (bf16) or the fp32 kernels, forward then backward (in `chunks` chunks of sequences), with
-// positions (null: plain causal). Outputs as fp32 and as raw bytes.
+// Flash (bf16) or the fp32 kernels with positions (null: plain causal), the backward in `chunks` chunks.
 Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s,
                const std::vector<int32_t>* pos, int chunks = 1) {
-    const std::size_t es = dtype_size(dtype);
-    const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
-    DeviceBuffer d_qkv(qkv, dtype), d_dout(dout, dtype);
-    DeviceBuffer d_pos;
-    if (pos) d_pos = test::to_device(*pos);
-    const int32_t* p = pos ? d_pos.as<int32_t>() : nullptr;
-    DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
-    DeviceBuffer d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s, chunks));
-
-    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr, nullptr,
-                      AttentionBackend::Flash, nullptr, p);
-    test::sync_device();
-    attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(), s,
-                       nullptr, chunks, AttentionBackend::Flash, p);
-    test::sync_device();
-    EXPECT_TRUE(GuardIntact("out", d_out));
-    EXPECT_TRUE(GuardIntact("lse", d_lse));
-    EXPECT_TRUE(GuardIntact("dqkv", d_dqkv));
-    EXPECT_TRUE(GuardIntact("workspace", d_ws));
-
-    Result r;
-    r.out = test::download_as(dtype, d_out.get(), n_out);
-    r.lse = test::to_host<float>(d_lse.get(), n_lse);
-    r.d = split_qkv(test::download_as(dtype, d_dqkv.get(), qkv.size()), s);
-    r.out_bytes = test::to_host<uint8_t>(d_out.get(), n_out * es);
-    r.lse_bytes = test::to_host<uint8_t>(d_lse.get(), n_lse * 4);
-    r.dqkv_bytes = test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
-
-    if (dtype == DType::BF16) {  // the FP8-training variant (fused abs-max) with positions: same output
-        DeviceBuffer d_out2 = nan_buffer(n_out * es), d_lse2 = nan_buffer(n_lse * 4);
-        DeviceBuffer d_amax(std::vector<float>{-1.0f, 0, 0, 0}, DType::F32);
-        attention_forward(dtype, d_out2.get(), d_lse2.as<float>(), d_qkv.get(), s, nullptr, d_amax.f32(),
-                          AttentionBackend::Flash, nullptr, p);
-        test::sync_device();
-        EXPECT_EQ(test::to_host<uint8_t>(d_out2.get(), n_out * es), r.out_bytes) << "the amax variant changed out";
-        float want = 0.0f;
-        for (float x : r.out) want = std::max(want, std::fabs(x));
-        EXPECT_EQ(d_amax.download()[0], want) << "fused abs-max of the attention output";
-    }
-    return r;
+    return test::attention::run_gpu(dtype, AttentionBackend::Flash, qkv, dout, s, pos, chunks);
 }
 
 // The tolerances of attention_test.cpp (its comment gives the reasoning): fp32 differs from the CPU

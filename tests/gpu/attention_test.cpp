@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/attention.h"
+#include "attention_test_util.h"
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_ops.h"
 
@@ -26,6 +27,7 @@ namespace {
 using test::AllClose;
 using test::DeviceBuffer;
 using test::random_vector;
+using namespace test::attention;
 
 struct Case {
     int B, T, Hq, Hkv, D;
@@ -67,38 +69,8 @@ const Impl kImpls[] = {
 
 AttentionShape shape_of(const Case& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
 
-std::size_t qkv_width(const AttentionShape& s) { return static_cast<std::size_t>(s.Hq + 2 * s.Hkv) * s.D; }
-std::size_t tokens(const AttentionShape& s) { return static_cast<std::size_t>(s.B) * s.T; }
-
-// Random fused qkv rows: q and k with std qk_std, v with std 1.
-std::vector<float> random_qkv(const Case& c, uint64_t seed) {
-    const AttentionShape s = shape_of(c);
-    std::vector<float> qkv = random_vector(tokens(s) * qkv_width(s), seed);
-    const std::size_t qk_cols = static_cast<std::size_t>(s.Hq + s.Hkv) * s.D;
-    for (std::size_t n = 0; n < tokens(s); ++n)
-        for (std::size_t i = 0; i < qk_cols; ++i) qkv[n * qkv_width(s) + i] *= c.qk_std;
-    return qkv;
-}
-
-// The three [B, T, H, D] parts of a fused [B*T, (Hq + 2 Hkv) * D] tensor (qkv or dqkv).
-struct Parts {
-    std::vector<float> q, k, v;
-};
-Parts split_qkv(const std::vector<float>& x, const AttentionShape& s) {
-    const std::size_t w = qkv_width(s), nq = static_cast<std::size_t>(s.Hq) * s.D,
-                      nk = static_cast<std::size_t>(s.Hkv) * s.D;
-    Parts p;
-    p.q.resize(tokens(s) * nq);
-    p.k.resize(tokens(s) * nk);
-    p.v.resize(tokens(s) * nk);
-    for (std::size_t n = 0; n < tokens(s); ++n) {
-        const float* row = x.data() + n * w;
-        std::memcpy(p.q.data() + n * nq, row, nq * sizeof(float));
-        std::memcpy(p.k.data() + n * nk, row + nq, nk * sizeof(float));
-        std::memcpy(p.v.data() + n * nk, row + nq + nk, nk * sizeof(float));
-    }
-    return p;
-}
+// Random fused qkv rows of a case.
+std::vector<float> random_qkv(const Case& c, uint64_t seed) { return test::attention::random_qkv(shape_of(c), c.qk_std, seed); }
 
 std::string where_bthd(std::size_t i, const AttentionShape& s, int H) {
     const std::size_t d = i % s.D, h = i / s.D % H, t = i / s.D / H % s.T, b = i / s.D / H / s.T;
@@ -109,87 +81,10 @@ std::string where_bht(std::size_t i, const AttentionShape& s) {
     return cat("b=", b, " h=", h, " t=", t);
 }
 
-struct Result {
-    std::vector<float> out, lse;
-    Parts d;                          // dq, dk, dv
-    std::vector<uint8_t> out_bytes, lse_bytes, dqkv_bytes;  // raw, for bitwise comparisons
-};
-
-// Reference: fp32 CPU ops on exactly the values the GPU sees.
-Result run_cpu(const std::vector<float>& qkv, const std::vector<float>& dout, const AttentionShape& s) {
-    const Parts x = split_qkv(qkv, s);
-    Result r;
-    r.out.assign(tokens(s) * s.Hq * s.D, 0.0f);
-    r.lse.assign(static_cast<std::size_t>(s.B) * s.Hq * s.T, 0.0f);
-    cpu::attention_forward(r.out.data(), r.lse.data(), x.q.data(), x.k.data(), x.v.data(), s.B, s.T, s.Hq, s.Hkv,
-                           s.D);
-    r.d.q.assign(x.q.size(), 0.0f);  // the CPU backward accumulates
-    r.d.k.assign(x.k.size(), 0.0f);
-    r.d.v.assign(x.v.size(), 0.0f);
-    cpu::attention_backward(r.d.q.data(), r.d.k.data(), r.d.v.data(), dout.data(), x.q.data(), x.k.data(),
-                            x.v.data(), r.lse.data(), s.B, s.T, s.Hq, s.Hkv, s.D);
-    return r;
-}
-
-constexpr std::size_t kGuardBytes = 4096;
-
-// A buffer of `bytes` followed by a guard zone, all 0xFF (NaN in fp32 and bf16).
-DeviceBuffer nan_buffer(std::size_t bytes) {
-    DeviceBuffer m(bytes + kGuardBytes);
-    m.fill_bytes(0xFF);
-    return m;
-}
-::testing::AssertionResult GuardIntact(const char* what, const DeviceBuffer& m) {
-    const auto all = test::to_host<uint8_t>(m.get(), m.bytes());
-    for (std::size_t i = m.bytes() - kGuardBytes; i < m.bytes(); ++i)
-        if (all[i] != 0xFF)
-            return ::testing::AssertionFailure()
-                   << what << ": write past the end, " << (i - (m.bytes() - kGuardBytes)) << " bytes after it";
-    return ::testing::AssertionSuccess();
-}
-
-// Forward then backward on the GPU; outputs read back as fp32 (and as raw bytes).
+// Forward then backward of one implementation on the GPU (attention_test_util.h).
 Result run_gpu(const Impl& impl, const std::vector<float>& qkv, const std::vector<float>& dout,
                const AttentionShape& s) {
-    const DType dtype = impl.dtype;
-    const AttentionBackend be = impl.backend;
-    const std::size_t es = dtype_size(dtype);
-    const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
-    DeviceBuffer d_qkv(qkv, dtype);
-    DeviceBuffer d_dout(dout, dtype);
-    DeviceBuffer d_out = nan_buffer(n_out * es), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(qkv.size() * es);
-    DeviceBuffer d_ws = nan_buffer(attention_backward_workspace_bytes(dtype, s, 1, be));
-
-    attention_forward(dtype, d_out.get(), d_lse.as<float>(), d_qkv.get(), s, nullptr, nullptr, be, d_ws.get());
-    test::sync_device();
-    attention_backward(dtype, d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.as<float>(), d_ws.get(), s,
-                       nullptr, 1, be);
-    test::sync_device();
-
-    EXPECT_TRUE(GuardIntact("out", d_out));
-    EXPECT_TRUE(GuardIntact("lse", d_lse));
-    EXPECT_TRUE(GuardIntact("dqkv", d_dqkv));
-    EXPECT_TRUE(GuardIntact("workspace", d_ws));
-
-    Result r;
-    r.out = test::download_as(dtype, d_out.get(), n_out);
-    r.lse = test::to_host<float>(d_lse.get(), n_lse);
-    r.d = split_qkv(test::download_as(dtype, d_dqkv.get(), qkv.size()), s);
-    r.out_bytes = test::to_host<uint8_t>(d_out.get(), n_out * es);
-    r.lse_bytes = test::to_host<uint8_t>(d_lse.get(), n_lse * 4);
-    r.dqkv_bytes = test::to_host<uint8_t>(d_dqkv.get(), qkv.size() * es);
-
-    if (dtype == DType::BF16) {  // the FP8-training variant: same output, plus max |out|
-        DeviceBuffer d_out2 = nan_buffer(n_out * es), d_lse2 = nan_buffer(n_lse * 4);
-        DeviceBuffer d_amax(std::vector<float>{-1.0f, 0, 0, 0}, DType::F32);
-        attention_forward(dtype, d_out2.get(), d_lse2.as<float>(), d_qkv.get(), s, nullptr, d_amax.f32(), be, d_ws.get());
-        test::sync_device();
-        EXPECT_EQ(test::to_host<uint8_t>(d_out2.get(), n_out * es), r.out_bytes) << "the amax variant changed out";
-        float want = 0.0f;
-        for (float x : r.out) want = std::max(want, std::fabs(x));
-        EXPECT_EQ(d_amax.download()[0], want) << "fused abs-max of the attention output";
-    }
-    return r;
+    return test::attention::run_gpu(impl.dtype, impl.backend, qkv, dout, s);
 }
 
 // Tolerances, as max|gpu - cpu| <= rtol * max|cpu| + atol per tensor (plus a cosine floor for bf16).

@@ -678,6 +678,11 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
              o.gradient_dtype = DType::E5M2;
              o.shard_weights = o.persistent_quants = true;
          }},
+        {"fp8 with an FP8 LM head (--lm-head-dtype=e4m3), streamed weights", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.fp8_lm_head = o.shard_weights = true;
+         }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement
     for (const Case& c : cases) {

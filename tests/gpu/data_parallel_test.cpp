@@ -195,6 +195,17 @@ const Mode kModes[] = {
      2e-3, 0.9999},
     {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }, 2e-3,
      0.9999},
+    // --lm-head-dtype=e4m3: every rank quantises the (gathered) head after each update; the bounds of
+    // the FP8 mode above (written before a GPU run of this mode)
+    {"e4m3 with an FP8 LM head, e5m2 gradients, recompute, CUDA graphs",
+     [](ModelOptions& o) {
+         o.matmul_dtype = DType::E4M3;
+         o.gradient_dtype = DType::E5M2;
+         o.fp8_lm_head = true;
+         o.recompute_block = true;
+         o.use_cuda_graphs = true;
+     },
+     5e-3, 0.998},
 };
 
 ModelOptions base_options() {
@@ -446,6 +457,17 @@ TEST(DataParallelGpu, ZeroThreeGivesZeroTwosBits) {
          },
          2},
         {"bf16 master", [](ModelOptions& o) { o.master_dtype = o.opt_m_dtype = o.opt_v_dtype = DType::BF16; }, 2},
+        // --lm-head-dtype=e4m3: ZeRO-3 keeps the head resident on every rank (broadcast by changed()) and
+        // quantises it there into its own buffers; ZeRO-2 into the flat FP8 copies: the same codes
+        {"e4m3 with an FP8 LM head, e5m2 gradients", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.fp8_lm_head = true;
+         }, 2},
+        {"e4m3 with an FP8 LM head, bf16 gradients", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.fp8_lm_head = true;
+         }, 3},
         {"everything in host memory: the block, master, moments, gradient blocks and FP8 quants",
          [](ModelOptions& o) {
              o.matmul_dtype = o.gradient_dtype = DType::E4M3;

@@ -115,10 +115,7 @@ TEST(TrainCliGpuDataParallel, ZeroThreeGivesZeroTwosRunAndResumesExactly) {
 // FP8 run with recompute resumes bit for bit; the exported config.json names the family.
 TEST(TrainCliGpuDataParallel, QwenThreeAndLlamaShardAndResume) {
     QTRAIN_REQUIRE_GPU();
-    const std::pair<const char*, const char*> families[] = {
-        {"Qwen3ForCausalLM", R"("architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128)"},
-        {"LlamaForCausalLM", kLlamaFamily}};
-    for (const auto& [hf_class, fields] : families) {
+    for (const auto& [hf_class, fields] : kOtherGpuFamilies) {
         SCOPED_TRACE(hf_class);
         Fixture f(kGpuShape, fields);
         const std::string common = " --steps=8 --eval-every-n-steps=4 --eval-num-steps=3";

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/lora_dropout.h"
+#include "core/rng.h"
 #include "cpu_test_util.h"
 #include "model/cpu/cpu_model.h"
 #include "model/cpu/cpu_ops.h"
@@ -281,6 +283,30 @@ TEST(CpuLoraModel, DropoutGradientsMatchFiniteDifferencesOfTheTrainingPass) {
     EXPECT_EQ(loss9, pass_loss(twin, 9));
     EXPECT_NE(loss9, pass_loss(other_seed, 9));
     EXPECT_NE(loss9, pass_loss(plain, 9));
+}
+
+
+// The dropout mask's per-element form (core/lora_dropout.h, which the GPU kernels compute element by
+// element) is the sequential splitmix64 stream the mask is defined by: a stream seeded from
+// (seed, pass, slot), element i its i-th uniform. Checked against core/rng.h's Rng drawn in order.
+TEST(LoraDropoutMask, PerElementFormIsTheSequentialStream) {
+    for (const uint64_t seed : {42ull, 0x123456789abcdefull})
+        for (const uint64_t pass : {0ull, 1ull, 977ull})
+            for (const uint64_t slot : {0ull, 6ull, 13ull}) {
+                uint64_t state = seed ^ 0x6c6f7261ull;
+                state ^= splitmix64(state) + pass;
+                state ^= splitmix64(state) + slot;
+                Rng rng(splitmix64(state));
+                const uint64_t stream = lora_dropout_stream(seed, pass, slot);
+                const float p = 0.3f, keep = 1.0f / (1.0f - p);
+                int dropped = 0;
+                for (uint64_t i = 0; i < 4000; ++i) {
+                    const float expected = rng.uniform() < p ? 0.0f : keep;
+                    ASSERT_EQ(lora_dropout_scale(stream, i, p, keep), expected) << seed << " " << pass << " " << slot;
+                    dropped += expected == 0.0f;
+                }
+                EXPECT_NEAR(dropped / 4000.0, p, 0.04);
+            }
 }
 
 }  // namespace

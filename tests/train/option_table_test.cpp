@@ -63,7 +63,9 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         // added since (issue 31): they change the data and the math
         "document-masking", "loss-normalization", "packing",
         // issue 33: LoRA changes what is trained
-        "lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lora-init"};
+        "lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lora-init",
+        // issue 32: the FP8 LM head changes the numerics
+        "lm-head-dtype"};
     EXPECT_EQ(with_rule(ResumeRule::MustMatch), kMustMatch);
     for (const OptionSpec& spec : train_option_table())
         EXPECT_NE(std::string(resume_rule_name(spec.resume)), "?") << spec.name << " has no resume rule";
@@ -162,7 +164,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
         "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
         "document-masking",  // added since (issue 31); its auto is resolved on the train files
-        "lora-rank", "lora-from", "merge-lora"};  // issue 33: ModelOptions::lora
+        "lora-rank", "lora-from", "merge-lora",  // issue 33: ModelOptions::lora
+        "lm-head-dtype"};                        // issue 32: ModelOptions::fp8_lm_head
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);
@@ -173,7 +176,7 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         {"gradient-dtype", "e5m2"}, {"opt-m-dtype", "bf16"},    {"opt-v-dtype", "bf16"},   {"master-dtype", "bf16"},
         {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
         {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"},
-        {"document-masking", "on"}, {"lora-rank", "4"}};
+        {"document-masking", "on"}, {"lora-rank", "4"},        {"lm-head-dtype", "e4m3"}};
     const ModelOptions base = TrainOptions().model_options("cuda");
     for (const OptionSpec& spec : train_option_table()) {
         const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);

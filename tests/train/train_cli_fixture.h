@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,6 +54,11 @@ constexpr const char* kQwen3Family = R"("architectures": ["Qwen3ForCausalLM"], "
 constexpr const char* kLlamaFamily = R"("architectures": ["LlamaForCausalLM"], "model_type": "llama",
   "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                    "original_max_position_embeddings": 32})";
+// The other families at kGpuShape (the GPU attention needs head_dim 64 or 128: Qwen3's 128 is not
+// hidden / heads = 64), with the class each must export as.
+constexpr const char* kGpuQwen3Family = R"("architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 128)";
+constexpr std::pair<const char*, const char*> kOtherGpuFamilies[] = {{"Qwen3ForCausalLM", kGpuQwen3Family},
+                                                                      {"LlamaForCausalLM", kLlamaFamily}};
 
 struct Fixture {
     TempDir dir;

@@ -147,20 +147,28 @@ int lmhead_chunk_rows(int N, int chunks) {
 }
 
 void lmhead_cross_entropy(float* losses, float* dx, float* dweight, const float* x, const float* weight,
-                          const int32_t* targets, int N, int C, int V, int chunks, float dscale, float* scratch) {
+                          const int32_t* targets, int N, int C, int V, int chunks, float dscale, float* scratch,
+                          const LmHeadFp8* fp8) {
     const bool backward = dx || dweight;
     const int rows = lmhead_chunk_rows(N, chunks);
+    // the forward's operands, and the backward's (quantised only with FP8 gradients)
+    const float* xf = fp8 ? fp8->xq : x;
+    const float* wf = fp8 ? fp8->wq : weight;
+    const bool fp8_grads = fp8 && is_fp8(fp8->grad);
+    const float* xb = fp8_grads ? fp8->xq : x;
+    const float* wb = fp8_grads ? fp8->wq : weight;
     for (int r0 = 0; r0 < N; r0 += rows) {
         const int nr = std::min(rows, N - r0);
         if (count_valid_targets(targets + r0, nr) == 0) {  // fully masked (e.g. a prompt): nothing to do
             std::fill(losses + r0, losses + r0 + nr, 0.0f);
             continue;
         }
-        const float* xc = x + static_cast<int64_t>(r0) * C;
-        gemm(false, true, nr, V, C, 1.0f, xc, C, weight, C, 0.0f, scratch, V);
+        gemm(false, true, nr, V, C, 1.0f, xf + static_cast<int64_t>(r0) * C, C, wf, C, 0.0f, scratch, V);
         softmax_cross_entropy(scratch, losses + r0, targets + r0, nr, V, dscale, backward);
-        if (dx) gemm(false, false, nr, C, V, 1.0f, scratch, V, weight, C, 1.0f, dx + static_cast<int64_t>(r0) * C, C);
-        if (dweight) gemm(true, false, V, C, nr, 1.0f, scratch, V, xc, C, 1.0f, dweight, C);
+        if (backward && fp8_grads)  // this chunk's dlogits with its own scale (the GPU's per-chunk amax)
+            fake_quantize({{scratch, scratch, static_cast<int64_t>(nr) * V}}, fp8->grad);
+        if (dx) gemm(false, false, nr, C, V, 1.0f, scratch, V, wb, C, 1.0f, dx + static_cast<int64_t>(r0) * C, C);
+        if (dweight) gemm(true, false, V, C, nr, 1.0f, scratch, V, xb + static_cast<int64_t>(r0) * C, C, 1.0f, dweight, C);
     }
 }
 

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/cpu/cpu_ops.h"
+#include "core/lora_dropout.h"
 
 namespace qtrain {
 
@@ -45,13 +46,10 @@ const float* CpuLora::dropped_input(int l, LoraTarget t, const float* x, int64_t
         xd_.resize(static_cast<size_t>(n));
         dxd_.resize(static_cast<size_t>(n));
     }
-    uint64_t state = lora_.seed ^ 0x6c6f7261ull;  // "lora": apart from the init's streams
-    state ^= splitmix64(state) + passes_;
-    state ^= splitmix64(state) + static_cast<uint64_t>(slot(l, t));
-    Rng rng(splitmix64(state));
+    const uint64_t stream = lora_dropout_stream(lora_.seed, passes_, static_cast<uint64_t>(slot(l, t)));
     const float p = lora_.dropout, keep = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < n; ++i) {
-        mask_[i] = rng.uniform() < p ? 0.0f : keep;
+        mask_[i] = lora_dropout_scale(stream, static_cast<uint64_t>(i), p, keep);
         xd_[i] = x[i] * mask_[i];
     }
     return xd_.data();

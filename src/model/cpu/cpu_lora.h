@@ -67,6 +67,10 @@ public:
             }
     }
 
+    // W[out, in] += s * B A of layer l's target t (nothing when it has no adapter): one tensor at a time,
+    // for a model that exports tensor by tensor (the GPU model).
+    void merge_one(int l, LoraTarget t, float* w) const;
+
     double grad_sum_squares() const;
     // AdamW on every adapter (weight decay as the run's: they are matrices), then zero gradients.
     void adamw(const OptimizerParams& p, float clip_scale);
@@ -89,7 +93,6 @@ public:
     const std::vector<float>& moments_v() const { return v_; }
 
 private:
-    void merge_one(int l, LoraTarget t, float* w) const;
     bool dropping() const { return training_ && lora_.dropout > 0.0f; }
     // mask_ = the pass's mask of (l, t) over n inputs (0 or 1 / (1 - p)); xd_ = x * mask_.
     const float* dropped_input(int l, LoraTarget t, const float* x, int64_t n);

@@ -92,6 +92,7 @@ void CpuLora::load_checkpoint(const std::string& dir) {
 }
 
 void CpuLora::merge_one(int l, LoraTarget t, float* w) const {
+    if (!enabled() || a_offset_[slot(l, t)] < 0) return;
     const auto [out, in] = lora_target_shape(cfg_, t);
     const int r = lora_.rank;
     const float* a = params_.data() + a_offset_[slot(l, t)];

@@ -41,23 +41,7 @@ void add_bias_grad(float* db, const float* dy, int rows, int width) {
         for (int j = 0; j < width; ++j) db[j] += dy[static_cast<int64_t>(n) * width + j];
 }
 
-// Rounds the parts of one tensor (a fused group shares one per-tensor scale, from the amax over all
-// parts) through `type` and back: out = decode(quantize(in * scale)) / scale, as the GPU's FP8
-// GEMMs see their operands. out may alias in.
-struct Part {
-    const float* in;
-    float* out;
-    int64_t n;
-};
-void fake_quantize(std::initializer_list<Part> parts, DType type) {
-    float amax = 0.0f;
-    for (const Part& p : parts) amax = std::max(amax, fp8_abs_max(p.in, p.n));
-    const Fp8Scale s = fp8_scale_from_amax(amax, type);
-    for (const Part& p : parts) {
-#pragma omp parallel for schedule(static) if (p.n > (1 << 16))
-        for (int64_t i = 0; i < p.n; ++i) p.out[i] = fp8_decode(fp8_quantize_value(p.in[i], s.scale, type), type) * s.inv;
-    }
-}
+using cpu::fake_quantize;  // (cpu_ops.h: the GEMM operands rounded through FP8)
 
 }  // namespace
 
@@ -71,11 +55,13 @@ void CpuModel::check_options(const ModelOptions& o) {
              "=cpu (the CPU model emulates FP8 matmuls)");
     const DType matmul = fp8 ? DType::F32 : o.matmul_dtype;
     const DType grad = (fp8 && (fp8_grad || o.gradient_dtype == DType::BF16)) ? DType::F32 : o.gradient_dtype;
-    const std::pair<ModelFlag, DType> dtypes[] = {
-        {&ModelOptions::model_dtype, o.model_dtype}, {&ModelOptions::matmul_dtype, matmul},
-        {&ModelOptions::gradient_dtype, grad},       {&ModelOptions::opt_m_dtype, o.opt_m_dtype},
-        {&ModelOptions::opt_v_dtype, o.opt_v_dtype}, {&ModelOptions::master_dtype, o.master_dtype},
-        {&ModelOptions::param_grad_dtype, o.param_grad_dtype}};
+    const std::pair<ModelFlag, DType> dtypes[] = {{&ModelOptions::model_dtype, o.model_dtype},
+                                                  {&ModelOptions::matmul_dtype, matmul},
+                                                  {&ModelOptions::gradient_dtype, grad},
+                                                  {&ModelOptions::opt_m_dtype, o.opt_m_dtype},
+                                                  {&ModelOptions::opt_v_dtype, o.opt_v_dtype},
+                                                  {&ModelOptions::master_dtype, o.master_dtype},
+                                                  {&ModelOptions::param_grad_dtype, o.param_grad_dtype}};
     for (const auto& [key, dt] : dtypes)
         QT_CHECK(dt == DType::F32, flag(key), "=", dtype_name(dt), " is not supported yet on ", flag(RunFlag::Device),
                  "=cpu (the CPU reference model runs every role in fp32: use ", flag(key), "=fp32)");
@@ -84,33 +70,34 @@ void CpuModel::check_options(const ModelOptions& o) {
     // refuses --zero-level=2|3 on one CPU rank by that name, run_context.cpp). The recompute
     // flags imply each other (--recompute-block sets all of them), so the widest comes first: the
     // error names the flag the user gave.
-    const std::pair<ModelFlag, bool> flags[] = {
-        {&ModelOptions::recompute_block, o.recompute_block},
-        {&ModelOptions::recompute_ffn, o.recompute_ffn},
-        {&ModelOptions::recompute_att, o.recompute_att},
-        {&ModelOptions::recompute_swiglu, o.recompute_swiglu},
-        {&ModelOptions::recompute_norm, o.recompute_norm},
-        {&ModelOptions::recompute_qkv, o.recompute_qkv},
-        {&ModelOptions::offload_residual, o.offload_residual},
-        {&ModelOptions::offload_master, o.offload_master},
-        {&ModelOptions::offload_opt_m, o.offload_opt_m},
-        {&ModelOptions::offload_opt_v, o.offload_opt_v},
-        {&ModelOptions::offload_quants, o.offload_quants},
-        {&ModelOptions::offload_gradients, o.offload_gradients},
-        {&ModelOptions::persistent_quants, o.persistent_quants},
-        {&ModelOptions::write_combined, o.write_combined},
-        {&ModelOptions::memcpy_all_gather, o.memcpy_all_gather},
-        {&ModelOptions::shard_weights, o.shard_weights && o.gpus <= 1},
-        {&ModelOptions::shard_gradients, o.shard_gradients && o.gpus <= 1},
-        {&ModelOptions::use_cuda_graphs, o.use_cuda_graphs},
-        {&ModelOptions::offload_double_buffer, o.offload_double_buffer},
-        {&ModelOptions::gemm_autotune, o.gemm_autotune},
-        {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
-        {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
-        {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1}};
+    const std::pair<ModelFlag, bool> flags[] = {{&ModelOptions::recompute_block, o.recompute_block},
+                                                {&ModelOptions::recompute_ffn, o.recompute_ffn},
+                                                {&ModelOptions::recompute_att, o.recompute_att},
+                                                {&ModelOptions::recompute_swiglu, o.recompute_swiglu},
+                                                {&ModelOptions::recompute_norm, o.recompute_norm},
+                                                {&ModelOptions::recompute_qkv, o.recompute_qkv},
+                                                {&ModelOptions::offload_residual, o.offload_residual},
+                                                {&ModelOptions::offload_master, o.offload_master},
+                                                {&ModelOptions::offload_opt_m, o.offload_opt_m},
+                                                {&ModelOptions::offload_opt_v, o.offload_opt_v},
+                                                {&ModelOptions::offload_quants, o.offload_quants},
+                                                {&ModelOptions::offload_gradients, o.offload_gradients},
+                                                {&ModelOptions::persistent_quants, o.persistent_quants},
+                                                {&ModelOptions::write_combined, o.write_combined},
+                                                {&ModelOptions::memcpy_all_gather, o.memcpy_all_gather},
+                                                {&ModelOptions::shard_weights, o.shard_weights && o.gpus <= 1},
+                                                {&ModelOptions::shard_gradients, o.shard_gradients && o.gpus <= 1},
+                                                {&ModelOptions::use_cuda_graphs, o.use_cuda_graphs},
+                                                {&ModelOptions::offload_double_buffer, o.offload_double_buffer},
+                                                {&ModelOptions::gemm_autotune, o.gemm_autotune},
+                                                {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
+                                                {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
+                                                {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1}};
     for (const auto& [key, on] : flags)
         QT_CHECK(!on, flag(key), " is not supported on ", flag(RunFlag::Device),
                  "=cpu (a GPU setting; the CPU reference model has no use for it)");
+    QT_CHECK(!o.fp8_lm_head || fp8, flag(&ModelOptions::fp8_lm_head), "=e4m3 needs ", flag(&ModelOptions::matmul_dtype),
+             "=e4m3 (the LM head joins the FP8 matmuls; it is not FP8 on its own)");
     QT_CHECK(o.gpus >= 1, flag(&ModelOptions::gpus), "=", o.gpus, " on ", flag(RunFlag::Device),
              "=cpu: give the number of ranks (threads), at least 1");
     QT_CHECK(o.lmhead_chunks >= 1, flag(&ModelOptions::lmhead_chunks), " must be at least 1, got ", o.lmhead_chunks);
@@ -312,8 +299,8 @@ void CpuModel::check_batch(const Batch& b) const {
     QT_CHECK(b.loss_denominator >= 0.0f, "CpuModel: negative loss_denominator ", b.loss_denominator);
     if (!b.positions) return;
     QT_CHECK(options_.document_masking,
-             "CpuModel: the batch carries document positions (packed rows) but the model was built without document "
-             "masking (ModelOptions::document_masking, ",
+             "CpuModel: the batch carries document positions (packed rows) but the model "
+             "was built without document masking (ModelOptions::document_masking, ",
              flag(&ModelOptions::document_masking), ")");
     // a position says where the token's document starts: never before its row
     for (int64_t i = 0; i < N; ++i) {
@@ -527,6 +514,19 @@ void CpuModel::quantize_layer(int l) {
     fake_quantize({{w.wd, o.wd, C * I}}, DType::E4M3);
 }
 
+const cpu::LmHeadFp8* CpuModel::quantize_lm_head(cpu::LmHeadFp8& fp8, int N) {
+    if (!options_.fp8_lm_head) return nullptr;
+    if (fq_params_.size() != params_.size()) fq_params_.assign(params_.size(), 0.0f);
+    const int64_t C = config_.hidden_size, V = config_.vocab_size;
+    const int64_t head = lm_head() - params_.data();
+    fake_quantize({{acts_.final_norm.data(), acts_.fq_x.data(), N * C}}, DType::E4M3);
+    fake_quantize({{lm_head(), fq_params_.data() + head, V * C}}, DType::E4M3);
+    fp8.xq = acts_.fq_x.data();
+    fp8.wq = fq_params_.data() + head;
+    fp8.grad = fp8_grads() ? options_.gradient_dtype : DType::F32;
+    return &fp8;
+}
+
 double CpuModel::mean_loss(const Batch& batch) const {
     const int N = batch.batch_size * batch.seq_len;
     const int valid = cpu::count_valid_targets(batch.targets, N);
@@ -551,9 +551,10 @@ void CpuModel::forward_backward(const Batch& batch, float grad_scale) {
     zero(acts_.dln, nC);
     {
         const Held head(*this, lm_head_range());
+        cpu::LmHeadFp8 fp8;
         cpu::lmhead_cross_entropy(acts_.losses.data(), acts_.dln.data(), lm_head_grad(), acts_.final_norm.data(),
                                   lm_head(), batch.targets, N, config_.hidden_size, config_.vocab_size,
-                                  options_.lmhead_chunks, dscale, acts_.logits.data());
+                                  options_.lmhead_chunks, dscale, acts_.logits.data(), quantize_lm_head(fp8, N));
     }
     backward_from_final_norm(batch);
     lora_.end_pass();
@@ -567,9 +568,10 @@ double CpuModel::evaluate_f64(const Batch& batch) {
     lora_.begin_pass(false);
     forward_to_final_norm(batch);
     const Held head(*this, lm_head_range());
+    cpu::LmHeadFp8 fp8;
     cpu::lmhead_cross_entropy(acts_.losses.data(), nullptr, nullptr, acts_.final_norm.data(), lm_head(), batch.targets,
                               N, config_.hidden_size, config_.vocab_size, options_.lmhead_chunks, 0.0f,
-                              acts_.logits.data());
+                              acts_.logits.data(), quantize_lm_head(fp8, N));
     return mean_loss(batch);
 }
 

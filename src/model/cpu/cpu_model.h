@@ -20,6 +20,10 @@
 
 namespace qtrain {
 
+namespace cpu {
+struct LmHeadFp8;  // cpu_ops.h
+}
+
 
 class CpuModel : public IModel {
 public:
@@ -151,6 +155,10 @@ private:
     bool fp8() const { return options_.matmul_dtype == DType::E4M3; }
     bool fp8_grads() const { return fp8() && is_fp8(options_.gradient_dtype); }
     void quantize_layer(int l);
+    // --lm-head-dtype=e4m3 (ModelOptions::fp8_lm_head): the final norm's output (into acts_.fq_x) and
+    // the LM head (into fq_params_ at its offset) rounded through e4m3, each with its own per-tensor
+    // scale as on the GPU; `fp8` says where they are. Null without an FP8 LM head.
+    const cpu::LmHeadFp8* quantize_lm_head(cpu::LmHeadFp8& fp8, int N);
     std::vector<float> fq_params_;
 
     // ZeRO-3's weight protocol (cpu_zero3.cpp). A Range is a span of the flat parameters used

@@ -12,8 +12,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/model_config.h"
 
 namespace qtrain::cpu {
@@ -101,8 +103,30 @@ int lmhead_chunk_rows(int N, int chunks);
 // x [N, C] (final normed hidden states), weight [V, C], targets [N]; writes losses[N] (0 where masked).
 // When dx or dweight is non-null the backward runs too, with dlogits = (softmax - onehot) * dscale:
 // dx[N,C] += dlogits @ weight and dweight[V,C] += dlogits^T @ x (chunk by chunk, in order).
+// fp8 (--lm-head-dtype=e4m3, emulated): the forward GEMM reads xq and wq instead, x and the weight
+// rounded through e4m3 each with its per-tensor scale (fake_quantize); with grad = e4m3|e5m2 (FP8
+// gradients) each chunk's dlogits is rounded through it with the chunk's own scale, as the GPU does,
+// and the backward GEMMs read xq and wq too; with grad = fp32 they read the unquantised x and weight.
+struct LmHeadFp8 {
+    const float* xq = nullptr;
+    const float* wq = nullptr;
+    DType grad = DType::F32;
+};
 void lmhead_cross_entropy(float* losses, float* dx, float* dweight, const float* x, const float* weight,
-                          const int32_t* targets, int N, int C, int V, int chunks, float dscale, float* scratch);
+                          const int32_t* targets, int N, int C, int V, int chunks, float dscale, float* scratch,
+                          const LmHeadFp8* fp8 = nullptr);
+
+// ---- FP8 emulation (cpu_fp8.cpp) ----
+
+// Rounds the parts of one tensor (a fused group shares one per-tensor scale, from the amax over all
+// parts) through `type` and back: out = decode(quantize(in * scale)) / scale, as the GPU's FP8
+// GEMMs see their operands. out may alias in.
+struct Fp8Part {
+    const float* in;
+    float* out;
+    int64_t n;
+};
+void fake_quantize(std::initializer_list<Fp8Part> parts, DType type);
 
 // ---- optimizer (cpu_ops.cpp) ----
 

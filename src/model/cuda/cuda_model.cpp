@@ -59,8 +59,8 @@ void CudaModel::check_options(const ModelOptions& o) {
              flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " needs ",
              flag(&ModelOptions::offload_gradients), " or ZeRO-2 with ", flag(&ModelOptions::gpus), " > 1 on ",
              flag(RunFlag::Device),
-             "=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's "
-             "block; the device accumulates each layer in fp32)");
+             "=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's block; the device "
+             "accumulates each layer in fp32)");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32, flag(&ModelOptions::offload_master), " needs ",
              flag(&ModelOptions::model_dtype), "=bf16 (in fp32 the master copy is the weights the GEMMs read)");
     QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||
@@ -91,8 +91,10 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(!(o.persistent_quants || o.offload_quants) || !o.shard_weights || is_fp8(o.gradient_dtype),
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants), " with ",
              flag(&ModelOptions::shard_weights), " needs ", flag(&ModelOptions::gradient_dtype),
-             "=e4m3|e5m2 (the backward then reads only FP8 weight "
-             "copies; with bf16 gradients it reads the bf16 weights, which are streamed anyway)");
+             "=e4m3|e5m2 (the backward then reads only FP8 weight copies; with bf16 gradients it reads the bf16 "
+             "weights, which are streamed anyway)");
+    QT_CHECK(!o.fp8_lm_head || fp8, flag(&ModelOptions::fp8_lm_head), "=e4m3 needs ", flag(&ModelOptions::matmul_dtype),
+             "=e4m3 (the LM head joins the FP8 matmuls; it is not FP8 on its own)");
     QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8, flag(&ModelOptions::fp8_fast_accum),
              " applies to FP8 GEMMs: it needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 (or drop it)");
     QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype), flag(&ModelOptions::fp8_fast_accum),
@@ -106,8 +108,7 @@ void CudaModel::check_options(const ModelOptions& o) {
     QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients && !o.offload_residual),
              flag(&ModelOptions::use_cuda_graphs), " cannot be combined with ", flag(&ModelOptions::shard_weights),
              ", ", flag(&ModelOptions::offload_gradients), " or ", flag(&ModelOptions::offload_residual),
-             " yet "
-             "(the streamed step decides its copies on the host)");
+             " yet (the streamed step decides its copies on the host)");
     QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, flag(&ModelOptions::attn_bwd_chunks), "=",
              o.attn_bwd_chunks, " must divide ", flag(&ModelOptions::batch_size), "=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");
@@ -123,14 +124,46 @@ void CudaModel::check_options(const ModelOptions& o) {
     // cannot read.
     QT_CHECK(o.gpus == 1 || !o.offload_gradients || o.shard_gradients, flag(&ModelOptions::offload_gradients), " with ",
              flag(&ModelOptions::gpus), "=", o.gpus, " needs ZeRO-2 (", flag(RunFlag::ZeroLevel),
-             "=2): the ranks reduce the device slots of each layer to their owner's "
-             "block in host memory; ZeRO-1 would all-reduce the whole host gradient");
+             "=2): the ranks reduce the device slots of each layer to their owner's block in host memory; ZeRO-1 would "
+             "all-reduce the whole host gradient");
     QT_CHECK(o.gpus == 1 || o.param_grad_dtype == DType::F32 || gradients_reduced_per_layer(o),
              flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " with ",
              flag(&ModelOptions::gpus), "=", o.gpus, " needs ZeRO-2 (", flag(RunFlag::ZeroLevel), "=2) without ",
              flag(&ModelOptions::use_cuda_graphs), ": the rank's block of the gradient is what is kept in bf16");
     QT_CHECK(o.gpus > 1 || !o.memcpy_all_gather, flag(&ModelOptions::memcpy_all_gather),
              " chooses the copy-engine communicator between ranks: it needs ", flag(&ModelOptions::gpus), " > 1");
+    if (o.lora.enabled()) check_lora_options(o);
+}
+
+// LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype, resident, on one GPU;
+// the flags that move or keep state the frozen base does not have are refused by name.
+void CudaModel::check_lora_options(const ModelOptions& o) {
+    const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
+    QT_CHECK(o.matmul_dtype != DType::E4M3, lora, " with ", flag(&ModelOptions::matmul_dtype),
+             "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the FP8 base is not written yet: use ",
+             flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.model_dtype), ")");
+    QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is not yet supported on ",
+             flag(RunFlag::Device), "=cuda (data parallel adapters are not written yet: use one GPU)");
+    const std::pair<const char*, bool> refused[] = {
+        {flag(&ModelOptions::shard_weights), o.shard_weights},
+        {flag(&ModelOptions::shard_gradients), o.shard_gradients},
+        {flag(&ModelOptions::offload_master), o.offload_master},
+        {flag(&ModelOptions::offload_opt_m), o.offload_opt_m},
+        {flag(&ModelOptions::offload_opt_v), o.offload_opt_v},
+        {flag(&ModelOptions::offload_gradients), o.offload_gradients},
+        {flag(&ModelOptions::offload_double_buffer), o.offload_double_buffer},
+        {flag(&ModelOptions::write_combined), o.write_combined}};
+    for (const auto& [flag, on] : refused)
+        QT_CHECK(!on, lora, " with ", flag, " is not yet supported on ", flag(RunFlag::Device),
+                 "=cuda (the frozen base stays resident and has no master, gradient or Adam moments to shard or "
+                 "offload; the adapters are small)");
+    QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
+             dtype_name(o.master_dtype),
+             ": the frozen base has no master copy and the adapters keep an fp32 one (leave ",
+             flag(&ModelOptions::master_dtype), " out)");
+    QT_CHECK(o.opt_m_dtype == DType::F32 && o.opt_v_dtype == DType::F32, lora, " with ",
+             flag(&ModelOptions::opt_m_dtype), " / ", flag(&ModelOptions::opt_v_dtype),
+             " other than fp32: the adapters keep fp32 moments (leave them out)");
 }
 
 // FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 alignment rules).
@@ -140,16 +173,28 @@ static void check_fp8_shapes(const ModelConfig& c, const ModelOptions& o) {
                            {"q dim", c.q_dim()}, {"kv dim", c.kv_dim()}, {"intermediate_size", c.intermediate_size}})
         QT_CHECK(v % 16 == 0, flag(&ModelOptions::matmul_dtype), "=e4m3 needs ", what, " to be a multiple of 16 (got ",
                  v, ")");
+    if (!o.fp8_lm_head) return;
+    // the LM head's GEMMs: the vocabulary is a dimension of all three, a chunk's rows of the dW GEMM's sum
+    QT_CHECK(c.vocab_size % 16 == 0, flag(&ModelOptions::fp8_lm_head),
+             "=e4m3 needs vocab_size to be a multiple of 16 (got ", c.vocab_size, "); use ",
+             flag(&ModelOptions::fp8_lm_head), "=bf16");
+    const int64_t rows = (N + o.lmhead_chunks - 1) / o.lmhead_chunks;
+    QT_CHECK(rows % 16 == 0, flag(&ModelOptions::fp8_lm_head),
+             "=e4m3 needs the LM head's chunk of rows (batch-size x seq-len / ", flag(&ModelOptions::lmhead_chunks),
+             "=", o.lmhead_chunks, ", rounded up: ", rows, ") to be a multiple of 16; choose another ",
+             flag(&ModelOptions::lmhead_chunks));
 }
 
 MemoryPlan CudaModel::plan(const ModelConfig& config, const ModelOptions& options) {
     check_options(options);
+    check_lora(config, options.lora);  // (a rank larger than a target's dimensions, ...)
     return gpu_memory_plan(config, options, "cuda");
 }
 
 CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     : config_(config), opt_(options), layout_(make_gpu_layout(config)) {
     check_options(opt_);
+    check_lora(config_, opt_.lora);  // (before any memory is taken)
     fp8_ = opt_.matmul_dtype == DType::E4M3;
     fp8_grads_ = fp8_ && is_fp8(opt_.gradient_dtype);
     if (fp8_) check_fp8_shapes(config_, opt_);
@@ -202,6 +247,8 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     CUDA_CHECK(cudaEventRecord(staging_free_, stream_));
     create_roles();
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
+    if (frozen_base())  // the adapters (from the seed until init_random / load_hf start them again)
+        lora_ = std::make_unique<LoraAdapters>(buf_.lora, config_, opt_, *gemm_, stream_, timer_);
 
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
     // to the ranks' equal blocks and the master (when separate) and moments are one block
@@ -222,13 +269,14 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
 
     // weight-decay segments: one per tensor, sorted by offset, with the FP8 abs-max slot of the
     // matrix a tensor belongs to (q|k|v and gate|up are one FP8 tensor each)
+    // (LoRA: the frozen base has no optimizer, so no segments)
     std::vector<cuda::ParamSegment> segs;
     int64_t matrix_numel[4];
     for (int m = 0; m < 4; ++m) {
         const MatrixShape g = layer_matrix(layout_, config_, 0, static_cast<Matrix>(m));
         matrix_numel[m] = g.rows * g.cols;
     }
-    for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
+    for (std::size_t i = 0; i < (frozen_base() ? 0 : layout_.specs.size()); ++i) {
         const int64_t off = layout_.offsets[i];
         int slot = -1;
         if (const int l = layout_.layer_of(off); fp8_ && l >= 0)
@@ -247,6 +295,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
 
 CudaModel::~CudaModel() {
     if (stream_) cudaStreamSynchronize(stream_);
+    lora_.reset();
     destroy_roles();
     if (timer_.enabled() && timer_.steps() > 0) std::fprintf(stderr, "%s", timer_.report().c_str());
     gemm_.reset();
@@ -310,6 +359,7 @@ void CudaModel::destroy_roles() {
 
 // Zeroes a buffer that may be device memory or offloaded (pinned host) memory.
 void CudaModel::zero(void* p, std::size_t bytes) {
+    if (bytes == 0) return;  // (LoRA: the frozen base's empty moments)
     cudaPointerAttributes attr{};
     CUDA_CHECK(cudaPointerGetAttributes(&attr, p));
     if (attr.type == cudaMemoryTypeHost) {
@@ -355,8 +405,13 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
                                   host + (lo - off), hi - lo);
         return;
     }
-    if (buf_.master) store_values(buf_.master + off, DType::F32, host, n);
-    else store_values(static_cast<uint16_t*>(buf_.weights) + off, DType::BF16, host, n);
+    if (buf_.master) {
+        store_values(buf_.master + off, DType::F32, host, n);
+        return;
+    }
+    // --master-dtype=bf16 (bf16 weights), or a frozen LoRA base: the model-dtype weights are all there is
+    const DType t = opt_.model_dtype;
+    store_values(static_cast<char*>(buf_.weights) + off * dtype_size(t), t, host, n);
 }
 
 // Offloaded (pinned host) destinations are written by all cores directly: a cudaMemcpy between two
@@ -417,7 +472,15 @@ void CudaModel::init_random(uint64_t seed) {
     zero(optimizer_->m(), optimizer_->elements() * dtype_size(opt_.opt_m_dtype));
     zero(optimizer_->v(), optimizer_->elements() * dtype_size(opt_.opt_v_dtype));
     refresh_weights();
+    start_adapters();
     sync();
+}
+
+void CudaModel::start_adapters() {
+    if (!lora_) return;
+    lora_->host().init(opt_.lora.seed);
+    if (!opt_.lora.from.empty()) lora_->host().load_adapter(opt_.lora.from, flag(&LoraOptions::from));
+    lora_->upload_from_host();
 }
 
 void CudaModel::load_hf(const std::string& model_dir) {
@@ -433,6 +496,7 @@ void CudaModel::load_hf(const std::string& model_dir) {
         report_progress("loading", done += s.numel(), total);
     }
     refresh_weights();
+    start_adapters();
     sync();
 }
 
@@ -467,6 +531,15 @@ std::vector<float> CudaModel::download_weights(int64_t off, int64_t n) const {
 }
 
 std::vector<float> CudaModel::download(const std::string& name, Which which) const {
+    if (lora_ && lora_->host().has(name)) {
+        using W = LoraAdapters::Which;
+        return lora_->download(name, which == Which::Grad    ? W::Grad
+                                     : which == Which::AdamM ? W::AdamM
+                                     : which == Which::AdamV ? W::AdamV
+                                                             : W::Master);
+    }
+    QT_CHECK(!frozen_base() || which == Which::Master || which == Which::Weights, "GPU model: '", name,
+             "' is frozen under LoRA (", flag(&LoraOptions::rank), "): it has no gradient or Adam moments");
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name), n = s.numel();
     sync();
@@ -474,8 +547,8 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
                  !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()) &&
                  !(which == Which::Grad && grads_->reduced_per_layer()),
              "GPU model: with ", flag(&ModelOptions::gpus), "=", opt_.gpus,
-             " this rank holds only its block of the master weights and Adam's "
-             "moments (and with ZeRO-2 of the gradient), not the whole of ",
+             " this rank holds only its block of the master weights and Adam's moments (and with ZeRO-2 of the "
+             "gradient), not the whole of ",
              name);
     switch (which) {
         case Which::Master:
@@ -501,6 +574,13 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 }
 
 void CudaModel::upload_master(const std::string& name, const float* data) {
+    if (lora_ && lora_->host().has(name)) {  // an adapter: through the host mirror (moments kept)
+        lora_->download_to_host();
+        const ParamSpec& a = lora_->host().spec(name);
+        std::copy(data, data + a.numel(), lora_->host().param(name));
+        lora_->upload_from_host();
+        return;
+    }
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name);
     upload_parameters(off, data, s.numel());
@@ -512,6 +592,21 @@ void CudaModel::save_hf(const std::string& dir) const {
     // HF checkpoints carry the training dtype (bf16 or fp32)
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
+    if (lora_) {  // LoRA: the PEFT adapter (the CPU model's writer), or with --merge-lora the merged model
+        lora_->download_to_host();
+        if (!opt_.lora.merge) return lora_->host().save_adapter(dir);
+        write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
+            auto values = download(s.name, Which::Weights);
+            for (int t = 0; t < kLoraTargets && s.layer >= 0; ++t) {
+                const auto target = static_cast<LoraTarget>(t);
+                if (s.name == "model.layers." + std::to_string(s.layer) + "." + lora_module_path(target) + ".weight")
+                    lora_->host().merge_one(s.layer, target, values.data());  // W + s B A, as PEFT's merge_and_unload
+            }
+            report_progress("exporting", done += s.numel(), total);
+            return values;
+        });
+        return;
+    }
     // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
     const Which which = master_is_block() || weights_->sharded() ? Which::Weights : Which::Master;
     if (!weights_->sharded()) {
@@ -549,6 +644,10 @@ void CudaModel::save_hf(const std::string& dir) const {
 }
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
+    if (lora_) {  // the adapters and their moments only, in the CPU model's files: the base is --model's
+        lora_->download_to_host();
+        return lora_->host().save_checkpoint(dir);
+    }
     if (moments_are_block()) return save_block_checkpoint(dir);
     SafeTensorsWriter model_w, opt_w;  // one tensor at a time in host memory
     const int64_t total = 3 * config_.num_parameters();  // master, m, v
@@ -574,6 +673,13 @@ void CudaModel::save_checkpoint(const std::string& dir) const {
 // read tensor by tensor as before, or the blocks of N ranks, each tensor's range assembled from the
 // pieces it overlaps.
 void CudaModel::load_checkpoint(const std::string& dir) {
+    if (lora_) {  // the base was loaded from --model first (the engine's resume)
+        lora_->host().load_checkpoint(dir);
+        lora_->upload_from_host();
+        CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
+        sync();
+        return;
+    }
     if (moments_are_block()) return load_block_checkpoint(dir);
     const FlatStateReader r(dir, flat_layout_of(layout_));
     std::vector<float> host;

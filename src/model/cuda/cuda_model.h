@@ -22,6 +22,7 @@
 #include "model/cuda/weights.h"
 #include "model/cuda/layer_matrices.h"
 #include "model/cuda/layer_program.h"
+#include "model/cuda/lora_adapters.h"
 #include "model/cuda/param_shard.h"
 #include "model/imodel.h"
 #include "model/model_options.h"
@@ -40,6 +41,7 @@ public:
 
     // Throws naming the flag for options this backend does not implement yet.
     static void check_options(const ModelOptions& options);
+    static void check_lora_options(const ModelOptions& options);  // (with --lora-rank > 0)
     static MemoryPlan plan(const ModelConfig& config, const ModelOptions& options);
 
     const ModelConfig& config() const override { return config_; }
@@ -78,9 +80,14 @@ public:
     MemoryPlan memory_plan() const override { return plan_; }
 
     // ---- for tests: tensors by HF name, as fp32 on the host ----
+    // LoRA: the adapters by their PEFT names too (Weights and Master: the fp32 master); the frozen
+    // base has no Grad, AdamM or AdamV (refused, naming the tensor).
     enum class Which { Master, Weights, Grad, AdamM, AdamV };
     std::vector<float> download(const std::string& name, Which which) const;
     void upload_master(const std::string& name, const float* data);  // also refreshes the weight copy
+    // LoRA (ModelOptions::lora): the adapters role, null without it.
+    LoraAdapters* lora() { return lora_.get(); }
+    bool frozen_base() const { return opt_.lora.enabled(); }
     // Forward pass of `batch`; returns the logits [B*T, V] as fp32 (for comparisons with HF).
     std::vector<float> logits(const Batch& batch);
     const GpuParamLayout& layout() const { return layout_; }
@@ -90,12 +97,19 @@ private:
     // micro-batch's loss and logit-gradient scales.
     void upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale);
     void forward_backward_ops(int B, int T);  // forward, LM head + loss, backward (graph-capturable)
+    void forward_backward_pass(const Batch& batch, float grad_scale);  // forward_backward but LoRA's pass count
     // for_backward: a training forward, which also keeps the FP8 transposed matrix inputs (xT)
     void forward(int B, int T, bool for_backward = false);
     // LM head + loss over all rows: *loss_acc += loss_scale * sum of row losses; with grads, writes
     // d(loss)/d(xf) into d_ln and accumulates the LM-head weight gradient.
     // The scales come from step_scalars (set by upload_batch).
     void lm_head(int N, float* loss_acc, bool with_grads);
+    // Its parts (cuda_model_step.cpp): the final norm's output quantised for an FP8 LM head
+    // (--lm-head-dtype=e4m3; nothing without it), a chunk's logits into buf_.logits, and a chunk's
+    // backward GEMMs from its d(logits) there (dx into d_ln, dW accumulated).
+    void lm_head_quantize_input(int N);
+    void lm_head_logits(int r0, int rows);
+    void lm_head_backward(int r0, int rows);
     void backward(int B, int T);
 
     // ---- one decoder layer (cuda_model_layer.cpp; docs/design.md, "The layer program") ----
@@ -141,6 +155,19 @@ private:
     // into the gradient slot (the SwiGLU backward does), so dy itself is not read.
     void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
                     bool amax_ready = false, bool dy_quantized = false);
+    // LoRA: the adapters of matrix m's targets (q, k, v of q|k|v; gate, up of gate|up; o; down), each on
+    // its column slice of the fused output y / gradient dy (row stride `out`), called by linear_fwd /
+    // linear_bwd right after the base GEMMs. training: dropout acts (lora_training_).
+    void lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out);
+    void lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out);
+    // Where the gradient of flat parameter element `off` accumulates: the gradients role's, or for a
+    // frozen base (LoRA) a scratch no one reads (the norm backward kernels write their weight's
+    // gradient anyway).
+    float* param_grad(int64_t off) const;
+    // LoRA: the adapters from the seed, or from --lora-from's PEFT adapter (after the base is set).
+    void start_adapters();
+    // LoRA: clip and AdamW over the adapters only (the base is frozen).
+    StepStats lora_optimizer_step(const OptimizerParams& params);
     // the amax slot a producer kernel fills for matrix m's forward input / for the gradient (null without FP8)
     float* act_amax(int l, Matrix m) const;
     float* grad_amax() const;
@@ -200,6 +227,8 @@ private:
     std::unique_ptr<Gradients> grads_;            // where gradients accumulate (gradients.h)
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
+    std::unique_ptr<LoraAdapters> lora_;         // --lora-rank (lora_adapters.h); null without LoRA
+    bool lora_training_ = false;  // the passes running now are a training pass's: LoRA dropout acts
     comm::Communicator* comm_ = nullptr;  // data parallel (set_communicator); null: one GPU, plain path
     int zero_level_ = 1;
     ParamShard shard_;  // this rank's block (the whole space at world 1)

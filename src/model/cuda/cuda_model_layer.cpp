@@ -100,11 +100,12 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
     const GpuLayerOffsets& o = layout_.layers[l];
     GpuLayerActivations& x = buf_.layers[l];
     auto W = [&](int64_t off) { return weights_->at(off); };
-    auto G = [&](int64_t off) { return grads_->at(off); };
+    auto G = [&](int64_t off) { return param_grad(off); };
     const int N = d.N, h = d.h, I = d.I;
-    // an optional bias's gradient: the column sums of its GEMM's dy (before any FP8 rounding of dy)
+    // an optional bias's gradient: the column sums of its GEMM's dy (before any FP8 rounding of dy);
+    // none for a frozen base (LoRA)
     auto bias_grad = [&](int64_t off, const void* dy, int width) {
-        if (off < 0) return;
+        if (off < 0 || frozen_base()) return;
         auto t_ = timer_.scope("bias grad", stream_);
         cuda::bias_grad(G(off), buf_.col_scratch, A, dy, N, width, stream_);
     };

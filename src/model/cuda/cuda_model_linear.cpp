@@ -23,8 +23,11 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
     if (!fp8_) {
-        auto t_ = timer_.scope("gemm fwd", stream_);
-        gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_);
+        {
+            auto t_ = timer_.scope("gemm fwd", stream_);
+            gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_);
+        }
+        if (lora_) lora_fwd(l, m, y, x, N, out);  // LoRA: y += s drop(x) A^T B^T on each target's slice
         return;
     }
     float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
@@ -47,17 +50,22 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                            bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
-    float* dw = grads_->at(off);
     if (!fp8_grads_) {
         const void* w = weights_->at(off);
         {
             auto t_ = timer_.scope("gemm bwd dx", stream_);
             gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
         }
+        if (lora_) {  // a frozen base: no weight gradient; the adapters' gradients and input gradient
+            lora_bwd(l, m, dx, dy, x, N, out);
+            return;
+        }
+        float* dw = grads_->at(off);
         auto t_ = timer_.scope("gemm bwd dw", stream_);
         gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, true, stream_);
         return;
     }
+    float* dw = grads_->at(off);
     const DType gd = opt_.gradient_dtype;
     const int L = config_.num_hidden_layers;
     float* ga = fp8_slot_ptr(fp8_grad_amax_slot(L));
@@ -87,6 +95,41 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, xT, DType::E4M3,
                                       fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_,
                                       opt_.fp8_fast_accum == Fp8FastAccum::All);
+}
+
+// The adapters' targets of each fused matrix: (target, first column of its slice of the output).
+namespace {
+struct TargetSlice {
+    LoraTarget t;
+    int64_t col;
+};
+std::vector<TargetSlice> lora_slices(const ModelConfig& c, Matrix m) {
+    switch (m) {
+        case kQkv: return {{LoraTarget::Q, 0}, {LoraTarget::K, c.q_dim()}, {LoraTarget::V, c.q_dim() + c.kv_dim()}};
+        case kO: return {{LoraTarget::O, 0}};
+        case kGateUp: return {{LoraTarget::Gate, 0}, {LoraTarget::Up, c.intermediate_size}};
+        default: return {{LoraTarget::Down, 0}};
+    }
+}
+}  // namespace
+
+void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out) {
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    for (const TargetSlice& s : lora_slices(config_, m))
+        lora_->forward(l, s.t, static_cast<char*>(y) + s.col * es, out, x, N, lora_training_);
+}
+
+void CudaModel::lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out) {
+    const std::size_t es = dtype_size(opt_.model_dtype);
+    for (const TargetSlice& s : lora_slices(config_, m))
+        lora_->backward(l, s.t, dx, static_cast<const char*>(dy) + s.col * es, out, x, N);
+}
+
+float* CudaModel::param_grad(int64_t off) const {
+    if (!frozen_base()) return grads_->at(off);
+    QT_CHECK(layout_.layer_of(off) < 0 || !layout_.in_matrix(off),
+             "GPU model: internal error (a frozen base matrix's gradient was asked for)");
+    return buf_.frozen_grads;
 }
 
 // ---------------------------------------------------------------------------------------------

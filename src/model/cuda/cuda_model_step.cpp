@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "cuda/check.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "model/cpu/cpu_ops.h"
@@ -101,6 +102,7 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
 // output (that layer ends there); the roles' calls between are cuda_model_layer.cpp's.
 void CudaModel::forward(int B, int T, bool for_backward) {
     keep_xT_ = for_backward;
+    lora_training_ = for_backward;
     const BlockDims d = block_dims(B, T);
     const int L = config_.num_hidden_layers;
     auto W = [&](int64_t off) { return weights_->at(off); };
@@ -126,38 +128,100 @@ void CudaModel::forward(int B, int T, bool for_backward) {
     }
     layer_exit(L - 1, Pass::Forward);
     keep_xT_ = false;
+    lora_training_ = false;
+}
+
+// --lm-head-dtype=e4m3: the final norm's output quantised once for all chunks (one per-tensor scale,
+// like a layer's input), into xq.
+void CudaModel::lm_head_quantize_input(int N) {
+    if (!opt_.fp8_lm_head) return;
+    const int L = config_.num_hidden_layers;
+    auto t_ = timer_.scope("fp8 quantize", stream_);
+    float* xa = fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax));
+    const int64_t n = static_cast<int64_t>(N) * config_.hidden_size;
+    cuda::abs_max(xa, opt_.model_dtype, buf_.xf, n, stream_);
+    cuda::quantize_fp8(buf_.xq, DType::E4M3, buf_.xf, opt_.model_dtype, n, xa,
+                       fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XInv)), stream_);
+}
+
+// The logits of rows [r0, r0 + rows) into buf_.logits: a model-dtype GEMM, or with an FP8 LM head
+// the quantised rows (lm_head_quantize_input) times the head's FP8 copy, bf16 out.
+void CudaModel::lm_head_logits(int r0, int rows) {
+    const DType A = opt_.model_dtype;
+    const int h = config_.hidden_size, V = config_.vocab_size;
+    auto t_ = timer_.scope("lm head gemm", stream_);
+    if (!opt_.fp8_lm_head) {
+        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * dtype_size(A);
+        gemm_->linear_forward(buf_.logits, A, x, weights_->at(layout_.lm_head), A, nullptr, rows, h, V, stream_);
+        return;
+    }
+    const void* xq = static_cast<const char*>(buf_.xq) + static_cast<std::size_t>(r0) * h;
+    gemm_->linear_forward_fp8(buf_.logits, A, xq, DType::E4M3,
+                              fp8_slot_ptr(fp8_head_slot(config_.num_hidden_layers, Fp8HeadSlot::XInv)),
+                              weights_->lm_head_q(), DType::E4M3, weights_->lm_head_inv_scale(), nullptr, rows, h, V,
+                              stream_, 0.0f, opt_.fp8_fast_accum != Fp8FastAccum::Off);
+}
+
+// dx (into d_ln) and dW (accumulated) of the LM head for rows [r0, r0 + rows) from their d(logits)
+// in buf_.logits. With an FP8 LM head and FP8 gradients both run in FP8 as linear_bwd does: d(logits)
+// quantised (and transposed) with this chunk's own amax and scale -- a chunk is all the gradient
+// there is at a time, so each gets its own, as the CPU emulation does -- x's rows quantised
+// transposed with the forward's scale (the codes the forward used), W^T from the head's FP8 copy.
+// Otherwise both in the model dtype from the bf16 weights and activations, as before.
+void CudaModel::lm_head_backward(int r0, int rows) {
+    const DType A = opt_.model_dtype;
+    const int h = config_.hidden_size, V = config_.vocab_size, L = config_.num_hidden_layers;
+    const std::size_t es = dtype_size(A);
+    const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
+    void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
+    float* dw = frozen_base() ? nullptr : grads_->at(layout_.lm_head);  // (LoRA: the head is frozen)
+    if (!(opt_.fp8_lm_head && fp8_grads_)) {
+        const void* w = weights_->at(layout_.lm_head);
+        {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_backward_input(dx, A, buf_.logits, w, A, rows, h, V, stream_);
+        }
+        if (dw) {
+            auto t_ = timer_.scope("lm head gemm", stream_);
+            gemm_->linear_backward_weight(dw, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
+        }
+        return;
+    }
+    const DType gd = opt_.gradient_dtype;
+    float* ga = fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::GradAmax));
+    float* gi = fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::GradInv));
+    {
+        auto t_ = timer_.scope("fp8 quantize", stream_);
+        cuda::abs_max(ga, A, buf_.logits, static_cast<int64_t>(rows) * V, stream_);
+        cuda::quantize_fp8_transpose(buf_.lm_dyTq, gd, buf_.logits, A, rows, V, ga, gi, stream_, buf_.lm_dyq);
+        cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, rows, h,
+                                     fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax)), nullptr, stream_);
+    }
+    const bool fast = opt_.fp8_fast_accum == Fp8FastAccum::All;
+    {
+        auto t_ = timer_.scope("lm head gemm", stream_);
+        gemm_->linear_backward_input_fp8(dx, A, buf_.lm_dyq, gd, gi, weights_->lm_head_qT(), DType::E4M3,
+                                         weights_->lm_head_inv_scale(), rows, h, V, stream_, 0.0f, fast);
+    }
+    auto t_ = timer_.scope("lm head gemm", stream_);
+    gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.lm_dyTq, gd, gi, buf_.xTq, DType::E4M3,
+                                      fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XInv)), rows, h, V, true, stream_,
+                                      fast);
 }
 
 void CudaModel::lm_head(int N, float* loss_acc, bool with_grads) {
-    const ModelConfig& c = config_;
     const DType A = opt_.model_dtype;
-    const int h = c.hidden_size, V = c.vocab_size;
-    const std::size_t es = dtype_size(A);
-    const void* w_lm = weights_->at(layout_.lm_head);
-    float* dw_lm = grads_->at(layout_.lm_head);
+    const int V = config_.vocab_size;
+    lm_head_quantize_input(N);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
-        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
-        {
-            auto t_ = timer_.scope("lm head gemm", stream_);
-            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
-        }
+        lm_head_logits(r0, rows);
         {
             auto t_ = timer_.scope("cross entropy", stream_);
             cuda::softmax_cross_entropy(A, buf_.logits, buf_.losses + r0, buf_.targets + r0, rows, V,
                                         buf_.step_scalars + 1, with_grads, stream_);
         }
-        if (with_grads) {
-            void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
-            {
-                auto t_ = timer_.scope("lm head gemm", stream_);
-                gemm_->linear_backward_input(dx, A, buf_.logits, w_lm, A, rows, h, V, stream_);
-            }
-            {
-                auto t_ = timer_.scope("lm head gemm", stream_);
-                gemm_->linear_backward_weight(dw_lm, DType::F32, buf_.logits, x, A, rows, h, V, true, stream_);
-            }
-        }
+        if (with_grads) lm_head_backward(r0, rows);
     }
     {
         auto t_ = timer_.scope("cross entropy", stream_);
@@ -173,7 +237,8 @@ void CudaModel::backward(int B, int T) {
     const int N = d.N, h = d.h, L = config_.num_hidden_layers;
     const std::size_t es = dtype_size(A);
     auto W = [&](int64_t off) { return weights_->at(off); };
-    auto G = [&](int64_t off) { return grads_->at(off); };
+    auto G = [&](int64_t off) { return param_grad(off); };
+    lora_training_ = true;  // the recompute re-runs the training forward's adapters, dropout included
 
     // final norm: d_res = d(res_final) from d(xf) (held in d_ln by lm_head)
     CUDA_CHECK(cudaMemsetAsync(buf_.d_res, 0, static_cast<std::size_t>(N) * h * es, stream_));
@@ -188,7 +253,8 @@ void CudaModel::backward(int B, int T) {
         for (auto s = program_.steps.rbegin(); s != program_.steps.rend(); ++s) backward_step(l, *s, d);
         layer_exit(l, Pass::Backward);
     }
-    {
+    lora_training_ = false;
+    if (!frozen_base()) {  // (LoRA: the embedding is frozen)
         auto t_ = timer_.scope("embedding", stream_);
         const int32_t* num_unique = reinterpret_cast<const int32_t*>(buf_.step_scalars + 2);
         if (grads_->embedding_on_host()) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
@@ -212,6 +278,12 @@ void CudaModel::forward_backward_ops(int B, int T) {
 }
 
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
+    forward_backward_pass(batch, grad_scale);
+    // LoRA: the pass has ended (outside any captured graph): the next one draws new dropout masks
+    if (lora_) lora_->end_pass();
+}
+
+void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
     const int B = batch.batch_size, T = batch.seq_len, N = B * T;
     const int valid = cpu::count_valid_targets(batch.targets, N);
     const float denominator = batch.loss_denominator > 0.0f ? batch.loss_denominator : static_cast<float>(valid);
@@ -257,6 +329,7 @@ void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
+    if (lora_) return lora_optimizer_step(p);
     StepStats stats;
     bool updated = false;
     // FP8 with resident weights: AdamW computes the weights' abs-max as it writes them (streamed
@@ -310,23 +383,40 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     return stats;
 }
 
+// LoRA: the adapters are all there is to train. Their norm alone is clipped (the CPU model's
+// CpuLora::grad_sum_squares), and as for the full model a broken step writes nothing (imodel.h).
+StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
+    StepStats stats;
+    {
+        auto t_ = timer_.scope("optimizer", stream_);
+        lora_->sum_squares(buf_.norm_partials);
+        cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, cuda::norm_partials_count(), p.grad_clip, stream_);
+        float norm = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&norm, buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        stats = StepStats{global_loss(), norm};  // (waits for the stream)
+        if (update_allowed(stats))
+            lora_->update({p.learning_rate, p.beta1, p.beta2, p.epsilon, p.weight_decay, p.step, sr_seed_},
+                          buf_.norm_out);
+        else
+            lora_->zero_grads();
+    }
+    sync();
+    timer_.collect();
+    return stats;
+}
+
 std::vector<float> CudaModel::logits(const Batch& batch) {
-    const int N = batch.batch_size * batch.seq_len, h = config_.hidden_size, V = config_.vocab_size;
+    const int N = batch.batch_size * batch.seq_len, V = config_.vocab_size;
     const DType A = opt_.model_dtype;
-    const std::size_t es = dtype_size(A);
     upload_batch(batch, false, 0.0f, 0.0f);
     forward(batch.batch_size, batch.seq_len);
     std::vector<float> out(static_cast<std::size_t>(N) * V);
     float* chunk_f32 = nullptr;
     CUDA_CHECK(cudaMalloc(&chunk_f32, static_cast<std::size_t>(buf_.lmhead_chunk_rows) * V * sizeof(float)));
-    const void* w_lm = weights_->at(layout_.lm_head);
+    lm_head_quantize_input(N);
     for (int r0 = 0; r0 < N; r0 += buf_.lmhead_chunk_rows) {
         const int rows = std::min(buf_.lmhead_chunk_rows, N - r0);
-        const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
-        {
-            auto t_ = timer_.scope("lm head gemm", stream_);
-            gemm_->linear_forward(buf_.logits, A, x, w_lm, A, nullptr, rows, h, V, stream_);
-        }
+        lm_head_logits(r0, rows);
         cuda::convert_to_f32(chunk_f32, buf_.logits, A, static_cast<int64_t>(rows) * V, stream_);
         CUDA_CHECK(cudaMemcpyAsync(out.data() + static_cast<std::size_t>(r0) * V, chunk_f32,
                                    static_cast<std::size_t>(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));

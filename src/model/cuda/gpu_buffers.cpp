@@ -32,6 +32,8 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"Residuals", true, nullptr, 0});  // --offload-residual: every layer's input residual
     a.push_back(Arena{"Optimizer staging", false, nullptr, 0});  // --offload-double-buffer
     a.push_back(Arena{"Persistent quants", opt.offload_quants, nullptr, 0});  // streamed FP8 layers' copies
+    a.push_back(Arena{"LoRA adapters", false, nullptr, 0});     // --lora-rank: the adapters and their state
+    a.push_back(Arena{"LoRA activations", false, nullptr, 0});  // x A^T of every adapter, and scratch
     return a;
 }
 
@@ -103,6 +105,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& residuals = arenas[11];
     Arena& opt_staging = arenas[12];
     Arena& quant_store = arenas[13];
+    Arena& lora_state = arenas[14];
+    Arena& lora_act = arenas[15];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -116,13 +120,18 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     // updates; an fp32 model's master is its weights, so it stays whole.
     const int world = std::max(1, opt.gpus);
     const ParamShard shard = param_shard(P, world, 0);
-    const int64_t Pp = shard.padded_total(), owned = world > 1 ? shard.size : P;
-    b.master = opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned) : nullptr;
-    b.weights = (A == DType::F32)                   ? static_cast<void*>(b.master)
+    // LoRA: the frozen base is its model-dtype weights only (one GPU, resident: check_options)
+    const bool frozen = opt.lora.enabled();
+    const int64_t Pp = shard.padded_total(), owned = frozen ? 0 : world > 1 ? shard.size : P;
+    b.master = frozen ? nullptr
+               : opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned)
+                                                : nullptr;
+    b.weights = frozen                            ? weights.take_typed(Pp, A)
+                : (A == DType::F32)               ? static_cast<void*>(b.master)
                 : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
                                                   : weights.take_typed(Pp, A);
     const bool per_layer = gradients_reduced_per_layer(opt);
-    b.grads = grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
+    b.grads = frozen ? nullptr : grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
     if (opt.shard_weights) {
@@ -238,10 +247,31 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.emb_offsets = ws.take_n<int32_t>(N + 1);
     b.emb_positions = ws.take_n<int32_t>(N);
     if (opt.document_masking) b.doc_positions = ws.take_n<int32_t>(N);
-    b.opt.num_segments = static_cast<int>(layout.specs.size());
+    b.opt.num_segments = frozen ? 0 : static_cast<int>(layout.specs.size());
     b.opt.segments = ws.take(sizeof(cuda::ParamSegment) * b.opt.num_segments);
 
     b.step_scalars = ws.take_n<float>(4);
+    if (frozen) {
+        b.frozen_grads = ws.take_n<float>(2 * static_cast<std::size_t>(std::max<int64_t>(h, c.head_dim)));
+        const LoraLayout ly = make_lora_layout(c, opt.lora);
+        LoraBuffers& l = b.lora;
+        l.master = lora_state.take_n<float>(ly.total);
+        l.grads = lora_state.take_n<float>(ly.total);
+        l.weights = A == DType::F32 ? static_cast<void*>(l.master) : lora_state.take_typed(ly.total, A);
+        l.opt.adam_m = lora_state.take_n<float>(ly.total);
+        l.opt.adam_v = lora_state.take_n<float>(ly.total);
+        l.opt.elements = ly.total;
+        l.opt.num_segments = static_cast<int>(ly.specs.size());
+        l.opt.segments = lora_state.take(sizeof(cuda::ParamSegment) * ly.specs.size());
+        l.pass = lora_state.take_n<uint64_t>(1);
+        const int64_t r = opt.lora.rank;
+        l.saved = lora_act.take_typed(static_cast<std::size_t>(ly.slots) * N * r, A);
+        l.dh = lora_act.take_typed(N * r, A);
+        if (opt.lora.dropout > 0.0f) {
+            l.xd = lora_act.take_typed(N * ly.widest_input, A);
+            l.dxd = lora_act.take_typed(N * ly.widest_input, A);
+        }
+    }
 
     if (is_fp8(opt.matmul_dtype)) {
         if (opt.shard_weights) {  // quantised as each layer arrives in its slot
@@ -258,7 +288,18 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);
         }
-        b.fp8_scales = ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2));
+        const bool head = opt.fp8_lm_head;  // --lm-head-dtype=e4m3 (gpu_buffers.h)
+        if (head && opt.shard_weights) {  // the resident head's FP8 copies (resident weights: in wq / wTq)
+            b.lm_wq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
+            if (fp8_grads) b.lm_wTq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
+        }
+        if (head && fp8_grads) {  // one chunk's d(logits) in FP8, row-major and transposed
+            const std::size_t chunk = static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size;
+            b.lm_dyq = ws.take(chunk);
+            b.lm_dyTq = ws.take(chunk);
+        }
+        b.fp8_scales =
+            ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2 + (head ? kFp8HeadSlots : 0)));
         b.weight_amax = ws.take_n<float>(4 * 4 * static_cast<std::size_t>(L));
         const int64_t x_max = std::max({h, q, I});
         b.xq = ws.take(N * x_max);
@@ -282,7 +323,8 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
     for (const Arena& a : arenas) {
         if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
                             a.category == "Residuals" || a.category == "Optimizer staging" ||
-                            a.category == "Persistent quants"))
+                            a.category == "Persistent quants" || a.category == "LoRA adapters" ||
+                            a.category == "LoRA activations"))
             continue;  // no FP8, no streaming, no residual offload, ...
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));

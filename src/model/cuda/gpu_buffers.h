@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/lora_layout.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
@@ -61,6 +62,12 @@ constexpr int kFp8SlotsPerLayer = 16;
 inline int fp8_slot(int layer, Fp8Slot kind, int matrix) { return layer * kFp8SlotsPerLayer + static_cast<int>(kind) + matrix; }
 inline int fp8_grad_amax_slot(int layers) { return layers * kFp8SlotsPerLayer; }
 inline int fp8_grad_inv_slot(int layers) { return layers * kFp8SlotsPerLayer + 1; }
+// --lm-head-dtype=e4m3: the LM head's own slots after the gradient pair (only allocated with it): the
+// final norm output's amax and inverse scale, the head weight's, and d(logits)'s (each LM-head chunk
+// quantised with its own, one chunk at a time).
+enum class Fp8HeadSlot { XAmax = 0, XInv = 1, WAmax = 2, WInv = 3, GradAmax = 4, GradInv = 5 };
+constexpr int kFp8HeadSlots = 6;
+inline int fp8_head_slot(int layers, Fp8HeadSlot s) { return layers * kFp8SlotsPerLayer + 2 + static_cast<int>(s); }
 
 struct GpuLayerActivations {
     void *res_in, *ln1, *qkv, *att, *res_mid, *ln2, *gate_up, *swi;
@@ -89,6 +96,24 @@ struct OptimizerBuffers {
     void* stage[5][2] = {};
     int64_t chunk = 0;
     int64_t elements = 0;  // of adam_m / adam_v: the whole flat space, or a data-parallel rank's block
+};
+
+// LoRA (--lora-rank, lora_layout.h): the adapters' state over their flat space (master, gradient and
+// Adam's moments in fp32; `weights`, the model-dtype copy the GEMMs read, is the master itself in an
+// fp32 model), the activations the backward reads (x A^T of every adapter, `saved`, [slots, N, r] in
+// the model dtype), the scratch of one adapter at a time (d(x A^T) [N, r]; with dropout the dropped
+// input and its gradient, [N, widest input]) and the device count of training passes the dropout
+// masks are drawn from. All null without LoRA.
+struct LoraBuffers {
+    float* master = nullptr;
+    float* grads = nullptr;
+    void* weights = nullptr;
+    OptimizerBuffers opt;
+    void* saved = nullptr;
+    void* dh = nullptr;
+    void* xd = nullptr;
+    void* dxd = nullptr;
+    uint64_t* pass = nullptr;
 };
 
 struct GpuBuffers {
@@ -129,6 +154,12 @@ struct GpuBuffers {
     float* fp8_scales = nullptr;
     float* weight_amax = nullptr;  // 4 slots per layer (16 bytes each), contiguous: AdamW fills them
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
+    // --lm-head-dtype=e4m3: with FP8 gradients, one LM-head chunk's d(logits) quantised ([rows, V]) and
+    // transposed ([V, rows]); with streamed weights (--shard-weights), the head's FP8 copies ([V, h] and,
+    // with FP8 gradients, [h, V]; resident weights keep them in wq / wTq at the head's flat offset).
+    // The final norm's output is quantised into xq (and a chunk of it, transposed, into xTq).
+    void *lm_dyq = nullptr, *lm_dyTq = nullptr;
+    void *lm_wq = nullptr, *lm_wTq = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
     // memory (under ZeRO-3 the rank's block, weights_sharded_over_ranks, and the embedding is always
@@ -170,6 +201,12 @@ struct GpuBuffers {
     void* res_host = nullptr;
     void* res_slots[2] = {nullptr, nullptr};
 
+    // LoRA: the frozen base has no gradient, master or moments (grads and master null, the moments
+    // empty); its norm weights' gradients, which the norm backward kernels compute anyway, land in
+    // frozen_grads and are never read.
+    LoraBuffers lora;
+    float* frozen_grads = nullptr;
+
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;
 };
@@ -209,7 +246,7 @@ bool fp8_weights_gathered(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
-// Persistent quants). With null arena bases it only measures.
+// Persistent quants, LoRA adapters, LoRA activations). With null arena bases it only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);
 std::vector<Arena> make_arenas(const ModelOptions& opt);

@@ -21,7 +21,10 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       offloaded_(o.offload_gradients),
       timer_(timer),
       tmp_(b.grad_reduce_tmp),
-      flat_elements_(gradients_reduced_per_layer(o) ? param_shard(layout.total, o.gpus, 0).size : layout.total),
+      // (none for a frozen LoRA base, which has no gradient buffer)
+      flat_elements_(!b.grads ? 0
+                     : gradients_reduced_per_layer(o) ? param_shard(layout.total, o.gpus, 0).size
+                                                      : layout.total),
       seed_(rounding_seed),
       compute_(compute) {
     if (!streamed_) return;
@@ -166,6 +169,7 @@ void Gradients::sync() const {
 
 void Gradients::zero_flat() {
     const std::size_t bytes = flat_elements_ * dtype_size(type_);
+    if (bytes == 0) return;  // (a frozen LoRA base)
     if (offloaded_) cuda::fill_zero(flat_, bytes, compute_);  // pinned host memory, stream-ordered
     else CUDA_CHECK(cudaMemsetAsync(flat_, 0, bytes, compute_));
 }

@@ -41,6 +41,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       amax_(b.weight_amax),
       fp8_(o.matmul_dtype == DType::E4M3),
       fp8_grads_(fp8_ && is_fp8(o.gradient_dtype)),
+      fp8_head_(fp8_ && o.fp8_lm_head),
       streamed_(o.shard_weights),
       sharded_(weights_sharded_over_ranks(o)),
       fp8_gather_(fp8_weights_gathered(o)),
@@ -142,6 +143,20 @@ const void* Weights::qT(int64_t off) const {
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
 }
 
+const void* Weights::lm_head_q() const {
+    return buf_.lm_wq ? buf_.lm_wq : static_cast<const char*>(buf_.wq) + layout_.lm_head;
+}
+
+const void* Weights::lm_head_qT() const {
+    QT_CHECK(fp8_head_ && fp8_grads_, "weights: internal error (the LM head's transposed FP8 copy without FP8 "
+             "gradients)");
+    return buf_.lm_wTq ? buf_.lm_wTq : static_cast<const char*>(buf_.wTq) + layout_.lm_head;
+}
+
+float* Weights::lm_head_inv_scale() const {
+    return buf_.fp8_scales + 4 * fp8_head_slot(layers_, Fp8HeadSlot::WInv);
+}
+
 // ---- streaming ----
 
 void Weights::gather(int l) {
@@ -224,6 +239,7 @@ void Weights::changed() {
 // ---- FP8 copies ----
 
 void Weights::quantize(bool amax_ready) {
+    if (fp8_head_) quantize_lm_head();
     if (!fp8_ || streamed_) return;  // streamed layers are quantised as they arrive (gather)
     auto t_ = timer_.scope("fp8 quantize", compute_);
     for (int l = 0; l < layers_; ++l) {
@@ -231,6 +247,20 @@ void Weights::quantize(bool amax_ready) {
         quantize_layer(l, static_cast<const char*>(flat_) + b * dtype_size(type_), static_cast<char*>(buf_.wq) + b,
                        buf_.wTq ? static_cast<char*>(buf_.wTq) + b : nullptr, compute_, amax_ready);
     }
+}
+
+void Weights::quantize_lm_head() {
+    auto t_ = timer_.scope("fp8 quantize", compute_);
+    const int64_t V = config_.vocab_size, h = config_.hidden_size;
+    const void* w = at(layout_.lm_head);  // resident in every mode (streamed: resident_weights)
+    float* amax = buf_.fp8_scales + 4 * fp8_head_slot(layers_, Fp8HeadSlot::WAmax);
+    void* q = const_cast<void*>(lm_head_q());
+    cuda::abs_max(amax, type_, w, V * h, compute_);
+    if (fp8_grads_)  // row-major copy (the logits GEMM) and transpose (the dx GEMM) in one pass
+        cuda::quantize_fp8_transpose(const_cast<void*>(lm_head_qT()), DType::E4M3, w, type_, V, h, amax,
+                                     lm_head_inv_scale(), compute_, q);
+    else
+        cuda::quantize_fp8(q, DType::E4M3, w, type_, V * h, amax, lm_head_inv_scale(), compute_);
 }
 
 void Weights::quantize_block() {

@@ -73,6 +73,12 @@ public:
     const void* at(int64_t off) const;
     const void* q(int64_t off) const;
     const void* qT(int64_t off) const;
+    // --lm-head-dtype=e4m3: the LM head's FP8 copies (row-major [V, h]; transposed [h, V], only with
+    // FP8 gradients) and its inverse scale, made by quantize() from the head (the embedding when
+    // tied): in wq / wTq at its flat offset, or (streamed: the head is resident) in their own buffers.
+    const void* lm_head_q() const;
+    const void* lm_head_qT() const;
+    float* lm_head_inv_scale() const;
     // FP8 per-tensor abs-max and inverse scale of layer l's matrix m (16-byte slots).
     float* amax(int l, Matrix m) const { return amax_ + 4 * (4 * l + static_cast<int>(m)); }
     float* inv_scale(int l, Matrix m) const;
@@ -94,7 +100,9 @@ public:
     // The flat weights changed (an update, a load): refresh the resident copies and empty the slots.
     void changed();
     // Resident FP8: quantise every layer again (streamed layers are quantised as they arrive);
-    // amax_ready: AdamW has just written the abs-max slots.
+    // amax_ready: AdamW has just written the abs-max slots. With an FP8 LM head, the head is quantised
+    // here in every mode (it is resident when streamed; under ZeRO-3 every rank quantises it after
+    // changed() has broadcast it), its abs-max taken here.
     void quantize(bool amax_ready = false);
     void sync() const;  // waits for the copy stream
 
@@ -109,6 +117,8 @@ private:
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
     // The same from each owner's `block` of elements of type t (the weights, or their FP8 codes).
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t);
+    // The LM head's FP8 copies from its resident model-dtype weights, on the compute stream.
+    void quantize_lm_head();
     // ZeRO-3 with FP8 weights (fp8_weights_gathered): every matrix's abs-max over the ranks' parts
     // and its scales, then this rank's part quantised into buf_.quant_block, on the compute stream.
     void quantize_block();
@@ -124,6 +134,7 @@ private:
     void* flat_ = nullptr;
     float* amax_ = nullptr;
     bool fp8_ = false, fp8_grads_ = false;
+    bool fp8_head_ = false;            // --lm-head-dtype=e4m3
     bool streamed_ = false;            // --shard-weights (one GPU: from host memory; ZeRO-3: from the owners)
     bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
     bool fp8_gather_ = false;          // the layers' matrices gathered as FP8 codes (fp8_weights_gathered)

@@ -1,0 +1,98 @@
+// The LoRA adapters of the GPU model (issue 33, model/lora.h; docs/design.md, "LoRA adapters"): a role
+// like the weights and gradients ones. The layer program's linear steps call forward() after a
+// target's base GEMM and backward() after its input-gradient GEMM (cuda_model_layer.cpp), so the
+// forward, the recompute and the backward share them. Per adapter of input x [N, in], A [r, in],
+// B [out, r], s = alpha / r:
+//   forward   u = drop(x) A^T (kept for the backward),  y += s u B^T
+//   backward  g = s dy B,  dB += s dy^T u,  dA += g^T drop(x),  dx += drop'(g A)
+// with every GEMM through cuBLASLt in the model dtype and the adapter gradients accumulated in fp32.
+// q, k and v (and gate, up) are column slices of one fused GEMM's output: y, dy are views with the
+// fused matrix's row stride. Dropout's mask is the CPU model's (core/lora_dropout.h), drawn from the
+// device's pass count so a CUDA graph replays each pass's masks. The state (fp32 master, gradient,
+// AdamW moments) lives in the buffers bind_gpu_buffers carved (GpuBuffers::lora); the host mirror
+// (CpuLora) gives the initialisation, the PEFT adapter files and the checkpoint files, so a GPU
+// checkpoint or adapter is the CPU model's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "cuda/kernels.h"
+#include "cuda/op_timer.h"
+#include "model/cpu/cpu_lora.h"
+#include "model/cuda/gpu_buffers.h"
+#include "model/cuda/lora_layout.h"
+#include "model/cuda/optimizer_state.h"
+#include "model/model_options.h"
+
+namespace qtrain {
+
+class GemmRunner;
+
+class LoraAdapters {
+public:
+    LoraAdapters(const LoraBuffers& buffers, const ModelConfig& config, const ModelOptions& options,
+                 GemmRunner& gemm, cudaStream_t stream, OpTimer& timer);
+    ~LoraAdapters();
+    LoraAdapters(const LoraAdapters&) = delete;
+    LoraAdapters& operator=(const LoraAdapters&) = delete;
+
+    const LoraLayout& layout() const { return layout_; }
+    bool has(int l, LoraTarget t) const { return layout_.has(l, t); }
+
+    // y[N, out] (row stride ldy) += s drop(x) A^T B^T for layer l's target t (nothing without an adapter);
+    // x [N, in] contiguous. training: dropout acts (a training forward or its recompute).
+    void forward(int l, LoraTarget t, void* y, int64_t ldy, const void* x, int N, bool training);
+    // The adapter's gradients (fp32, accumulated) and dx[N, in] += its input gradient; dy [N, out]
+    // with row stride ldy; x as in the forward.
+    void backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N);
+    // A training pass has ended: the dropout masks move on (the device count and the host's, which a
+    // checkpoint records).
+    void end_pass();
+
+    // ---- optimizer ----
+    // Sum of squares of the adapters' gradient into `partials` (cuda::norm_partials_count() floats).
+    void sum_squares(float* partials);
+    // AdamW over every adapter (weight decay as the run's: they are matrices); clip: the device-side
+    // [norm, factor]. Then the gradient starts the next step at zero.
+    void update(const cuda::AdamWArgs& args, const float* clip);
+    void zero_grads();
+
+    // ---- host state (init, files, tests) ----
+    // The host mirror: CpuLora's layout, initialisation and files.
+    CpuLora& host() { return host_; }
+    const CpuLora& host() const { return host_; }
+    // Device master, moments and pass count <- the host mirror (the gradient becomes zero).
+    void upload_from_host();
+    // The host mirror's values and moments <- the device (the pass count is kept on the host).
+    void download_to_host() const;
+    // One adapter tensor by its PEFT name: values (master), gradient, or a moment.
+    enum class Which { Master, Grad, AdamM, AdamV };
+    std::vector<float> download(const std::string& name, Which which) const;
+
+private:
+    int64_t spec_index(const std::string& name) const;
+    // the model-dtype A and B of (l, t), and the saved u
+    const void* A(int l, LoraTarget t) const;
+    const void* B(int l, LoraTarget t) const;
+    void* saved(int l, LoraTarget t) const;
+    // drop(x) into the scratch (dropout on), else x
+    const void* dropped(int l, LoraTarget t, const void* x, int64_t n, bool training);
+
+    LoraBuffers buf_;
+    ModelConfig config_;
+    LoraOptions lora_;
+    DType act_;
+    LoraLayout layout_;
+    GemmRunner& gemm_;
+    cudaStream_t stream_;
+    OpTimer& timer_;
+    int64_t rows_;  // N of the planned micro-batch (the saved activations' rows)
+    std::unique_ptr<OptimizerState> optimizer_;
+    mutable CpuLora host_;
+};
+
+}  // namespace qtrain

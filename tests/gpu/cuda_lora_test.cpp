@@ -1,0 +1,386 @@
+// LoRA on the GPU model (issue 33, lora_adapters.h) against the CPU reference model's LoRA on small
+// random configs: the same frozen base and adapters (A from the seed, B non-zero), the same batch;
+// loss and every adapter gradient agree (fp32 tightly, bf16 by cosine), with and without dropout
+// (the same masks), over several AdamW steps; the forward equals the base with the adapters merged
+// in; recompute and CUDA graphs change no bit; the checkpoint and the PEFT adapter are the CPU
+// model's files, and a resumed model continues bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "gpu_test_util.h"
+#include "model/cpu/cpu_model.h"
+#include "model/cuda/cuda_model.h"
+#include "model/lora.h"
+#include "model/model_config.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+ModelConfig base_config(int vocab, int hidden, int inter, int heads, int kv_heads, bool tied) {
+    ModelConfig c;
+    c.vocab_size = vocab;
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv_heads;
+    c.head_dim = hidden / heads;
+    c.tie_word_embeddings = tied;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-6;
+    c.initializer_range = 0.05;
+    c.validate("test");
+    return c;
+}
+
+// Qwen2: q|k|v biases, GQA, untied.
+ModelConfig qwen2_case() { return base_config(97, 128, 96, 2, 1, false); }
+// Qwen3: q/k norm, head_dim 128 with hidden 256, no biases, tied.
+ModelConfig qwen3_case() {
+    ModelConfig c = base_config(97, 256, 160, 4, 2, true);
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.head_dim = 128;
+    c.qkv_bias = false;
+    c.qk_norm = true;
+    c.validate("test");
+    return c;
+}
+// Llama 3: no biases, llama3 RoPE, untied.
+ModelConfig llama_case() {
+    ModelConfig c = base_config(131, 256, 192, 4, 2, false);
+    c.architecture = "LlamaForCausalLM";
+    c.model_type = "llama";
+    c.qkv_bias = false;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000.0;
+    c.rope_type = "llama3";
+    c.rope_factor = 4.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_position_embeddings = 16;
+    c.validate("test");
+    return c;
+}
+
+struct Data {
+    std::vector<int32_t> in, tgt;
+    Batch batch(int B, int T) const { return Batch{in.data(), tgt.data(), B, T}; }
+};
+Data make_batch(int B, int T, int vocab, uint64_t seed) {
+    Rng r(seed);
+    Data d;
+    for (int i = 0; i < B * T; ++i) {
+        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
+        d.tgt.push_back(i % 11 == 3 ? -1 : static_cast<int32_t>(r.below(vocab)));  // some masked
+    }
+    return d;
+}
+
+LoraOptions lora_options(float dropout, const std::string& targets) {
+    LoraOptions l;
+    l.rank = 8;
+    l.alpha = 16.0f;
+    l.dropout = dropout;
+    l.targets = parse_lora_targets(targets, "--lora-targets");
+    l.seed = 4242;
+    return l;
+}
+
+ModelOptions gpu_options(DType act, int B, int T, const LoraOptions& lora) {
+    ModelOptions o = CpuModel::fp32_options(B, T);
+    o.model_dtype = o.matmul_dtype = o.gradient_dtype = act;
+    o.lmhead_chunks = 2;
+    o.lora = lora;
+    return o;
+}
+
+ModelOptions cpu_options(int B, int T, const LoraOptions& lora) {
+    ModelOptions o = CpuModel::fp32_options(B, T);
+    o.lmhead_chunks = 2;
+    o.lora = lora;
+    return o;
+}
+
+// The same base on both (norms and biases moved off their init), B non-zero on both (A: the same seed's).
+void same_start(CpuModel& cpu, CudaModel& gpu, DType act, uint64_t seed) {
+    cpu.init_random(seed);
+    gpu.init_random(seed);
+    Rng rng(seed + 1);
+    for (const auto& p : cpu.params()) {
+        if (p.kind != ParamKind::Norm && p.kind != ParamKind::Bias) continue;
+        float* w = cpu.param(p.name);
+        for (int64_t i = 0; i < p.numel(); ++i) w[i] = (p.kind == ParamKind::Norm ? 1.0f : 0.0f) + 0.2f * rng.normal();
+        gpu.upload_master(p.name, w);
+    }
+    if (act != DType::F32)  // the CPU computes with the base the GPU rounded
+        for (const auto& p : cpu.params()) {
+            auto w = gpu.download(p.name, CudaModel::Which::Weights);
+            std::copy(w.begin(), w.end(), cpu.param(p.name));
+        }
+    for (const ParamSpec& s : cpu.lora().specs()) {
+        float* v = cpu.lora().param(s.name);
+        if (s.name.find(".lora_B.") != std::string::npos)
+            for (int64_t i = 0; i < s.numel(); ++i) v[i] = 0.05f * rng.normal();
+        gpu.upload_master(s.name, v);
+    }
+}
+
+struct Agreement {
+    double worst_rel = 0, worst_cos = 1;
+    std::string worst;
+};
+Agreement compare_adapter_grads(const CudaModel& gpu, CpuModel& cpu) {
+    Agreement a;
+    for (const ParamSpec& s : cpu.lora().specs()) {
+        std::vector<float> ref(cpu.grad(s.name), cpu.grad(s.name) + s.numel());
+        const auto g = gpu.download(s.name, CudaModel::Which::Grad);
+        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
+        if (rel > a.worst_rel) a.worst_rel = rel, a.worst = s.name;
+        a.worst_cos = std::min(a.worst_cos, cos);
+    }
+    return a;
+}
+
+struct LoraCase {
+    const char* name;
+    ModelConfig (*config)();
+    float dropout;
+    const char* targets;
+};
+
+const LoraCase kCases[] = {
+    {"qwen2_all", qwen2_case, 0.0f, "all"},
+    {"qwen2_all_dropout", qwen2_case, 0.25f, "all"},
+    {"qwen2_subset_dropout", qwen2_case, 0.1f, "k,o,up"},
+    {"qwen3_subset", qwen3_case, 0.0f, "q,v,down"},
+    {"qwen3_all_dropout", qwen3_case, 0.2f, "all"},
+    {"llama3_all", llama_case, 0.0f, "all"},
+    {"llama3_gate_down_dropout", llama_case, 0.3f, "gate,down"},
+};
+
+}  // namespace
+
+// The loss, every adapter gradient and three AdamW steps against the CPU model's LoRA.
+class CudaLoraVsCpu : public ::testing::TestWithParam<std::tuple<int, DType>> {};
+
+TEST_P(CudaLoraVsCpu, LossAdapterGradientsAndStepsMatch) {
+    QTRAIN_REQUIRE_GPU();
+    const auto [which, act] = GetParam();
+    const LoraCase& lc = kCases[which];
+    const ModelConfig cfg = lc.config();
+    const int B = 2, T = 48;
+    const LoraOptions lora = lora_options(lc.dropout, lc.targets);
+    CpuModel cpu(cfg, cpu_options(B, T, lora));
+    CudaModel gpu(cfg, gpu_options(act, B, T, lora));
+    same_start(cpu, gpu, act, 77);
+    const bool fp32 = act == DType::F32;
+
+    const Data e = make_batch(B, T, cfg.vocab_size, 3);
+    const float cpu_eval = cpu.evaluate(e.batch(B, T)), gpu_eval = gpu.evaluate(e.batch(B, T));
+    EXPECT_NEAR(gpu_eval, cpu_eval, (fp32 ? 1e-5 : 2e-2) * cpu_eval) << "eval loss (no dropout in evaluation)";
+
+    // epsilon 1e-2 as in cuda_model_test: the update a smooth function of the gradient
+    for (int step = 1; step <= 3; ++step) {
+        SCOPED_TRACE(step);
+        const Data d = make_batch(B, T, cfg.vocab_size, 10 + step);
+        cpu.forward_backward(d.batch(B, T), 0.5f);
+        gpu.forward_backward(d.batch(B, T), 0.5f);
+        const Agreement a = compare_adapter_grads(gpu, cpu);
+        std::printf("[%s %s step %d] adapter grads: worst rel %.3g (%s), worst cosine %.6f\n", lc.name,
+                    std::string(dtype_name(act)).c_str(), step, a.worst_rel, a.worst.c_str(), a.worst_cos);
+        if (fp32) EXPECT_LT(a.worst_rel, 1e-4) << a.worst;
+        else EXPECT_GE(a.worst_cos, 0.995) << a.worst;
+        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step};
+        const StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
+        EXPECT_NEAR(sg.loss, sc.loss, (fp32 ? 1e-5 : 2e-2) * sc.loss);
+        EXPECT_NEAR(sg.grad_norm, sc.grad_norm, (fp32 ? 1e-4 : 5e-2) * sc.grad_norm);
+        if (!fp32) {
+            // bf16: follow the CPU's adapters so the next step compares gradients, not drift
+            for (const ParamSpec& s : cpu.lora().specs()) gpu.upload_master(s.name, cpu.lora().param(s.name));
+            continue;
+        }
+        for (const ParamSpec& s : cpu.lora().specs()) {
+            std::vector<float> ref(cpu.lora().param(s.name), cpu.lora().param(s.name) + s.numel());
+            EXPECT_LT(rel_max_error(gpu.download(s.name, CudaModel::Which::Master), ref), 1e-5) << s.name;
+        }
+    }
+    // the frozen base did not move and has no gradient
+    const std::string q = "model.layers.0.self_attn.q_proj.weight";
+    std::vector<float> q0(cpu.param(q), cpu.param(q) + cfg.q_dim() * cfg.hidden_size);
+    EXPECT_EQ(gpu.download(q, CudaModel::Which::Weights), fp32 ? q0 : round_bf16(q0));
+    EXPECT_ERROR(gpu.download(q, CudaModel::Which::Grad), "frozen under LoRA");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaLoraVsCpu,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(std::size(kCases))),
+                                            ::testing::Values(DType::F32, DType::BF16)),
+                         [](const auto& info) {
+                             return std::string(kCases[std::get<0>(info.param)].name) + "_" +
+                                    (std::get<1>(info.param) == DType::F32 ? "fp32" : "bf16");
+                         });
+
+// The forward with adapters is the base with W + s B A (PEFT's merge_and_unload): the logits of the
+// LoRA model against those of a model without LoRA holding the merged weights (fp32).
+TEST(CudaLora, LogitsEqualTheMergedBase) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen2_case();
+    const int B = 2, T = 40;
+    const LoraOptions lora = lora_options(0.25f, "all");  // (no dropout outside training)
+    CpuModel cpu(cfg, cpu_options(B, T, lora));
+    CudaModel gpu(cfg, gpu_options(DType::F32, B, T, lora));
+    same_start(cpu, gpu, DType::F32, 5);
+    CudaModel merged(cfg, gpu_options(DType::F32, B, T, LoraOptions{}));
+    for (const auto& p : cpu.params()) {
+        std::vector<float> w(cpu.param(p.name), cpu.param(p.name) + p.numel());
+        for (int t = 0; t < kLoraTargets && p.layer >= 0; ++t)
+            if (p.name == "model.layers." + std::to_string(p.layer) + "." +
+                              lora_module_path(static_cast<LoraTarget>(t)) + ".weight")
+                cpu.lora().merge_one(p.layer, static_cast<LoraTarget>(t), w.data());
+        merged.upload_master(p.name, w.data());
+    }
+    const Data d = make_batch(B, T, cfg.vocab_size, 8);
+    const std::vector<float> a = gpu.logits(d.batch(B, T)), b = merged.logits(d.batch(B, T));
+    EXPECT_LT(rel_max_error(a, b), 1e-4);
+}
+
+namespace {
+
+// Two GPU LoRA models that must agree bit for bit (bf16, dropout on, every target) after three
+// steps of two micro-batches: losses, norms, adapter masters and moments.
+void expect_bit_identical(const ModelOptions& a_opts, const ModelOptions& b_opts, const ModelConfig& cfg) {
+    const int B = a_opts.batch_size, T = a_opts.seq_len;
+    CudaModel a(cfg, a_opts), b(cfg, b_opts);
+    a.init_random(9);
+    b.init_random(9);
+    Rng rng(3);
+    for (const ParamSpec& s : a.lora()->host().specs()) {  // non-zero B on both
+        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
+        if (s.name.find(".lora_B.") != std::string::npos)
+            for (float& x : v) x = 0.05f * rng.normal();
+        a.upload_master(s.name, v.data());
+        b.upload_master(s.name, v.data());
+    }
+    for (int step = 1; step <= 3; ++step) {
+        for (int micro = 0; micro < 2; ++micro) {
+            const Data d = make_batch(B, T, cfg.vocab_size, 100 * step + micro);
+            a.forward_backward(d.batch(B, T), 0.5f);
+            b.forward_backward(d.batch(B, T), 0.5f);
+        }
+        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
+        const StepStats sa = a.optimizer_step(op), sb = b.optimizer_step(op);
+        EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
+        EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
+    }
+    for (const ParamSpec& s : a.lora()->host().specs())
+        for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
+            EXPECT_EQ(a.download(s.name, w), b.download(s.name, w)) << s.name;
+    const Data e = make_batch(B, T, cfg.vocab_size, 999);
+    EXPECT_EQ(a.evaluate(e.batch(B, T)), b.evaluate(e.batch(B, T)));
+}
+
+}  // namespace
+
+TEST(CudaLora, RecomputeIsBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
+        const ModelConfig cfg = make();
+        const ModelOptions plain = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
+        ModelOptions block = plain, att = plain;
+        block.recompute_block = true;
+        att.recompute_att = att.recompute_swiglu = att.recompute_norm = true;
+        expect_bit_identical(plain, block, cfg);
+        expect_bit_identical(plain, att, cfg);
+    }
+}
+
+TEST(CudaLora, CudaGraphsAreBitIdenticalToEager) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen2_case();
+    const ModelOptions eager = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
+    ModelOptions graphs = eager;
+    graphs.use_cuda_graphs = true;
+    expect_bit_identical(eager, graphs, cfg);
+    graphs.recompute_block = true;  // and with the recompute inside the graph
+    expect_bit_identical(eager, graphs, cfg);
+}
+
+// The checkpoint holds the adapters and their moments in the CPU model's files (the CPU model reads
+// it back to the same values), and a model resumed from it continues bit for bit (dropout included:
+// the pass count is in it). The export is PEFT's adapter, the CPU model's writer's bytes.
+TEST(CudaLora, CheckpointIsTheCpuLayoutAndResumesBitExact) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen3_case();
+    const int B = 2, T = 48;
+    const LoraOptions lora = lora_options(0.2f, "q,k,v,o,down");
+    const ModelOptions o = gpu_options(DType::BF16, B, T, lora);
+    TempDir dir;
+    const std::string ckpt = dir.file("ckpt");
+    std::filesystem::create_directories(ckpt);
+    auto steps = [&](CudaModel& m, int first, int last) {
+        std::vector<float> losses;
+        for (int step = first; step <= last; ++step) {
+            const Data d = make_batch(B, T, cfg.vocab_size, 50 + step);
+            m.forward_backward(d.batch(B, T), 1.0f);
+            losses.push_back(m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
+        }
+        return losses;
+    };
+    CudaModel full(cfg, o);
+    full.init_random(21);
+    steps(full, 1, 2);
+    full.save_checkpoint(ckpt);
+    const std::vector<float> rest = steps(full, 3, 5);
+
+    CudaModel resumed(cfg, o);
+    resumed.init_random(21);  // the base, as the engine loads it from --model before the checkpoint
+    resumed.load_checkpoint(ckpt);
+    EXPECT_EQ(steps(resumed, 3, 5), rest);
+    for (const ParamSpec& s : full.lora()->host().specs())
+        EXPECT_EQ(resumed.download(s.name, CudaModel::Which::Master), full.download(s.name, CudaModel::Which::Master))
+            << s.name;
+
+    // the CPU model reads the GPU's checkpoint: the same adapters, moments and pass count
+    CpuModel cpu(cfg, cpu_options(B, T, lora));
+    cpu.init_random(21);
+    cpu.load_checkpoint(ckpt);
+    CudaModel at2(cfg, o);
+    at2.init_random(21);
+    at2.load_checkpoint(ckpt);
+    EXPECT_EQ(cpu.lora().passes(), 2u);
+    for (const ParamSpec& s : cpu.lora().specs()) {
+        EXPECT_EQ(std::vector<float>(cpu.lora().param(s.name), cpu.lora().param(s.name) + s.numel()),
+                  at2.download(s.name, CudaModel::Which::Master)) << s.name;
+        EXPECT_EQ(std::vector<float>(cpu.lora().adam_v(s.name), cpu.lora().adam_v(s.name) + s.numel()),
+                  at2.download(s.name, CudaModel::Which::AdamV)) << s.name;
+    }
+
+    // the PEFT adapter: the CPU model's writer, so the CPU model holding the same adapters writes the same bytes
+    const std::string gdir = dir.file("gpu-out"), cdir = dir.file("cpu-out");
+    at2.save_hf(gdir);
+    cpu.save_hf(cdir);
+    for (const char* f : {kAdapterConfigFile, kAdapterWeightsFile})
+        EXPECT_EQ(read_file(gdir + "/" + f), read_file(cdir + "/" + f)) << f;
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(gdir) / "model.safetensors"));
+}
+
+// What this slice does not do is refused naming the flag, before any memory is taken.
+TEST(CudaLora, RefusesWhatIsNotWrittenYet) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen2_case();
+    ModelOptions fp8 = gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
+    fp8.matmul_dtype = DType::E4M3;
+    EXPECT_ERROR((void)CudaModel(cfg, fp8), "--lora-rank=8", "--matmul-dtype=e4m3");
+    ModelOptions shard = gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
+    shard.shard_weights = true;
+    EXPECT_ERROR((void)CudaModel(cfg, shard), "--lora-rank=8", "--shard-weights");
+    ModelOptions big = gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
+    big.lora.rank = 100;  // q_proj [128, 128] takes it, k_proj [64, 128] does not
+    EXPECT_ERROR((void)CudaModel(cfg, big), "--lora-rank=100", "k_proj");
+}
