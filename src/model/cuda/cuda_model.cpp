@@ -144,17 +144,17 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
              flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.model_dtype), ")");
     QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is not yet supported on ",
              flag(RunFlag::Device), "=cuda (data parallel adapters are not written yet: use one GPU)");
-    const std::pair<const char*, bool> refused[] = {
-        {flag(&ModelOptions::shard_weights), o.shard_weights},
-        {flag(&ModelOptions::shard_gradients), o.shard_gradients},
-        {flag(&ModelOptions::offload_master), o.offload_master},
-        {flag(&ModelOptions::offload_opt_m), o.offload_opt_m},
-        {flag(&ModelOptions::offload_opt_v), o.offload_opt_v},
-        {flag(&ModelOptions::offload_gradients), o.offload_gradients},
-        {flag(&ModelOptions::offload_double_buffer), o.offload_double_buffer},
-        {flag(&ModelOptions::write_combined), o.write_combined}};
-    for (const auto& [flag, on] : refused)
-        QT_CHECK(!on, lora, " with ", flag, " is not yet supported on ", flag(RunFlag::Device),
+    const std::pair<ModelFlag, bool> refused[] = {
+        {&ModelOptions::shard_weights, o.shard_weights},
+        {&ModelOptions::shard_gradients, o.shard_gradients},
+        {&ModelOptions::offload_master, o.offload_master},
+        {&ModelOptions::offload_opt_m, o.offload_opt_m},
+        {&ModelOptions::offload_opt_v, o.offload_opt_v},
+        {&ModelOptions::offload_gradients, o.offload_gradients},
+        {&ModelOptions::offload_double_buffer, o.offload_double_buffer},
+        {&ModelOptions::write_combined, o.write_combined}};
+    for (const auto& [key, on] : refused)
+        QT_CHECK(!on, lora, " with ", flag(key), " is not yet supported on ", flag(RunFlag::Device),
                  "=cuda (the frozen base stays resident and has no master, gradient or Adam moments to shard or "
                  "offload; the adapters are small)");
     QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
