@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/flag_names.h"
 #include "core/rng.h"
 
 namespace qtrain {
@@ -64,17 +65,21 @@ std::array<int64_t, 2> lora_target_shape(const ModelConfig& c, LoraTarget t) {
 
 void check_lora(const ModelConfig& cfg, const LoraOptions& lora) {
     if (!lora.enabled()) return;
-    QT_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, "--lora-alpha must be a positive number, got ", lora.alpha);
-    QT_CHECK(lora.dropout >= 0.0f && lora.dropout < 1.0f, "--lora-dropout must be in [0, 1), got ", lora.dropout);
-    QT_CHECK(lora.init == "kaiming" || lora.init == "gaussian", "--lora-init: expected kaiming or gaussian, got '",
-             lora.init, "'");
-    QT_CHECK(lora.targets != 0 && lora.targets < (1u << kLoraTargets), "--lora-targets: no target selected");
+    QT_CHECK(std::isfinite(lora.alpha) && lora.alpha > 0, flag(&LoraOptions::alpha), " must be a positive number, got ",
+             lora.alpha);
+    QT_CHECK(lora.dropout >= 0.0f && lora.dropout < 1.0f, flag(&LoraOptions::dropout), " must be in [0, 1), got ",
+             lora.dropout);
+    QT_CHECK(lora.init == "kaiming" || lora.init == "gaussian", flag(&LoraOptions::init),
+             ": expected kaiming or gaussian, got '", lora.init, "'");
+    QT_CHECK(lora.targets != 0 && lora.targets < (1u << kLoraTargets), flag(&LoraOptions::targets),
+             ": no target selected");
     for (int t = 0; t < kLoraTargets; ++t) {
         const auto target = static_cast<LoraTarget>(t);
         if (!lora.has(target)) continue;
         const auto [out, in] = lora_target_shape(cfg, target);
-        QT_CHECK(lora.rank <= std::min(out, in), "--lora-rank=", lora.rank, " is larger than ", kModule[t],
-                 "'s dimensions [", out, ", ", in, "] (a rank above min(out, in) adds nothing a full matrix lacks)");
+        QT_CHECK(lora.rank <= std::min(out, in), flag(&LoraOptions::rank), "=", lora.rank, " is larger than ",
+                 kModule[t], "'s dimensions [", out, ", ", in,
+                 "] (a rank above min(out, in) adds nothing a full matrix lacks)");
     }
 }
 
@@ -158,11 +163,12 @@ void check_peft_adapter_config(const std::string& text, const LoraOptions& lora,
     QT_CHECK(j.value("peft_type", std::string()) == "LORA", where, ": not a LoRA adapter (peft_type '",
              j.value("peft_type", std::string()), "')");
     const int r = j.value("r", -1);
-    QT_CHECK(r == lora.rank, where, ": the adapter has rank r=", r, ", this run --lora-rank=", lora.rank,
-             " (give --lora-rank=", r, ")");
+    QT_CHECK(r == lora.rank, where, ": the adapter has rank r=", r, ", this run ", qtrain::flag(&LoraOptions::rank),
+             "=", lora.rank, " (give ", qtrain::flag(&LoraOptions::rank), "=", r, ")");
     const double alpha = j.value("lora_alpha", -1.0);
-    QT_CHECK(static_cast<float>(alpha) == lora.alpha, where, ": the adapter has lora_alpha=", alpha,
-             ", this run --lora-alpha=", lora.alpha, " (give --lora-alpha=", alpha, ")");
+    QT_CHECK(static_cast<float>(alpha) == lora.alpha, where, ": the adapter has lora_alpha=", alpha, ", this run ",
+             qtrain::flag(&LoraOptions::alpha), "=", lora.alpha, " (give ", qtrain::flag(&LoraOptions::alpha), "=",
+             alpha, ")");
     QT_CHECK(!j.value("use_dora", false) && !j.value("use_rslora", false), where,
              ": DoRA and rsLoRA adapters are not supported (use_dora / use_rslora)");
     QT_CHECK(j.contains("target_modules") && j["target_modules"].is_array(), where,
@@ -177,8 +183,9 @@ void check_peft_adapter_config(const std::string& text, const LoraOptions& lora,
                  "gate_proj, up_proj, down_proj");
         mask |= 1u << found;
     }
-    QT_CHECK(mask == lora.targets, where, ": the adapter targets ", lora_targets_text(mask), ", this run --lora-targets=",
-             lora_targets_text(lora.targets), " (give --lora-targets=", lora_targets_text(mask), ")");
+    QT_CHECK(mask == lora.targets, where, ": the adapter targets ", lora_targets_text(mask), ", this run ",
+             qtrain::flag(&LoraOptions::targets), "=", lora_targets_text(lora.targets), " (give ",
+             qtrain::flag(&LoraOptions::targets), "=", lora_targets_text(mask), ")");
 }
 
 }  // namespace qtrain

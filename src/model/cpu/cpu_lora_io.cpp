@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/flag_names.h"
 #include "core/files.h"
 #include "io/safetensors.h"
 #include "model/cpu/cpu_adam_files.h"
@@ -74,7 +75,7 @@ void CpuLora::load_checkpoint(const std::string& dir) {
     const std::string weights_path = join(dir, kAdapterWeightsFile), opt_path = join(dir, kOptimizerFile);
     std::error_code ec;
     QT_CHECK(fs::exists(weights_path, ec), "checkpoint '", dir, "': no ", kAdapterWeightsFile,
-             " (not a checkpoint of a LoRA run: --lora-rank differs from the run that wrote it)");
+             " (not a checkpoint of a LoRA run: ", flag(&LoraOptions::rank), " differs from the run that wrote it)");
     QT_CHECK(fs::exists(opt_path, ec), "checkpoint '", dir, "': '", opt_path, "' does not exist");
     const SafeTensorsReader weights({weights_path}), optimizer({opt_path});
     std::vector<float> p(params_.size()), m(params_.size()), v(params_.size());
@@ -83,7 +84,7 @@ void CpuLora::load_checkpoint(const std::string& dir) {
     const auto& meta = opt_file.metadata();
     const auto passes = meta.find("lora_dropout_passes");
     QT_CHECK(passes != meta.end() || lora_.dropout == 0.0f, "checkpoint '", dir, "': ", opt_path,
-             " records no lora_dropout_passes (needed to resume --lora-dropout's masks)");
+             " records no lora_dropout_passes (needed to resume ", flag(&LoraOptions::dropout), "'s masks)");
     params_.swap(p);
     m_.swap(m);
     v_.swap(v);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/flag_names.h"
 #include "cuda/check.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
@@ -34,13 +35,13 @@ static void check_document_positions(const int32_t* positions, int B, int T) {
 void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale) {
     const int B = batch.batch_size, T = batch.seq_len;
     QT_CHECK(B == opt_.batch_size && T == opt_.seq_len, "GPU model: batch of ", B, "x", T,
-             " does not match the planned --batch-size=", opt_.batch_size, " --seq-len=", opt_.seq_len);
+             " does not match the planned ", flag(&ModelOptions::batch_size), "=", opt_.batch_size, " ",
+             flag(&ModelOptions::seq_len), "=", opt_.seq_len);
     QT_CHECK(!batch.positions || opt_.document_masking,
              "GPU model: the batch carries document positions (packed rows) but the model was built without "
-             "document masking (--document-masking)");
-    QT_CHECK(batch.positions || !opt_.document_masking,
-             "GPU model: built with --document-masking, but the batch carries no document positions "
-             "(Batch::positions)");
+             "document masking (", flag(&ModelOptions::document_masking), ")");
+    QT_CHECK(batch.positions || !opt_.document_masking, "GPU model: built with ", flag(&ModelOptions::document_masking),
+             ", but the batch carries no document positions (Batch::positions)");
     if (batch.positions) check_document_positions(batch.positions, B, T);
     const int N = B * T;
     // the previous upload out of the staging buffer must be done before it is overwritten
