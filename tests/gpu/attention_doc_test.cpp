@@ -117,19 +117,6 @@ Result run_gpu(DType dtype, const std::vector<float>& qkv, const std::vector<flo
     return test::attention::run_gpu(dtype, AttentionBackend::Flash, qkv, dout, s, pos, chunks);
 }
 
-// The tolerances of attention_test.cpp (its comment gives the reasoning): fp32 differs from the CPU
-// only in summation order and fast-math exp2/log2; bf16 by its roundings of P, dS and the outputs.
-struct Tol {
-    double rtol, atol, min_cosine;
-};
-struct Tolerances {
-    Tol out, lse, grad;
-};
-Tolerances tolerances(DType dtype) {
-    if (dtype == DType::F32) return {{1e-5, 1e-6, 0.0}, {1e-5, 1e-6, 0.0}, {2e-5, 1e-5, 0.0}};
-    return {{2e-2, 1e-3, 0.9999}, {1e-3, 1e-4, 0.0}, {2e-2, 1e-3, 0.9999}};
-}
-
 void expect_close(const Result& gpu, const Result& ref, DType dtype, const AttentionShape& s,
                   const std::vector<int32_t>& pos, const std::string& label) {
     const Tolerances tol = tolerances(dtype);

@@ -101,16 +101,7 @@ Result run_gpu(const Impl& impl, const std::vector<float>& qkv, const std::vecto
 //    Cosine > 0.9999 allows a 1.4% rms relative error (typical is ~0.2%): it catches errors spread
 //    over many elements that stay below the max bound. lse is computed in fp32 from the same bf16
 //    inputs (exact products, fp32 sums, P never rounded), so it gets 1e-3.
-struct Tol {
-    double rtol, atol, min_cosine;
-};
-struct Tolerances {
-    Tol out, lse, grad;
-};
-Tolerances tolerances(DType dtype) {
-    if (dtype == DType::F32) return {{1e-5, 1e-6, 0.0}, {1e-5, 1e-6, 0.0}, {2e-5, 1e-5, 0.0}};
-    return {{2e-2, 1e-3, 0.9999}, {1e-3, 1e-4, 0.0}, {2e-2, 1e-3, 0.9999}};
-}
+// (The table itself: tolerances() in attention_test_util.h, shared with attention_doc_test.cpp.)
 
 class AttentionVsCpu : public ::testing::TestWithParam<std::tuple<Impl, Case>> {};
 

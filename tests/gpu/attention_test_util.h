@@ -1,7 +1,8 @@
 // What the GPU attention tests share (attention_test.cpp: plain causal, every backend;
 // attention_doc_test.cpp: document masking): the fused qkv layout, random inputs, the CPU reference,
 // NaN-filled output buffers with a guard zone behind them (a forgotten or stray write fails), and one
-// GPU forward + backward that returns every output as fp32 and as raw bytes.
+// GPU forward + backward that returns every output as fp32 and as raw bytes; the tolerances against
+// the CPU reference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -135,6 +136,20 @@ inline Result run_gpu(DType dtype, AttentionBackend be, const std::vector<float>
         EXPECT_EQ(d_amax.download()[0], want) << "fused abs-max of the attention output";
     }
     return r;
+}
+
+// Tolerances against the CPU reference, as max|gpu - cpu| <= rtol * max|cpu| + atol per tensor (plus a
+// cosine floor for bf16); attention_test.cpp's comment gives the reasoning. fp32 differs from the CPU
+// only in summation order and fast-math exp2/log2; bf16 by its roundings of P, dS and the outputs.
+struct Tol {
+    double rtol, atol, min_cosine;
+};
+struct Tolerances {
+    Tol out, lse, grad;
+};
+inline Tolerances tolerances(DType dtype) {
+    if (dtype == DType::F32) return {{1e-5, 1e-6, 0.0}, {1e-5, 1e-6, 0.0}, {2e-5, 1e-5, 0.0}};
+    return {{2e-2, 1e-3, 0.9999}, {1e-3, 1e-4, 0.0}, {2e-2, 1e-3, 0.9999}};
 }
 
 }  // namespace qtrain::test::attention

@@ -11,77 +11,15 @@
 #include <cstring>
 #include <filesystem>
 
-#include "gpu_test_util.h"
-#include "model/cpu/cpu_model.h"
-#include "model/cuda/cuda_model.h"
+#include "gpu_model_fixture.h"
 #include "model/lora.h"
-#include "model/model_config.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
 
 namespace {
 
-ModelConfig base_config(int vocab, int hidden, int inter, int heads, int kv_heads, bool tied) {
-    ModelConfig c;
-    c.vocab_size = vocab;
-    c.hidden_size = hidden;
-    c.intermediate_size = inter;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = heads;
-    c.num_key_value_heads = kv_heads;
-    c.head_dim = hidden / heads;
-    c.tie_word_embeddings = tied;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;
-    c.validate("test");
-    return c;
-}
-
-// Qwen2: q|k|v biases, GQA, untied.
-ModelConfig qwen2_case() { return base_config(97, 128, 96, 2, 1, false); }
-// Qwen3: q/k norm, head_dim 128 with hidden 256, no biases, tied.
-ModelConfig qwen3_case() {
-    ModelConfig c = base_config(97, 256, 160, 4, 2, true);
-    c.architecture = "Qwen3ForCausalLM";
-    c.model_type = "qwen3";
-    c.head_dim = 128;
-    c.qkv_bias = false;
-    c.qk_norm = true;
-    c.validate("test");
-    return c;
-}
-// Llama 3: no biases, llama3 RoPE, untied.
-ModelConfig llama_case() {
-    ModelConfig c = base_config(131, 256, 192, 4, 2, false);
-    c.architecture = "LlamaForCausalLM";
-    c.model_type = "llama";
-    c.qkv_bias = false;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 500000.0;
-    c.rope_type = "llama3";
-    c.rope_factor = 4.0;
-    c.rope_low_freq_factor = 1.0;
-    c.rope_high_freq_factor = 4.0;
-    c.rope_original_max_position_embeddings = 16;
-    c.validate("test");
-    return c;
-}
-
-struct Data {
-    std::vector<int32_t> in, tgt;
-    Batch batch(int B, int T) const { return Batch{in.data(), tgt.data(), B, T}; }
-};
-Data make_batch(int B, int T, int vocab, uint64_t seed) {
-    Rng r(seed);
-    Data d;
-    for (int i = 0; i < B * T; ++i) {
-        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
-        d.tgt.push_back(i % 11 == 3 ? -1 : static_cast<int32_t>(r.below(vocab)));  // some masked
-    }
-    return d;
-}
+// The families (qwen2_case, qwen3_case, llama_case) and random_tokens: gpu_model_fixture.h.
 
 LoraOptions lora_options(float dropout, const std::string& targets) {
     LoraOptions l;
@@ -114,16 +52,10 @@ void same_start(CpuModel& cpu, CudaModel& gpu, DType act, uint64_t seed) {
     gpu.init_random(seed);
     Rng rng(seed + 1);
     for (const auto& p : cpu.params()) {
-        if (p.kind != ParamKind::Norm && p.kind != ParamKind::Bias) continue;
         float* w = cpu.param(p.name);
-        for (int64_t i = 0; i < p.numel(); ++i) w[i] = (p.kind == ParamKind::Norm ? 1.0f : 0.0f) + 0.2f * rng.normal();
-        gpu.upload_master(p.name, w);
+        if (draw_away_from_init(p.kind, w, p.numel(), rng)) gpu.upload_master(p.name, w);
     }
-    if (act != DType::F32)  // the CPU computes with the base the GPU rounded
-        for (const auto& p : cpu.params()) {
-            auto w = gpu.download(p.name, CudaModel::Which::Weights);
-            std::copy(w.begin(), w.end(), cpu.param(p.name));
-        }
+    if (act != DType::F32) copy_gpu_weights(gpu, cpu);  // the CPU computes with the base the GPU rounded
     for (const ParamSpec& s : cpu.lora().specs()) {
         float* v = cpu.lora().param(s.name);
         if (s.name.find(".lora_B.") != std::string::npos)
@@ -182,14 +114,14 @@ TEST_P(CudaLoraVsCpu, LossAdapterGradientsAndStepsMatch) {
     same_start(cpu, gpu, act, 77);
     const bool fp32 = act == DType::F32;
 
-    const Data e = make_batch(B, T, cfg.vocab_size, 3);
+    const Tokens e = random_tokens(B, T, cfg.vocab_size, 3, Masked::Every11thFrom3);
     const float cpu_eval = cpu.evaluate(e.batch(B, T)), gpu_eval = gpu.evaluate(e.batch(B, T));
     EXPECT_NEAR(gpu_eval, cpu_eval, (fp32 ? 1e-5 : 2e-2) * cpu_eval) << "eval loss (no dropout in evaluation)";
 
     // epsilon 1e-2 as in cuda_model_test: the update a smooth function of the gradient
     for (int step = 1; step <= 3; ++step) {
         SCOPED_TRACE(step);
-        const Data d = make_batch(B, T, cfg.vocab_size, 10 + step);
+        const Tokens d = random_tokens(B, T, cfg.vocab_size, 10 + step, Masked::Every11thFrom3);
         cpu.forward_backward(d.batch(B, T), 0.5f);
         gpu.forward_backward(d.batch(B, T), 0.5f);
         const Agreement a = compare_adapter_grads(gpu, cpu);
@@ -245,7 +177,7 @@ TEST(CudaLora, LogitsEqualTheMergedBase) {
                 cpu.lora().merge_one(p.layer, static_cast<LoraTarget>(t), w.data());
         merged.upload_master(p.name, w.data());
     }
-    const Data d = make_batch(B, T, cfg.vocab_size, 8);
+    const Tokens d = random_tokens(B, T, cfg.vocab_size, 8, Masked::Every11thFrom3);
     const std::vector<float> a = gpu.logits(d.batch(B, T)), b = merged.logits(d.batch(B, T));
     EXPECT_LT(rel_max_error(a, b), 1e-4);
 }
@@ -269,7 +201,7 @@ void expect_bit_identical(const ModelOptions& a_opts, const ModelOptions& b_opts
     }
     for (int step = 1; step <= 3; ++step) {
         for (int micro = 0; micro < 2; ++micro) {
-            const Data d = make_batch(B, T, cfg.vocab_size, 100 * step + micro);
+            const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
             a.forward_backward(d.batch(B, T), 0.5f);
             b.forward_backward(d.batch(B, T), 0.5f);
         }
@@ -281,7 +213,7 @@ void expect_bit_identical(const ModelOptions& a_opts, const ModelOptions& b_opts
     for (const ParamSpec& s : a.lora()->host().specs())
         for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
             EXPECT_EQ(a.download(s.name, w), b.download(s.name, w)) << s.name;
-    const Data e = make_batch(B, T, cfg.vocab_size, 999);
+    const Tokens e = random_tokens(B, T, cfg.vocab_size, 999, Masked::Every11thFrom3);
     EXPECT_EQ(a.evaluate(e.batch(B, T)), b.evaluate(e.batch(B, T)));
 }
 
@@ -326,7 +258,7 @@ TEST(CudaLora, CheckpointIsTheCpuLayoutAndResumesBitExact) {
     auto steps = [&](CudaModel& m, int first, int last) {
         std::vector<float> losses;
         for (int step = first; step <= last; ++step) {
-            const Data d = make_batch(B, T, cfg.vocab_size, 50 + step);
+            const Tokens d = random_tokens(B, T, cfg.vocab_size, 50 + step, Masked::Every11thFrom3);
             m.forward_backward(d.batch(B, T), 1.0f);
             losses.push_back(m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
         }

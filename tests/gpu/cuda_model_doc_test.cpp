@@ -14,52 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
-#include "gpu_test_util.h"
-#include "model/cpu/cpu_model.h"
+#include "gpu_model_fixture.h"
 #include "model/cuda/attention_choice.h"
-#include "model/cuda/cuda_model.h"
-#include "model/model_config.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
 
 namespace {
 
-ModelConfig base_config(int vocab, int hidden, int inter, int heads, int kv_heads, bool tied) {
-    ModelConfig c;
-    c.vocab_size = vocab;
-    c.hidden_size = hidden;
-    c.intermediate_size = inter;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = heads;
-    c.num_key_value_heads = kv_heads;
-    c.head_dim = hidden / heads;
-    c.tie_word_embeddings = tied;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;
-    c.validate("test");
-    return c;
-}
-
-ModelConfig qwen2_case() { return base_config(97, 128, 96, 2, 1, false); }  // head_dim 64, GQA 2
-ModelConfig qwen3_case() {
-    ModelConfig c = base_config(97, 256, 160, 4, 2, true);
-    c.architecture = "Qwen3ForCausalLM";
-    c.model_type = "qwen3";
-    c.head_dim = 128;
-    c.qkv_bias = false;
-    c.qk_norm = true;
-    c.validate("test");
-    return c;
-}
-
-struct Family {
-    const char* name;
-    ModelConfig (*make)();
-};
-const Family kFamilies[] = {{"qwen2_d64", qwen2_case}, {"qwen3_d128_qk_norm", qwen3_case}};
+// qwen2_case (head_dim 64, GQA 2), qwen3_case and FamilyCase: gpu_model_fixture.h.
+const FamilyCase kFamilies[] = {{"qwen2_d64", qwen2_case}, {"qwen3_d128_qk_norm", qwen3_case}};
 
 ModelOptions gpu_options(DType act, int B, int T, bool doc) {
     ModelOptions o = CpuModel::fp32_options(B, T);
@@ -149,8 +113,7 @@ std::vector<std::pair<std::string, std::vector<float>>> random_weights(CudaModel
     std::vector<std::pair<std::string, std::vector<float>>> w;
     for (const ParamSpec& p : m.layout().specs) {
         std::vector<float> v = m.download(p.name, CudaModel::Which::Master);
-        if (p.kind == ParamKind::Norm || p.kind == ParamKind::Bias)
-            for (float& x : v) x = (p.kind == ParamKind::Norm ? 1.0f : 0.0f) + 0.2f * rng.normal();
+        draw_away_from_init(p.kind, v.data(), static_cast<int64_t>(v.size()), rng);
         w.emplace_back(p.name, std::move(v));
     }
     return w;

@@ -9,61 +9,22 @@
 #include <map>
 #include <set>
 
-#include "gpu_test_util.h"
-#include "model/cpu/cpu_model.h"
-#include "model/cuda/cuda_model.h"
-#include "model/model_config.h"
+#include "gpu_model_fixture.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
 
 namespace {
 
-struct Shape {
-    const char* name;
-    int vocab, hidden, inter, layers, heads, kv_heads;
-    bool tied;
-};
-
-ModelConfig make_config(const Shape& s) {
-    ModelConfig c;
-    c.vocab_size = s.vocab;
-    c.hidden_size = s.hidden;
-    c.intermediate_size = s.inter;
-    c.num_hidden_layers = s.layers;
-    c.num_attention_heads = s.heads;
-    c.num_key_value_heads = s.kv_heads;
-    c.head_dim = s.hidden / s.heads;
-    c.tie_word_embeddings = s.tied;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;  // larger than 0.02 so gradients are not dominated by the LM head
-    c.validate("test");
-    return c;
-}
-
-struct Data {
-    std::vector<int32_t> in, tgt;
-};
-Data make_batch(int B, int T, int vocab, uint64_t seed) {
-    Rng r(seed);
-    Data d;
-    for (int i = 0; i < B * T; ++i) {
-        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
-        d.tgt.push_back(i % 11 == 3 ? -1 : static_cast<int32_t>(r.below(vocab)));  // some masked
-    }
-    return d;
-}
-
 // A batch from a learnable stream (a fixed walk t -> 7t + 3 mod vocab, 10% random tokens), fresh for
 // every seed: the loss falls during training but no batch is memorised, so it stays well above zero
 // and relative differences between two runs mean something.
-Data make_walk_batch(int B, int T, int vocab, uint64_t seed) {
+Tokens make_walk_batch(int B, int T, int vocab, uint64_t seed) {
     Rng r(seed);
     std::vector<int32_t> w{static_cast<int32_t>(r.below(vocab))};
     while (static_cast<int>(w.size()) <= B * T)
         w.push_back(r.uniform() < 0.1f ? static_cast<int32_t>(r.below(vocab)) : (w.back() * 7 + 3) % vocab);
-    return Data{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
+    return Tokens{std::vector<int32_t>(w.begin(), w.end() - 1), std::vector<int32_t>(w.begin() + 1, w.end())};
 }
 
 // act F32 or BF16: everything in that type. act E4M3 stands for FP8 training: bf16 model, e4m3
@@ -100,23 +61,17 @@ void expect_gradients_match(const CudaModel& gpu, CpuModel& cpu, DType act, cons
                 std::string(dtype_name(act)).c_str(), worst_cos, worst_name.c_str(), worst_rel);
 }
 
-void compare_models(const Shape& s, DType act) {
+void compare_models(const ModelShape& s, DType act) {
     const int B = 2, T = 40;
-    ModelConfig cfg = make_config(s);
+    ModelConfig cfg = small_config(s);
     CpuModel cpu(cfg, CpuModel::fp32_options(B, T));
     CudaModel gpu(cfg, options(act, B, T));
     cpu.init_random(1234);
     gpu.init_random(1234);
-    Data d = make_batch(B, T, cfg.vocab_size, 5);
+    Tokens d = random_tokens(B, T, cfg.vocab_size, 5, Masked::Every11thFrom3);
     Batch batch{d.in.data(), d.tgt.data(), B, T};
 
-    if (act == DType::BF16) {
-        // give the CPU the bf16-rounded weights the GPU computes with
-        for (const auto& p : cpu.params()) {
-            auto w = gpu.download(p.name, CudaModel::Which::Weights);
-            std::copy(w.begin(), w.end(), cpu.param(p.name));
-        }
-    }
+    if (act == DType::BF16) copy_gpu_weights(gpu, cpu);  // the bf16-rounded weights the GPU computes with
     const float cpu_eval = cpu.evaluate(batch), gpu_eval = gpu.evaluate(batch);
     EXPECT_NEAR(gpu_eval, cpu_eval, (act == DType::F32 ? 1e-5 : 2e-2) * cpu_eval) << "eval loss";
 
@@ -140,7 +95,7 @@ void compare_models(const Shape& s, DType act) {
     }
 }
 
-const Shape kShapes[] = {
+const ModelShape kShapes[] = {
     {"d64_gqa2_untied", 97, 128, 96, 2, 2, 1, false},
     {"d64_gqa2_tied", 97, 256, 160, 2, 4, 2, true},
     {"d128_mha_untied", 131, 256, 192, 2, 2, 2, false},
@@ -165,14 +120,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaModelVsCpu,
 
 TEST(CudaModel, SameSeedBitIdenticalLosses) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[1]);
+    ModelConfig cfg = small_config(kShapes[1]);
     auto run = [&] {
         CudaModel m(cfg, options(DType::BF16, 2, 64));
         m.init_random(9);
         std::vector<float> losses;
         for (int step = 1; step <= 3; ++step) {
             for (int micro = 0; micro < 2; ++micro) {
-                Data d = make_batch(2, 64, cfg.vocab_size, 100 * step + micro);
+                Tokens d = random_tokens(2, 64, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
                 m.forward_backward(Batch{d.in.data(), d.tgt.data(), 2, 64}, 0.5f);
             }
             StepStats s = m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
@@ -188,11 +143,11 @@ TEST(CudaModel, SameSeedBitIdenticalLosses) {
 
 TEST(CudaModel, TrainingReducesLoss) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[0]);
+    ModelConfig cfg = small_config(kShapes[0]);
     CudaModel m(cfg, options(DType::BF16, 4, 64));
     m.init_random(3);
     // a fixed batch: the model must be able to memorise it
-    Data d = make_batch(4, 64, cfg.vocab_size, 77);
+    Tokens d = random_tokens(4, 64, cfg.vocab_size, 77, Masked::Every11thFrom3);
     float first = 0, last = 0;
     for (int step = 1; step <= 30; ++step) {
         m.forward_backward(Batch{d.in.data(), d.tgt.data(), 4, 64}, 1.0f);
@@ -211,7 +166,7 @@ class Recompute : public ::testing::TestWithParam<DType> {};
 TEST_P(Recompute, EveryFlagCombinationIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     const DType act = GetParam();
-    ModelConfig cfg = make_config(kShapes[1]);
+    ModelConfig cfg = small_config(kShapes[1]);
     const int B = 2, T = 64;
     struct Result {
         std::vector<float> stats, weights;
@@ -222,7 +177,7 @@ TEST_P(Recompute, EveryFlagCombinationIsBitIdentical) {
         Result r;
         for (int step = 1; step <= 10; ++step) {
             for (int micro = 0; micro < 2; ++micro) {
-                Data d = make_batch(B, T, cfg.vocab_size, 1000 * step + micro);
+                Tokens d = random_tokens(B, T, cfg.vocab_size, 1000 * step + micro, Masked::Every11thFrom3);
                 m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 0.5f);
             }
             StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
@@ -284,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Recompute, ::testing::Values(DType::F32, DType:
 // and with a micro-batch whose targets are all masked (that one runs eagerly).
 TEST(CudaModel, CudaGraphsAreBitIdenticalToEager) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[0]);
+    ModelConfig cfg = small_config(kShapes[0]);
     const int B = 2, T = 64;
     auto run = [&](bool graphs, bool recompute) {
         ModelOptions o = options(DType::BF16, B, T);
@@ -295,7 +250,7 @@ TEST(CudaModel, CudaGraphsAreBitIdenticalToEager) {
         std::vector<float> out;
         for (int step = 1; step <= 10; ++step) {
             for (int micro = 0; micro < 2; ++micro) {
-                Data d = make_batch(B, T, cfg.vocab_size, 500 * step + micro);
+                Tokens d = random_tokens(B, T, cfg.vocab_size, 500 * step + micro, Masked::Every11thFrom3);
                 if (step == 4 && micro == 1) std::fill(d.tgt.begin(), d.tgt.end(), -1);
                 m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 0.5f);
             }
@@ -303,7 +258,7 @@ TEST(CudaModel, CudaGraphsAreBitIdenticalToEager) {
             out.push_back(s.loss);
             out.push_back(s.grad_norm);
             if (step % 5 == 0) {
-                Data e = make_batch(B, T, cfg.vocab_size, 77);
+                Tokens e = random_tokens(B, T, cfg.vocab_size, 77, Masked::Every11thFrom3);
                 out.push_back(m.evaluate(Batch{e.in.data(), e.tgt.data(), B, T}));
             }
         }
@@ -318,25 +273,7 @@ TEST(CudaModel, CudaGraphsAreBitIdenticalToEager) {
     EXPECT_EQ(run(true, true), eager);
 }
 
-// How a GPU model's gradients agree with a CPU model's (cosine per tensor; k_proj.bias left out).
-struct GradAgreement {
-    double worst = 1.0, median = 1.0;
-    std::string worst_name;
-};
-static GradAgreement compare_gradients(const CudaModel& gpu, CpuModel& cpu) {
-    GradAgreement r;
-    std::vector<double> all;
-    for (const auto& p : cpu.params()) {
-        if (p.name.find("k_proj.bias") != std::string::npos) continue;
-        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
-        const double cs = cosine(gpu.download(p.name, CudaModel::Which::Grad), ref);
-        all.push_back(cs);
-        if (cs < r.worst) r.worst = cs, r.worst_name = p.name;
-    }
-    std::sort(all.begin(), all.end());
-    r.median = all[all.size() / 2];
-    return r;
-}
+// compare_gradients (gpu_model_fixture.h): per-tensor cosines, k_proj.bias left out.
 
 // FP8 training against the fp32 CPU model on the same weights and batch: e4m3 matmuls with bf16,
 // e4m3 or e5m2 activation gradients. Quantisation noise (3 or 2 mantissa bits per operand) is far
@@ -360,29 +297,26 @@ static GradAgreement compare_gradients(const CudaModel& gpu, CpuModel& cpu) {
 // narrowly.
 TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
     QTRAIN_REQUIRE_GPU();
-    for (const Shape& s : kShapes) {
+    for (const ModelShape& s : kShapes) {
         for (DType grad : {DType::BF16, DType::E4M3, DType::E5M2}) {
             const std::string what = std::string(s.name) + " grads " + std::string(dtype_name(grad));
             SCOPED_TRACE(what);
             const int B = 2, T = 64;
-            ModelConfig cfg = make_config(s);
+            ModelConfig cfg = small_config(s);
             ModelOptions o = options(DType::BF16, B, T);
             o.matmul_dtype = DType::E4M3;
             o.gradient_dtype = grad;
             o.attention = AttentionImpl::Flash;  // see above
             CudaModel gpu(cfg, o);
             gpu.init_random(99);
-            Data d = make_batch(B, T, cfg.vocab_size, 8);
+            Tokens d = random_tokens(B, T, cfg.vocab_size, 8, Masked::Every11thFrom3);
             Batch batch{d.in.data(), d.tgt.data(), B, T};
             const OptimizerParams op{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, 1};  // lr 0: only the loss and norm
             // A CPU model on the bf16 weights the GPU starts from: fp32, or emulating FP8 (the same
             // per-tensor scales, core/fp8_reference.h), run forward and backward on the batch.
             auto cpu_run = [&](CpuModel& cpu) {
                 cpu.init_random(99);
-                for (const auto& p : cpu.params()) {
-                    auto w = gpu.download(p.name, CudaModel::Which::Weights);
-                    std::copy(w.begin(), w.end(), cpu.param(p.name));
-                }
+                copy_gpu_weights(gpu, cpu);
                 cpu.forward_backward(batch, 1.0f);
             };
             ModelOptions eo = CpuModel::fp32_options(B, T);
@@ -425,11 +359,11 @@ TEST(CudaModelFp8, LossAndGradientsTrackTheFp32Reference) {
 // 0.5%. Both with e5m2 gradients, where `all` covers every transformer GEMM.
 TEST(CudaModelFp8, FastAccumulationChangesLessThanFp8Itself) {
     QTRAIN_REQUIRE_GPU();
-    for (const Shape& s : kShapes) {
+    for (const ModelShape& s : kShapes) {
         SCOPED_TRACE(s.name);
         const int B = 2, T = 64;
-        ModelConfig cfg = make_config(s);
-        Data d = make_batch(B, T, cfg.vocab_size, 8);
+        ModelConfig cfg = small_config(s);
+        Tokens d = random_tokens(B, T, cfg.vocab_size, 8, Masked::Every11thFrom3);
         Batch batch{d.in.data(), d.tgt.data(), B, T};
         const OptimizerParams op{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, 1};  // lr 0: only the loss and norm
         auto gpu_model = [&](Fp8FastAccum fa) {
@@ -445,10 +379,7 @@ TEST(CudaModelFp8, FastAccumulationChangesLessThanFp8Itself) {
         auto exact = gpu_model(Fp8FastAccum::Off);
         CpuModel fp32(cfg, CpuModel::fp32_options(B, T));
         fp32.init_random(99);
-        for (const auto& p : fp32.params()) {
-            auto w = exact->download(p.name, CudaModel::Which::Weights);
-            std::copy(w.begin(), w.end(), fp32.param(p.name));
-        }
+        copy_gpu_weights(*exact, fp32);
         fp32.forward_backward(batch, 1.0f);
         const GradAgreement fp8_vs_fp32 = compare_gradients(*exact, fp32);
         std::map<std::string, std::vector<float>> exact_grads;  // before optimizer_step zeroes them
@@ -487,7 +418,7 @@ TEST(CudaModelFp8, FastAccumulationChangesLessThanFp8Itself) {
 // categories from the device column to the pinned-host column.
 TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[2]);
+    ModelConfig cfg = small_config(kShapes[2]);
     const int B = 2, T = 64;
     auto run = [&](bool offload, bool write_combined, DType moments, bool grads = false, bool double_buffer = false) {
         ModelOptions o = options(DType::BF16, B, T);
@@ -501,7 +432,7 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
         m.init_random(17);
         std::vector<float> out;
         for (int step = 1; step <= 5; ++step) {
-            Data d = make_batch(B, T, cfg.vocab_size, 40 + step);
+            Tokens d = random_tokens(B, T, cfg.vocab_size, 40 + step, Masked::Every11thFrom3);
             m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
             StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
             out.push_back(s.loss);
@@ -537,7 +468,7 @@ TEST(CudaModel, OffloadedOptimizerStateIsBitIdentical) {
 // closely, stay deterministic, and be bit-identical with the weights streamed from host memory.
 TEST(CudaModel, Bf16MasterTracksTheFp32MasterAndSavesItsMemory) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[2]);
+    ModelConfig cfg = small_config(kShapes[2]);
     const int B = 4, T = 64, kSteps = 30;
     auto run = [&](DType master, bool stream) {
         ModelOptions o = options(DType::BF16, B, T);
@@ -547,7 +478,7 @@ TEST(CudaModel, Bf16MasterTracksTheFp32MasterAndSavesItsMemory) {
         m.init_random(8);
         std::vector<float> losses;
         for (int step = 1; step <= kSteps; ++step) {
-            Data d = make_walk_batch(B, T, cfg.vocab_size, 500 + step);
+            Tokens d = make_walk_batch(B, T, cfg.vocab_size, 500 + step);
             m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
             losses.push_back(m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
         }
@@ -581,7 +512,7 @@ TEST(CudaModel, Bf16MasterTracksTheFp32MasterAndSavesItsMemory) {
 // roundings of the fp32 ones, and the plan must drop 2 bytes per parameter of pinned memory.
 TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[2]);
+    ModelConfig cfg = small_config(kShapes[2]);
     const int B = 2, T = 64, kSteps = 20, kMicro = 2;
     auto run = [&](DType grads, bool streamed_bf16_master, std::vector<float>* mid_grad) {
         ModelOptions o = options(DType::BF16, B, T);
@@ -593,7 +524,7 @@ TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
         std::vector<float> out;
         for (int step = 1; step <= kSteps; ++step) {
             for (int micro = 0; micro < kMicro; ++micro) {
-                Data d = make_walk_batch(B, T, cfg.vocab_size, 700 + 10 * step + micro);
+                Tokens d = make_walk_batch(B, T, cfg.vocab_size, 700 + 10 * step + micro);
                 m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / kMicro);
             }
             if (step == 1 && mid_grad) *mid_grad = m.download("model.layers.1.mlp.up_proj.weight", CudaModel::Which::Grad);
@@ -696,7 +627,7 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
         {
             CudaModel m(cfg, o);
             m.init_random(1);
-            Data d = make_batch(B, T, cfg.vocab_size, 3);
+            Tokens d = random_tokens(B, T, cfg.vocab_size, 3, Masked::Every11thFrom3);
             m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f);
             m.optimizer_step({1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1});
             CUDA_CHECK(cudaDeviceSynchronize());
@@ -722,15 +653,15 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
     const DType act = GetParam();
     const int B = 2, T = 64;
     for (bool tied : {false, true}) {
-        const Shape shape{"four_layers", 97, 128, 96, 4, 2, 1, tied};
-        ModelConfig cfg = make_config(shape);
+        const ModelShape shape{"four_layers", 97, 128, 96, 4, 2, 1, tied};
+        ModelConfig cfg = small_config(shape);
         auto run = [&](const ModelOptions& o) {
             CudaModel m(cfg, o);
             m.init_random(5);
             std::vector<float> out;
             for (int step = 1; step <= 4; ++step) {
                 for (int micro = 0; micro < 3; ++micro) {
-                    Data d = make_batch(B, T, cfg.vocab_size, 100 * step + micro);
+                    Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
                     if (step == 2 && micro == 1) std::fill(d.tgt.begin(), d.tgt.end(), -1);  // nothing to learn
                     m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / 3);
                 }
@@ -743,7 +674,7 @@ TEST_P(Streaming, WeightsAndGradientsAreBitIdentical) {
                 StepStats s = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
                 out.push_back(s.loss);
                 out.push_back(s.grad_norm);
-                Data e = make_batch(B, T, cfg.vocab_size, 7);
+                Tokens e = random_tokens(B, T, cfg.vocab_size, 7, Masked::Every11thFrom3);
                 out.push_back(m.evaluate(Batch{e.in.data(), e.tgt.data(), B, T}));
             }
             for (const ParamSpec& s : m.layout().specs)
@@ -987,7 +918,7 @@ TEST(StreamingPlan, ShardedWeightsAndOffloadedGradientsLeaveTwoLayersOnTheDevice
 // trains on. Resident and streamed/offloaded state, bf16 and FP8.
 TEST(CudaModel, ABrokenStepChangesNoWeightOrMoment) {
     QTRAIN_REQUIRE_GPU();
-    const ModelConfig cfg = make_config(kShapes[1]);
+    const ModelConfig cfg = small_config(kShapes[1]);
     struct Mode {
         const char* name;
         DType act;
@@ -1000,7 +931,7 @@ TEST(CudaModel, ABrokenStepChangesNoWeightOrMoment) {
         if (mode.streamed) o.shard_weights = o.offload_gradients = o.offload_opt_m = o.offload_opt_v = true;
         CudaModel m(cfg, o);
         m.init_random(4);
-        const Data d = make_batch(2, 64, cfg.vocab_size, 8);
+        const Tokens d = random_tokens(2, 64, cfg.vocab_size, 8, Masked::Every11thFrom3);
         const Batch batch{d.in.data(), d.tgt.data(), 2, 64};
         m.forward_backward(batch, 1.0f);
         ASSERT_TRUE(IModel::update_allowed(m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1})));
@@ -1041,9 +972,9 @@ TEST(CudaModel, ABrokenStepChangesNoWeightOrMoment) {
 // gradient and every other row exactly as without it (the same groups, summed in the same order).
 TEST(CudaModel, ThePadTokensEmbeddingRowGetsNoGradient) {
     QTRAIN_REQUIRE_GPU();
-    ModelConfig cfg = make_config(kShapes[1]);
+    ModelConfig cfg = small_config(kShapes[1]);
     cfg.tie_word_embeddings = false;
-    const Data d = make_batch(2, 64, cfg.vocab_size, 21);
+    const Tokens d = random_tokens(2, 64, cfg.vocab_size, 21, Masked::Every11thFrom3);
     const int pad = d.in[5];
     auto grad = [&](int pad_id, ModelOptions o) {
         ModelConfig c = cfg;
@@ -1079,38 +1010,7 @@ TEST(CudaModel, ThePadTokensEmbeddingRowGetsNoGradient) {
 // mlp_bias, whose biases are drawn non-zero). fp32 gradients within 1e-4, bf16 cosine 0.99; e4m3
 // (e5m2 gradients) as CudaModelFp8 judges FP8: loss within 1% of the fp32 CPU model, and the CPU model
 // emulating the same FP8 rounding nearer to the GPU than fp32 is, in the median and worst tensor.
-struct FamilyCase {
-    const char* name;
-    ModelConfig (*make)();
-};
-
-ModelConfig qwen3_case() {
-    ModelConfig c = make_config({"qwen3", 97, 256, 160, 2, 4, 2, true});
-    c.architecture = "Qwen3ForCausalLM";
-    c.model_type = "qwen3";
-    c.head_dim = 128;
-    c.qkv_bias = false;
-    c.qk_norm = true;
-    c.validate("test");
-    return c;
-}
-
-ModelConfig llama_case() {
-    ModelConfig c = make_config({"llama", 131, 256, 192, 2, 4, 2, false});
-    c.architecture = "LlamaForCausalLM";
-    c.model_type = "llama";
-    c.qkv_bias = false;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 500000.0;
-    c.rope_type = "llama3";
-    c.rope_factor = 4.0;
-    c.rope_low_freq_factor = 1.0;
-    c.rope_high_freq_factor = 4.0;
-    c.rope_original_max_position_embeddings = 16;
-    c.validate("test");
-    return c;
-}
-
+// (qwen3_case, llama_case and FamilyCase: gpu_model_fixture.h.)
 ModelConfig llama_bias_case() {
     ModelConfig c = llama_case();
     c.qkv_bias = c.o_bias = c.mlp_bias = true;
@@ -1137,19 +1037,13 @@ TEST_P(CudaModelFamilyVsCpu, LossGradientsAndStepMatch) {
     cpu.init_random(77);
     // norms and biases away from their init (ones, zeros), the same on both
     Rng rng(5);
-    for (const auto& p : cpu.params()) {
-        if (p.kind != ParamKind::Norm && p.kind != ParamKind::Bias) continue;
-        float* w = cpu.param(p.name);
-        for (int64_t i = 0; i < p.numel(); ++i) w[i] = (p.kind == ParamKind::Norm ? 1.0f : 0.0f) + 0.2f * rng.normal();
-    }
+    for (const auto& p : cpu.params()) draw_away_from_init(p.kind, cpu.param(p.name), p.numel(), rng);
     for (const auto& p : cpu.params()) gpu.upload_master(p.name, cpu.param(p.name));
-    if (act != DType::F32)  // the CPU computes with the weights the GPU rounded
-        for (const auto& p : cpu.params()) {
-            auto w = gpu.download(p.name, CudaModel::Which::Weights);
-            std::copy(w.begin(), w.end(), cpu.param(p.name));
-            std::copy(w.begin(), w.end(), emu.param(p.name));
-        }
-    Data d = make_batch(B, T, cfg.vocab_size, 9);
+    if (act != DType::F32) {  // the CPU computes with the weights the GPU rounded
+        copy_gpu_weights(gpu, cpu);
+        copy_gpu_weights(gpu, emu);
+    }
+    Tokens d = random_tokens(B, T, cfg.vocab_size, 9, Masked::Every11thFrom3);
     Batch batch{d.in.data(), d.tgt.data(), B, T};
     const float cpu_eval = cpu.evaluate(batch), gpu_eval = gpu.evaluate(batch);
     EXPECT_NEAR(gpu_eval, cpu_eval, (act == DType::F32 ? 1e-5 : 2e-2) * cpu_eval) << "eval loss";

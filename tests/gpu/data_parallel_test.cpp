@@ -29,12 +29,9 @@
 #include "comm/cuda/nccl_communicator.h"
 #endif
 #include "comm/thread_world.h"
-#include "core/rng.h"
+#include "gpu_model_fixture.h"
 #include "gpu_ranks_util.h"
-#include "gpu_test_util.h"
-#include "model/cuda/cuda_model.h"
 #include "model/cuda/param_shard.h"
-#include "model/model_config.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -48,36 +45,19 @@ constexpr bool kNcclBuilt = false;
 #endif
 
 ModelConfig dp_config() {
-    ModelConfig c;
-    c.vocab_size = 384;
-    c.hidden_size = 128;
-    c.intermediate_size = 256;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = 2;
-    c.num_key_value_heads = 1;
-    c.head_dim = 64;
-    c.tie_word_embeddings = false;
+    ModelConfig c = small_config({"dp", 384, 128, 256, 3, 2, 1, false});
     c.rope_theta = 50000.0;
     c.rms_norm_eps = 1e-5;
-    c.initializer_range = 0.05;
     c.validate("test");
     return c;
 }
 
 constexpr int kB = 2, kT = 64;
 
-struct Tokens {
-    std::vector<int32_t> in, tgt;
-};
 // Micro-batch k of step `step` in the global order: rank r of W takes k = j * W + r.
 Tokens tokens(int vocab, int step, int k) {
-    Rng r(7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1);
-    Tokens d;
-    for (int i = 0; i < kB * kT; ++i) {
-        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
-        d.tgt.push_back(static_cast<int32_t>(r.below(vocab)));
-    }
-    return d;
+    const uint64_t seed = 7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1;
+    return random_tokens(kB, kT, vocab, seed, Masked::None);
 }
 
 struct DpRun {

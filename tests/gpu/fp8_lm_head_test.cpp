@@ -11,58 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
-#include "gpu_test_util.h"
-#include "model/cpu/cpu_model.h"
-#include "model/cuda/cuda_model.h"
-#include "model/model_config.h"
+#include "gpu_model_fixture.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
 
 namespace {
 
-struct HeadShape {
-    const char* name;
-    int vocab, hidden, inter, layers, heads, kv_heads;
-    bool tied;
-};
-
-const HeadShape kHeadShapes[] = {
+const ModelShape kHeadShapes[] = {
     {"v112_h128_untied", 112, 128, 96, 2, 2, 1, false},
     {"v144_h256_tied", 144, 256, 160, 2, 4, 2, true},
 };
-
-ModelConfig head_config(const HeadShape& s) {
-    ModelConfig c;
-    c.vocab_size = s.vocab;
-    c.hidden_size = s.hidden;
-    c.intermediate_size = s.inter;
-    c.num_hidden_layers = s.layers;
-    c.num_attention_heads = s.heads;
-    c.num_key_value_heads = s.kv_heads;
-    c.head_dim = s.hidden / s.heads;
-    c.tie_word_embeddings = s.tied;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;  // as cuda_model_test.cpp: gradients not dominated by the LM head
-    c.validate("test");
-    return c;
-}
-
-struct Tokens {
-    std::vector<int32_t> in, tgt;
-};
-// Fresh random tokens, some targets masked.
-Tokens random_tokens(int B, int T, int vocab, uint64_t seed) {
-    Rng r(seed);
-    Tokens d;
-    for (int i = 0; i < B * T; ++i) {
-        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
-        d.tgt.push_back(i % 11 == 3 ? -1 : static_cast<int32_t>(r.below(vocab)));
-    }
-    return d;
-}
 
 // The GPU's FP8 options: bf16 model, e4m3 matmuls, `grad` gradients, the FP8 head, `chunks` LM-head
 // chunks; qtrain's flash attention, as CudaModelFp8 calibrates against.
@@ -77,29 +36,6 @@ ModelOptions fp8_head_options(int B, int T, DType grad, int chunks) {
     return o;
 }
 
-// How a GPU model's gradients agree with a CPU model's (cosine per tensor; k_proj.bias left out: its
-// exact gradient is zero, cuda_model_test.cpp), and the LM head's own.
-struct Agreement {
-    double worst = 1.0, median = 1.0, head = 1.0;
-    std::string worst_name;
-};
-Agreement agreement(const CudaModel& gpu, CpuModel& cpu) {
-    Agreement r;
-    std::vector<double> all;
-    const std::string head = cpu.config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    for (const auto& p : cpu.params()) {
-        if (p.name.find("k_proj.bias") != std::string::npos) continue;
-        std::vector<float> ref(cpu.grad(p.name), cpu.grad(p.name) + p.numel());
-        const double cs = cosine(gpu.download(p.name, CudaModel::Which::Grad), ref);
-        all.push_back(cs);
-        if (p.name == head) r.head = cs;
-        if (cs < r.worst) r.worst = cs, r.worst_name = p.name;
-    }
-    std::sort(all.begin(), all.end());
-    r.median = all[all.size() / 2];
-    return r;
-}
-
 }  // namespace
 
 // The GPU with the FP8 head against the CPU model emulating it (the same per-tensor scales, each LM-head
@@ -112,27 +48,24 @@ Agreement agreement(const CudaModel& gpu, CpuModel& cpu) {
 TEST(CudaFp8LmHead, TracksTheCpuEmulation) {
     QTRAIN_REQUIRE_GPU();
     const int B = 2, T = 64;  // 128 rows: chunks of 128 and 64, multiples of 16
-    for (const HeadShape& s : kHeadShapes) {
+    for (const ModelShape& s : kHeadShapes) {
         for (DType grad : {DType::BF16, DType::E4M3, DType::E5M2}) {
             for (int chunks : {1, 2}) {
                 const std::string what = std::string(s.name) + " grads " + std::string(dtype_name(grad)) +
                                          " chunks " + std::to_string(chunks);
                 SCOPED_TRACE(what);
-                const ModelConfig cfg = head_config(s);
+                const ModelConfig cfg = small_config(s);
                 CudaModel gpu(cfg, fp8_head_options(B, T, grad, chunks));
                 gpu.init_random(99);
                 ModelOptions bf16_head = fp8_head_options(B, T, grad, chunks);
                 bf16_head.fp8_lm_head = false;
                 CudaModel plain(cfg, bf16_head);
                 plain.init_random(99);
-                const Tokens d = random_tokens(B, T, cfg.vocab_size, 8);
+                const Tokens d = random_tokens(B, T, cfg.vocab_size, 8, Masked::Every11thFrom3);
                 const Batch batch{d.in.data(), d.tgt.data(), B, T};
                 auto cpu_run = [&](CpuModel& cpu) {
                     cpu.init_random(99);
-                    for (const auto& p : cpu.params()) {
-                        auto w = gpu.download(p.name, CudaModel::Which::Weights);
-                        std::copy(w.begin(), w.end(), cpu.param(p.name));
-                    }
+                    copy_gpu_weights(gpu, cpu);
                     cpu.forward_backward(batch, 1.0f);
                 };
                 ModelOptions eo = CpuModel::fp32_options(B, T);
@@ -147,7 +80,7 @@ TEST(CudaFp8LmHead, TracksTheCpuEmulation) {
                 cpu_run(emu);
                 const float gpu_eval = gpu.evaluate(batch), plain_eval = plain.evaluate(batch);
                 gpu.forward_backward(batch, 1.0f);
-                const Agreement vs32 = agreement(gpu, fp32), vse = agreement(gpu, emu);
+                const GradAgreement vs32 = compare_gradients(gpu, fp32), vse = compare_gradients(gpu, emu);
                 const OptimizerParams op{0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f, 1};  // lr 0: the loss and norm
                 const float gpu_loss = gpu.optimizer_step(op).loss, loss32 = fp32.optimizer_step(op).loss,
                             loss_e = emu.optimizer_step(op).loss;
@@ -187,7 +120,7 @@ TEST(CudaFp8LmHead, DeterministicAndCudaGraphsAreBitIdentical) {
                           Case{"untied, bf16 gradients, 1 chunk", 0, DType::BF16, 1},
                           Case{"untied, e4m3 gradients, 2 chunks", 0, DType::E4M3, 2}}) {
         SCOPED_TRACE(c.name);
-        const ModelConfig cfg = head_config(kHeadShapes[c.shape]);
+        const ModelConfig cfg = small_config(kHeadShapes[c.shape]);
         auto run = [&](bool graphs, bool recompute) {
             ModelOptions o = fp8_head_options(B, T, c.grad, c.chunks);
             o.use_cuda_graphs = graphs;
@@ -197,7 +130,7 @@ TEST(CudaFp8LmHead, DeterministicAndCudaGraphsAreBitIdentical) {
             std::vector<float> out;
             for (int step = 1; step <= 6; ++step) {
                 for (int micro = 0; micro < 2; ++micro) {
-                    Tokens d = random_tokens(B, T, cfg.vocab_size, 500 * step + micro);
+                    Tokens d = random_tokens(B, T, cfg.vocab_size, 500 * step + micro, Masked::Every11thFrom3);
                     if (step == 3 && micro == 1) std::fill(d.tgt.begin(), d.tgt.end(), -1);
                     m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 0.5f);
                 }
@@ -205,7 +138,7 @@ TEST(CudaFp8LmHead, DeterministicAndCudaGraphsAreBitIdentical) {
                 out.push_back(s.loss);
                 out.push_back(s.grad_norm);
                 if (step % 3 == 0) {
-                    const Tokens e = random_tokens(B, T, cfg.vocab_size, 77);
+                    const Tokens e = random_tokens(B, T, cfg.vocab_size, 77, Masked::Every11thFrom3);
                     out.push_back(m.evaluate(Batch{e.in.data(), e.tgt.data(), B, T}));
                 }
             }
@@ -229,8 +162,8 @@ TEST(CudaFp8LmHead, DeterministicAndCudaGraphsAreBitIdentical) {
 TEST(CudaFp8LmHead, StreamedWeightsAreBitIdenticalToResident) {
     QTRAIN_REQUIRE_GPU();
     const int B = 2, T = 64;
-    for (const HeadShape& s : kHeadShapes) {
-        const ModelConfig cfg = head_config(s);
+    for (const ModelShape& s : kHeadShapes) {
+        const ModelConfig cfg = small_config(s);
         for (DType grad : {DType::BF16, DType::E5M2}) {
             auto run = [&](void (*apply)(ModelOptions&)) {
                 ModelOptions o = fp8_head_options(B, T, grad, 2);
@@ -240,13 +173,14 @@ TEST(CudaFp8LmHead, StreamedWeightsAreBitIdenticalToResident) {
                 std::vector<float> out;
                 for (int step = 1; step <= 4; ++step) {
                     for (int micro = 0; micro < 2; ++micro) {
-                        const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro);
+                        const Tokens d =
+                            random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
                         m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 0.5f);
                     }
                     const StepStats st = m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
                     out.push_back(st.loss);
                     out.push_back(st.grad_norm);
-                    const Tokens e = random_tokens(B, T, cfg.vocab_size, 7);
+                    const Tokens e = random_tokens(B, T, cfg.vocab_size, 7, Masked::Every11thFrom3);
                     out.push_back(m.evaluate(Batch{e.in.data(), e.tgt.data(), B, T}));
                 }
                 for (const ParamSpec& p : m.layout().specs)
@@ -288,7 +222,7 @@ TEST(CudaFp8LmHead, StreamedWeightsAreBitIdenticalToResident) {
 // rows are not a multiple of 16, a vocabulary that is not one (the FP8 GEMMs' alignment).
 TEST(CudaFp8LmHead, RefusalsNameTheFlags) {
     QTRAIN_REQUIRE_GPU();
-    const ModelConfig good = head_config(kHeadShapes[0]);
+    const ModelConfig good = small_config(kHeadShapes[0]);
     ModelOptions o = fp8_head_options(2, 64, DType::E5M2, 1);
     o.matmul_dtype = DType::BF16;
     o.gradient_dtype = DType::BF16;
@@ -297,8 +231,8 @@ TEST(CudaFp8LmHead, RefusalsNameTheFlags) {
     ModelOptions odd = fp8_head_options(2, 40, DType::E5M2, 2);
     EXPECT_ERROR(CudaModel(good, odd), "--lm-head-dtype=e4m3", "--lmhead-chunks=2");
     // a vocabulary that is not a multiple of 16 (cuda_model_test.cpp's 97)
-    HeadShape s = kHeadShapes[0];
+    ModelShape s = kHeadShapes[0];
     s.vocab = 97;
-    EXPECT_ERROR(CudaModel(head_config(s), fp8_head_options(2, 64, DType::E5M2, 1)), "--lm-head-dtype=e4m3",
+    EXPECT_ERROR(CudaModel(small_config(s), fp8_head_options(2, 64, DType::E5M2, 1)), "--lm-head-dtype=e4m3",
                  "vocab_size");
 }

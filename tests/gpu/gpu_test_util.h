@@ -1,6 +1,7 @@
 // Helpers shared by the GPU tests: skip cleanly without a GPU, an owning device buffer, moving host
 // vectors to and from the device (converting through bf16 on the host with the reference conversions
-// of core/dtype.h), and metrics comparing a GPU result with the CPU reference. The generic helpers
+// of core/dtype.h), the dtype-parameterised kernel test base, and metrics comparing a GPU result with
+// the CPU reference. (The model tests' configs and batches: gpu_model_fixture.h.) The generic helpers
 // (random_vector, EXPECT_ERROR, TempDir, ...) come from tests/test_util.h.
 #pragma once
 
@@ -156,6 +157,34 @@ DeviceBuffer to_device(const std::vector<T>& host) {
 inline void sync_device() {
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---- parameterised kernel tests ----
+
+// Base of a kernel test parameterised by the activation dtype (F32 or BF16): skips without a GPU.
+class DtypeKernelTest : public ::testing::TestWithParam<DType> {
+protected:
+    void SetUp() override { QTRAIN_REQUIRE_GPU(); }
+    DType act() const { return GetParam(); }
+    // the tolerance for the current activation type
+    double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
+    // inputs as the GPU sees them
+    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
+};
+
+// Columns [col, col + width) of every row of an [N, stride] matrix (e.g. the q or k heads of a fused
+// qkv buffer), as an [N, width] matrix; paste() writes such a part back.
+inline std::vector<float> cut(const std::vector<float>& m, int N, int stride, int col, int width) {
+    std::vector<float> out(static_cast<std::size_t>(N) * width);
+    for (int n = 0; n < N; ++n)
+        std::copy_n(m.begin() + static_cast<std::size_t>(n) * stride + col, width,
+                    out.begin() + static_cast<std::size_t>(n) * width);
+    return out;
+}
+inline void paste(std::vector<float>& m, const std::vector<float>& part, int N, int stride, int col, int width) {
+    for (int n = 0; n < N; ++n)
+        std::copy_n(part.begin() + static_cast<std::size_t>(n) * width, width,
+                    m.begin() + static_cast<std::size_t>(n) * stride + col);
 }
 
 // ---- comparison ----

@@ -18,15 +18,7 @@ using namespace qtrain::test;
 
 namespace {
 
-class KernelTest : public ::testing::TestWithParam<DType> {
-protected:
-    void SetUp() override { QTRAIN_REQUIRE_GPU(); }
-    DType act() const { return GetParam(); }
-    // the tolerance for the current activation type
-    double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
-    // inputs as the GPU sees them
-    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
-};
+class KernelTest : public DtypeKernelTest {};
 
 // The AdamW segment table on the device (freed with the buffer, also when an assertion returns early).
 DeviceBuffer device_segments(const std::vector<cuda::ParamSegment>& segs) {

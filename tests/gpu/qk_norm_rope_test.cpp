@@ -13,8 +13,7 @@
 
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
-#include "model/cpu/cpu_head_norm.h"
-#include "model/cpu/cpu_ops.h"
+#include "qk_norm_rope_reference.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -30,26 +29,6 @@ std::string name(const Shape& s) {
            " Hkv=" + std::to_string(s.Hkv) + " D=" + std::to_string(s.D);
 }
 
-// 1 + N(0, 0.5^2): trained norm weights are not ones, and the kernel must apply q's to q and k's to k.
-std::vector<float> norm_weight(int D, uint64_t seed) {
-    auto w = random_vector(D, seed, 0.5f);
-    for (auto& v : w) v += 1.0f;
-    return w;
-}
-
-// Columns [col, col + width) of every row of an [N, stride] matrix, as an [N, width] matrix; and back.
-std::vector<float> cut(const std::vector<float>& m, int N, int stride, int col, int width) {
-    std::vector<float> out(static_cast<std::size_t>(N) * width);
-    for (int n = 0; n < N; ++n)
-        std::copy_n(m.begin() + static_cast<std::size_t>(n) * stride + col, width,
-                    out.begin() + static_cast<std::size_t>(n) * width);
-    return out;
-}
-void paste(std::vector<float>& m, const std::vector<float>& part, int N, int stride, int col, int width) {
-    for (int n = 0; n < N; ++n)
-        std::copy_n(part.begin() + static_cast<std::size_t>(n) * width, width,
-                    m.begin() + static_cast<std::size_t>(n) * stride + col);
-}
 
 float abs_max(const std::vector<float>& v) {
     float m = 0.0f;
@@ -79,17 +58,12 @@ private:
     int offset_;
 };
 
-class QkNormRopeKernel : public ::testing::TestWithParam<DType> {
+class QkNormRopeKernel : public DtypeKernelTest {
 protected:
-    void SetUp() override { QTRAIN_REQUIRE_GPU(); }
-    DType act() const { return GetParam(); }
-    double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
-    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
-
     // Forward and backward of one shape against the reference; `offset` shifts qkv and d_qkv (1: the
     // scalar path). Every output buffer starts as NaN (0xFF bytes), so anything left unwritten fails.
     void check(const Shape& sh, int offset, uint64_t seed) {
-        const int B = sh.B, T = sh.T, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, half = D / 2, N = B * T;
+        const int B = sh.B, T = sh.T, Hq = sh.Hq, Hkv = sh.Hkv, D = sh.D, N = B * T;
         const int H2 = Hq + Hkv, stride = (Hq + 2 * Hkv) * D, qw = Hq * D, kw = Hkv * D;
         const float eps = 1e-6f;
         const std::size_t n_qkv = static_cast<std::size_t>(N) * stride, n_qk = static_cast<std::size_t>(N) * H2 * D;
@@ -102,30 +76,22 @@ protected:
 
         const auto qkv = in(random_vector(n_qkv, seed, 3.0f));  // scale 3: rstd far from 1
         const auto wq = in(norm_weight(D, seed + 1)), wk = in(norm_weight(D, seed + 2));
-        std::vector<float> cs(2 * static_cast<std::size_t>(T) * half);
-        cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, D, 1e6);
-        const float* cosp = cs.data();
-        const float* sinp = cs.data() + static_cast<std::size_t>(T) * half;
+        const QkvDims dims{B, T, Hq, Hkv, D};
+        const RopeTables rt(T, D);
 
         // ---- reference forward: q [N, Hq, D] and k [N, Hkv, D] normalised, then rotated ----
-        const auto q_pre = cut(qkv, N, stride, 0, qw), k_pre = cut(qkv, N, stride, qw, kw);
-        auto q = q_pre, k = k_pre;
-        std::vector<float> rq(static_cast<std::size_t>(N) * Hq), rk(static_cast<std::size_t>(N) * Hkv);
-        cpu::head_rmsnorm_forward(q.data(), rq.data(), q.data(), wq.data(), int64_t{N} * Hq, D, eps);
-        cpu::rope_forward(q.data(), q.data(), cosp, sinp, B, T, Hq, D);
-        cpu::head_rmsnorm_forward(k.data(), rk.data(), k.data(), wk.data(), int64_t{N} * Hkv, D, eps);
-        cpu::rope_forward(k.data(), k.data(), cosp, sinp, B, T, Hkv, D);
+        const QkNormRopeForward ref = qk_norm_rope_reference_forward(dims, qkv, wq, wk, rt, eps, nullptr);
         auto want_qkv = qkv;
-        paste(want_qkv, q, N, stride, 0, qw);
-        paste(want_qkv, k, N, stride, qw, kw);
+        paste(want_qkv, ref.q, N, stride, 0, qw);
+        paste(want_qkv, ref.k, N, stride, qw, kw);
         std::vector<float> want_pre(n_qk), want_rstd(static_cast<std::size_t>(N) * H2);
-        paste(want_pre, q_pre, N, H2 * D, 0, qw);
-        paste(want_pre, k_pre, N, H2 * D, qw, kw);
-        paste(want_rstd, rq, N, H2, 0, Hq);
-        paste(want_rstd, rk, N, H2, Hq, Hkv);
+        paste(want_pre, ref.q_pre, N, H2 * D, 0, qw);
+        paste(want_pre, ref.k_pre, N, H2 * D, qw, kw);
+        paste(want_rstd, ref.rq, N, H2, 0, Hq);
+        paste(want_rstd, ref.rk, N, H2, Hq, Hkv);
 
         // ---- GPU forward ----
-        DeviceBuffer gwq(wq, act()), gwk(wk, act()), gcs(cs, DType::F32);
+        DeviceBuffer gwq(wq, act()), gwk(wk, act()), gcs(rt.cs, DType::F32);
         auto forward = [&](ShiftedBuffer& g, DeviceBuffer& pre, DeviceBuffer& rstd) {
             pre.fill_bytes(0xFF);
             rstd.fill_bytes(0xFF);
@@ -137,8 +103,8 @@ protected:
         DeviceBuffer gpre(n_qk, act()), grstd(static_cast<std::size_t>(N) * H2, DType::F32);
         forward(g, gpre, grstd);
         const auto out = g.download(), pre = gpre.download(), rstd = grstd.download();
-        EXPECT_TRUE(AllClose("forward q", cut(out, N, stride, 0, qw), q, tol(1e-5, 8e-3), 0, 0, where(qw)));
-        EXPECT_TRUE(AllClose("forward k", cut(out, N, stride, qw, kw), k, tol(1e-5, 8e-3), 0, 0, where(kw)));
+        EXPECT_TRUE(AllClose("forward q", cut(out, N, stride, 0, qw), ref.q, tol(1e-5, 8e-3), 0, 0, where(qw)));
+        EXPECT_TRUE(AllClose("forward k", cut(out, N, stride, qw, kw), ref.k, tol(1e-5, 8e-3), 0, 0, where(kw)));
         EXPECT_EQ(cut(out, N, stride, qw + kw, kw), cut(qkv, N, stride, qw + kw, kw)) << "v must be untouched";
         EXPECT_EQ(pre, want_pre) << "qk_pre must be the pre-norm q|k exactly as stored";
         EXPECT_TRUE(AllClose("rstd", rstd, want_rstd, 1e-5, 0));  // fp32 math on identical inputs
@@ -158,14 +124,7 @@ protected:
         // ---- reference backward: inverse rotation, then the norm backward at the stored q|k ----
         const auto d = in(random_vector(n_qkv, seed + 3));
         const auto dwq0 = random_vector(D, seed + 4), dwk0 = random_vector(D, seed + 5);
-        auto dq = cut(d, N, stride, 0, qw), dk = cut(d, N, stride, qw, kw);
-        auto dwq = dwq0, dwk = dwk0;
-        cpu::rope_backward(dq.data(), dq.data(), cosp, sinp, B, T, Hq, D);
-        cpu::head_rmsnorm_backward(dq.data(), dwq.data(), dq.data(), q_pre.data(), wq.data(), rq.data(),
-                                   int64_t{N} * Hq, D);
-        cpu::rope_backward(dk.data(), dk.data(), cosp, sinp, B, T, Hkv, D);
-        cpu::head_rmsnorm_backward(dk.data(), dwk.data(), dk.data(), k_pre.data(), wk.data(), rk.data(),
-                                   int64_t{N} * Hkv, D);
+        const QkNormRopeBackward dref = qk_norm_rope_reference_backward(dims, d, ref, wq, wk, dwq0, dwk0, rt, nullptr);
 
         // ---- GPU backward, from the GPU forward's qk_pre and rstd ----
         const std::size_t scratch_floats = cuda::qk_norm_rope_backward_scratch_floats(B, T, Hq, Hkv, D);
@@ -182,11 +141,11 @@ protected:
             return Grads{gd.download(), gdwq.download(), gdwk.download()};
         };
         const Grads got = backward(d, nullptr);
-        EXPECT_TRUE(AllClose("d q", cut(got.d, N, stride, 0, qw), dq, tol(1e-5, 8e-3), 0, 0, where(qw)));
-        EXPECT_TRUE(AllClose("d k", cut(got.d, N, stride, qw, kw), dk, tol(1e-5, 8e-3), 0, 0, where(kw)));
+        EXPECT_TRUE(AllClose("d q", cut(got.d, N, stride, 0, qw), dref.dq, tol(1e-5, 8e-3), 0, 0, where(qw)));
+        EXPECT_TRUE(AllClose("d k", cut(got.d, N, stride, qw, kw), dref.dk, tol(1e-5, 8e-3), 0, 0, where(kw)));
         EXPECT_EQ(cut(got.d, N, stride, qw + kw, kw), cut(d, N, stride, qw + kw, kw)) << "dv must be untouched";
-        EXPECT_TRUE(AllClose("dw_q", got.dwq, dwq, 1e-5, 0));  // fp32 accumulation both ways
-        EXPECT_TRUE(AllClose("dw_k", got.dwk, dwk, 1e-5, 0));
+        EXPECT_TRUE(AllClose("dw_q", got.dwq, dref.dwq, 1e-5, 0));  // fp32 accumulation both ways
+        EXPECT_TRUE(AllClose("dw_k", got.dwk, dref.dwk, 1e-5, 0));
 
         // deterministic, and the fused abs-max changes nothing: same bits every run
         const Grads again = backward(d, nullptr);

@@ -28,12 +28,8 @@
 
 #include "comm/cuda/copy_engine_communicator.h"
 #include "comm/thread_world.h"
-#include "core/rng.h"
+#include "gpu_model_fixture.h"
 #include "gpu_ranks_util.h"
-#include "gpu_test_util.h"
-#include "model/cpu/cpu_model.h"
-#include "model/cuda/cuda_model.h"
-#include "model/model_config.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -41,22 +37,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-ModelConfig reshard_config() {
-    ModelConfig c;
-    c.vocab_size = 320;
-    c.hidden_size = 128;
-    c.intermediate_size = 192;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = 2;
-    c.num_key_value_heads = 1;
-    c.head_dim = 64;
-    c.tie_word_embeddings = false;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;
-    c.validate("test");
-    return c;
-}
+ModelConfig reshard_config() { return small_config({"reshard", 320, 128, 192, 3, 2, 1, false}); }
 
 constexpr int kB = 2, kT = 64;
 constexpr int kMicroPerStep = 6;  // every world size here divides it
@@ -66,13 +47,10 @@ OptimizerParams adam(int step, float epsilon = 1e-8f) { return {2e-3f, 0.9f, 0.9
 
 // Micro-batch k of `step` in the global order (rank r of W takes k = j * W + r).
 Batch tokens(int step, int k, std::vector<int32_t>& in, std::vector<int32_t>& tgt) {
-    Rng r(104729u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 3);
-    in.resize(kB * kT);
-    tgt.resize(kB * kT);
-    for (int i = 0; i < kB * kT; ++i) {
-        in[i] = static_cast<int32_t>(r.below(reshard_config().vocab_size));
-        tgt[i] = static_cast<int32_t>(r.below(reshard_config().vocab_size));
-    }
+    const uint64_t seed = 104729u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 3;
+    Tokens d = random_tokens(kB, kT, reshard_config().vocab_size, seed, Masked::None);
+    in = std::move(d.in);
+    tgt = std::move(d.tgt);
     return Batch{in.data(), tgt.data(), kB, kT};
 }
 

@@ -7,11 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/rng.h"
-#include "gpu_test_util.h"
+#include "gpu_model_fixture.h"
 #include "io/safetensors.h"
-#include "model/cuda/cuda_model.h"
-#include "model/model_config.h"
 #include "train/train_cli_fixture.h"
 
 using namespace qtrain;
@@ -21,33 +18,9 @@ namespace {
 
 // Three layers (odd, for the two streaming slots); `wide` is tests/reference/tiny-config's shape.
 ModelConfig resume_config(bool tied, bool wide) {
-    ModelConfig c;
-    c.vocab_size = wide ? 1000 : 97;
-    c.hidden_size = wide ? 256 : 128;
-    c.intermediate_size = wide ? 512 : 96;
-    c.num_hidden_layers = 3;
-    c.num_attention_heads = wide ? 4 : 2;
-    c.num_key_value_heads = wide ? 2 : 1;
-    c.head_dim = 64;
-    c.tie_word_embeddings = tied;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-6;
-    c.initializer_range = 0.05;
-    c.validate("test");
-    return c;
-}
-
-struct Tokens {
-    std::vector<int32_t> in, tgt;
-};
-Tokens tokens(int B, int T, int vocab, uint64_t seed) {
-    Rng r(seed);
-    Tokens d;
-    for (int i = 0; i < B * T; ++i) {
-        d.in.push_back(static_cast<int32_t>(r.below(vocab)));
-        d.tgt.push_back(static_cast<int32_t>(r.below(vocab)));
-    }
-    return d;
+    // head_dim 64 both ways (hidden / heads)
+    return small_config({"resume", wide ? 1000 : 97, wide ? 256 : 128, wide ? 512 : 96, 3, wide ? 4 : 2, wide ? 2 : 1,
+                         tied});
 }
 
 // Runs steps [first, last] (1-based) with `micro_batches` each; appends loss and grad norm.
@@ -55,7 +28,7 @@ void train(CudaModel& m, int first, int last, int B, int T, int micro_batches, s
     const int vocab = m.config().vocab_size;
     for (int step = first; step <= last; ++step) {
         for (int micro = 0; micro < micro_batches; ++micro) {
-            Tokens d = tokens(B, T, vocab, 1000 * step + micro);
+            Tokens d = random_tokens(B, T, vocab, 1000 * step + micro, Masked::None);
             m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / micro_batches);
         }
         StepStats s = m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});

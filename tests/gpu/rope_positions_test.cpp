@@ -14,8 +14,8 @@
 #include "core/error.h"
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
-#include "model/cpu/cpu_head_norm.h"
 #include "model/cpu/cpu_ops.h"
+#include "qk_norm_rope_reference.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -44,26 +44,9 @@ std::vector<int32_t> plain_positions(int B, int T) {
     return pos;
 }
 
-// Columns [col, col + width) of every row of an [N, stride] matrix, and back.
-std::vector<float> cut(const std::vector<float>& m, int N, int stride, int col, int width) {
-    std::vector<float> out(static_cast<std::size_t>(N) * width);
-    for (int n = 0; n < N; ++n)
-        std::copy_n(m.begin() + static_cast<std::size_t>(n) * stride + col, width,
-                    out.begin() + static_cast<std::size_t>(n) * width);
-    return out;
-}
-void paste(std::vector<float>& m, const std::vector<float>& part, int N, int stride, int col, int width) {
-    for (int n = 0; n < N; ++n)
-        std::copy_n(part.begin() + static_cast<std::size_t>(n) * width, width,
-                    m.begin() + static_cast<std::size_t>(n) * stride + col);
-}
 
-class RopePositions : public ::testing::TestWithParam<DType> {
+class RopePositions : public DtypeKernelTest {
 protected:
-    void SetUp() override { QTRAIN_REQUIRE_GPU(); }
-    DType act() const { return GetParam(); }
-    double tol(double fp32, double bf16) const { return act() == DType::F32 ? fp32 : bf16; }
-    std::vector<float> in(std::vector<float> v) const { return act() == DType::BF16 ? round_bf16(v) : v; }
 };
 
 // "token 37 (position 3) head 2 d 5" for element i of an [N, width] matrix of heads of D.
@@ -118,50 +101,34 @@ TEST_P(RopePositions, RopeMatchesTheCpuReference) {
 TEST_P(RopePositions, QkNormRopeMatchesTheCpuReference) {
     for (const int D : {128, 64, 20}) {
         SCOPED_TRACE(cat("D=", D));
-        const int B = 2, T = 97, Hq = 8, Hkv = 2, H2 = Hq + Hkv, stride = (Hq + 2 * Hkv) * D, N = B * T, half = D / 2;
+        const int B = 2, T = 97, Hq = 8, Hkv = 2, H2 = Hq + Hkv, stride = (Hq + 2 * Hkv) * D, N = B * T;
         const int qw = Hq * D, kw = Hkv * D;
         const float eps = 1e-6f;
         const auto pos = packed_positions(B, T, {1, 30, 1, 64, 2});
         const auto qkv = in(random_vector(static_cast<std::size_t>(N) * stride, 51 + D, 3.0f));
-        auto wq = random_vector(D, 52 + D, 0.5f), wk = random_vector(D, 53 + D, 0.5f);
-        for (auto& v : wq) v += 1.0f;
-        for (auto& v : wk) v += 1.0f;
-        wq = in(wq);
-        wk = in(wk);
-        std::vector<float> cs(2 * static_cast<std::size_t>(T) * half);
-        cpu::rope_tables(cs.data(), cs.data() + static_cast<std::size_t>(T) * half, T, D, 1e6);
-        const float* cosp = cs.data();
-        const float* sinp = cs.data() + static_cast<std::size_t>(T) * half;
+        const auto wq = in(norm_weight(D, 52 + D)), wk = in(norm_weight(D, 53 + D));
+        const QkvDims dims{B, T, Hq, Hkv, D};
+        const RopeTables rt(T, D);
 
         // reference forward
-        const auto q_pre = cut(qkv, N, stride, 0, qw), k_pre = cut(qkv, N, stride, qw, kw);
-        auto q = q_pre, k = k_pre;
-        std::vector<float> rq(static_cast<std::size_t>(N) * Hq), rk(static_cast<std::size_t>(N) * Hkv);
-        cpu::head_rmsnorm_forward(q.data(), rq.data(), q.data(), wq.data(), int64_t{N} * Hq, D, eps);
-        cpu::rope_forward(q.data(), q.data(), cosp, sinp, B, T, Hq, D, pos.data());
-        cpu::head_rmsnorm_forward(k.data(), rk.data(), k.data(), wk.data(), int64_t{N} * Hkv, D, eps);
-        cpu::rope_forward(k.data(), k.data(), cosp, sinp, B, T, Hkv, D, pos.data());
+        const QkNormRopeForward ref = qk_norm_rope_reference_forward(dims, qkv, wq, wk, rt, eps, pos.data());
 
-        DeviceBuffer gwq(wq, act()), gwk(wk, act()), gcs(cs, DType::F32), gpos = to_device(pos);
+        DeviceBuffer gwq(wq, act()), gwk(wk, act()), gcs(rt.cs, DType::F32), gpos = to_device(pos);
         DeviceBuffer g(qkv, act()), gpre(static_cast<std::size_t>(N) * H2 * D, act()),
             grstd(static_cast<std::size_t>(N) * H2, DType::F32);
         cuda::qk_norm_rope_forward(act(), g.get(), gpre.get(), grstd.f32(), gwq.get(), gwk.get(), gcs.f32(), B, T, Hq,
                                    Hkv, D, eps, nullptr, gpos.as<int32_t>());
         const auto out = g.download();
-        EXPECT_TRUE(AllClose("forward q", cut(out, N, stride, 0, qw), q, tol(1e-5, 8e-3), 0, 0, where(qw, D, pos)));
-        EXPECT_TRUE(AllClose("forward k", cut(out, N, stride, qw, kw), k, tol(1e-5, 8e-3), 0, 0, where(kw, D, pos)));
+        EXPECT_TRUE(
+            AllClose("forward q", cut(out, N, stride, 0, qw), ref.q, tol(1e-5, 8e-3), 0, 0, where(qw, D, pos)));
+        EXPECT_TRUE(
+            AllClose("forward k", cut(out, N, stride, qw, kw), ref.k, tol(1e-5, 8e-3), 0, 0, where(kw, D, pos)));
 
         // reference backward
         const auto d = in(random_vector(static_cast<std::size_t>(N) * stride, 54 + D));
         const auto dwq0 = random_vector(D, 55 + D), dwk0 = random_vector(D, 56 + D);
-        auto dq = cut(d, N, stride, 0, qw), dk = cut(d, N, stride, qw, kw);
-        auto dwq = dwq0, dwk = dwk0;
-        cpu::rope_backward(dq.data(), dq.data(), cosp, sinp, B, T, Hq, D, pos.data());
-        cpu::head_rmsnorm_backward(dq.data(), dwq.data(), dq.data(), q_pre.data(), wq.data(), rq.data(),
-                                   int64_t{N} * Hq, D);
-        cpu::rope_backward(dk.data(), dk.data(), cosp, sinp, B, T, Hkv, D, pos.data());
-        cpu::head_rmsnorm_backward(dk.data(), dwk.data(), dk.data(), k_pre.data(), wk.data(), rk.data(),
-                                   int64_t{N} * Hkv, D);
+        const QkNormRopeBackward dref =
+            qk_norm_rope_reference_backward(dims, d, ref, wq, wk, dwq0, dwk0, rt, pos.data());
         const std::size_t scratch_floats = cuda::qk_norm_rope_backward_scratch_floats(B, T, Hq, Hkv, D);
         auto backward = [&](const int32_t* p) {
             DeviceBuffer gd(d, act()), gdwq(dwq0, DType::F32), gdwk(dwk0, DType::F32), scratch(scratch_floats, DType::F32);
@@ -170,10 +137,12 @@ TEST_P(RopePositions, QkNormRopeMatchesTheCpuReference) {
             return std::vector<std::vector<float>>{gd.download(), gdwq.download(), gdwk.download()};
         };
         const auto got = backward(gpos.as<int32_t>());
-        EXPECT_TRUE(AllClose("d q", cut(got[0], N, stride, 0, qw), dq, tol(1e-5, 8e-3), 0, 0, where(qw, D, pos)));
-        EXPECT_TRUE(AllClose("d k", cut(got[0], N, stride, qw, kw), dk, tol(1e-5, 8e-3), 0, 0, where(kw, D, pos)));
-        EXPECT_TRUE(AllClose("dw_q", got[1], dwq, 1e-5, 0));
-        EXPECT_TRUE(AllClose("dw_k", got[2], dwk, 1e-5, 0));
+        EXPECT_TRUE(
+            AllClose("d q", cut(got[0], N, stride, 0, qw), dref.dq, tol(1e-5, 8e-3), 0, 0, where(qw, D, pos)));
+        EXPECT_TRUE(
+            AllClose("d k", cut(got[0], N, stride, qw, kw), dref.dk, tol(1e-5, 8e-3), 0, 0, where(kw, D, pos)));
+        EXPECT_TRUE(AllClose("dw_q", got[1], dref.dwq, 1e-5, 0));
+        EXPECT_TRUE(AllClose("dw_k", got[2], dref.dwk, 1e-5, 0));
         EXPECT_TRUE(backward(gpos.as<int32_t>()) == got) << "not deterministic";
 
         // positions 0..T-1: bit for bit the result without positions
