@@ -22,6 +22,7 @@
 #include "model/model_config.h"
 #ifdef QTRAIN_HAVE_NCCL
 #include "comm/cuda/nccl_communicator.h"
+#include "train/option_table.h"
 #endif
 
 using namespace qtrain;
@@ -53,6 +54,7 @@ double median_step_ms(const ModelConfig& cfg, const ModelOptions& opt, comm::Com
 }  // namespace
 
 int main(int argc, char** argv) {
+    (void)qtrain::train_option_table();  // the flag names the models' messages print (model/flag_names.h)
     try {
         const std::string model = argc > 1 ? argv[1] : "Qwen2.5-0.5B";
         const int batch = argc > 2 ? std::atoi(argv[2]) : 16;

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "model/cpu/cpu_model.h"
+#include "train/option_table.h"
 using namespace qtrain;
 static double cosine(const float* a, const float* b, size_t n) {
     double d = 0, na = 0, nb = 0;
@@ -21,6 +22,7 @@ static double cosine(const float* a, const float* b, size_t n) {
     return (na > 0 && nb > 0) ? d / std::sqrt(na * nb) : 1.0;
 }
 int main(int argc, char** argv) {
+    (void)qtrain::train_option_table();  // the flag names the models' messages print (model/flag_names.h)
     const int nseeds = argc > 1 ? atoi(argv[1]) : 30;
     struct S { const char* name; int vocab, hidden, inter, layers, heads, kv; bool tied; };
     S shapes[] = {{"d64_gqa2_untied", 97, 128, 96, 2, 2, 1, false}, {"d64_gqa2_tied", 97, 256, 160, 2, 4, 2, true},

@@ -30,10 +30,12 @@
 #include "model/cuda/cuda_model.h"
 #include "model/model_config.h"
 #include "model/parameters.h"
+#include "train/option_table.h"
 
 using namespace qtrain;
 
 int main(int argc, char** argv) {
+    (void)qtrain::train_option_table();  // the flag names the models' messages print (model/flag_names.h)
     std::string model_dir, tokens_path, out_path, dtype = "fp32";
     int B = 2, T = 64, steps = 0;
     float lr = 1e-3f;
