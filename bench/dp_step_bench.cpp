@@ -20,9 +20,9 @@
 #include "core/rng.h"
 #include "model/cuda/cuda_model.h"
 #include "model/model_config.h"
+#include "train/option_table.h"
 #ifdef QTRAIN_HAVE_NCCL
 #include "comm/cuda/nccl_communicator.h"
-#include "train/option_table.h"
 #endif
 
 using namespace qtrain;
