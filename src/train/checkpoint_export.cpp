@@ -7,7 +7,6 @@
 #include "io/flat_state_reader.h"
 #include "model/checkpoint_layout.h"
 #include "model/hf_writer.h"
-#include "model/lora.h"
 #include "model/model_config.h"
 #include "train/checkpointer.h"
 #include "train/run_guard.h"
@@ -27,18 +26,10 @@ int export_checkpoint(const TrainOptions& o) {
     // the dtype the run would have exported: the CPU model writes fp32, the GPU model its model dtype
     const TrainOptions recorded = TrainOptions::from_json(st.options_json);
     const DType store = st.device == "cpu" ? DType::F32 : recorded.model_options(st.device).model_dtype;
-    if (recorded.lora_rank > 0) {
-        // a LoRA run's checkpoint holds its adapters as PEFT's files: they are the export
-        QT_CHECK(!o.merge_lora, "--export-checkpoint --merge-lora: not yet supported (the checkpoint of a LoRA run "
-                 "holds the adapters only; merge with peft's merge_and_unload, or --continue with --merge-lora)");
-        fs::create_directories(o.out_dir);
-        for (const char* file : {kAdapterWeightsFile, kAdapterConfigFile})
-            fs::copy_file(fs::path(dir) / file, fs::path(o.out_dir) / file, fs::copy_options::overwrite_existing);
-        std::printf("[Export] %s (step %d, LoRA rank %d%s) -> %s: %s and %s\n", dir.c_str(), st.step,
-                    recorded.lora_rank, verified ? ", checksums verified" : ", written before checksums: not verified",
-                    o.out_dir.c_str(), kAdapterWeightsFile, kAdapterConfigFile);
-        return 0;
-    }
+    // a LoRA run's checkpoint: its adapters, or merged into --model's base (lora_checkpoint_export.cpp)
+    if (recorded.lora_rank > 0) return export_lora_checkpoint(o, st, verified);
+    QT_CHECK(!o.merge_lora, "--export-checkpoint --merge-lora: '", dir, "' is the checkpoint of a full training run "
+             "(no --lora-rank), which holds the whole model: leave --merge-lora out");
 
     // the master weights, by name, from whatever the checkpoint holds: named tensors, or the GPU
     // model's blocks of its flat layout at any number of ranks (each tensor assembled from its pieces)

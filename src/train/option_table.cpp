@@ -419,7 +419,9 @@ std::vector<OptionSpec> make_table() {
             .names(&LoraOptions::from),
         opt(kLora, "merge-lora", &T::merge_lora, R::MayChange,
             "With --lora-rank: --out-dir gets the merged full model (W + alpha/rank * B A, as PEFT's "
-            "merge_and_unload; model.safetensors and config.json) instead of the PEFT adapter")
+            "merge_and_unload; model.safetensors and config.json) instead of the PEFT adapter. With --export-checkpoint of "
+            "a LoRA checkpoint and --model=BASE (the base the run trained on): the checkpoint's adapters merged into "
+            "BASE")
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) { m.lora.merge = o.merge_lora; })
             .names(&LoraOptions::merge),
 

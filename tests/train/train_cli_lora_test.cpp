@@ -126,10 +126,51 @@ TEST(TrainCliLora, ContinueIsBitExactFromAdapterOnlyCheckpoints) {
     ASSERT_EQ(ex.exit_code, 0) << ex.output;
     EXPECT_EQ(read_file(f.dir / "exported/adapter_model.safetensors"), read_file(ckpt / "adapter_model.safetensors"));
     EXPECT_EQ(nlohmann::json::parse(read_file(f.dir / "exported/adapter_config.json"))["r"], 4);
-    auto merged = run_command(train_exe() + " --export-checkpoint=" + ckpt.string() + " --out-dir=" +
-                              (f.dir / "exported2") + " --merge-lora");
-    EXPECT_EQ(merged.exit_code, 1) << merged.output;
-    EXPECT_TRUE(Contains(merged.output, "--export-checkpoint --merge-lora: not yet supported")) << merged.output;
+}
+
+// `--export-checkpoint --merge-lora` of a LoRA run's last checkpoint: --model's base with the adapters
+// merged in, byte for byte what the end of the same `--merge-lora` run wrote (one merge, one writer).
+// Refused: no --model, a --model of another shape, --merge-lora on a full run's checkpoint.
+TEST(TrainCliLora, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
+    Fixture f;
+    // a base with weights of its own (the seed's init, exported by a run of no steps)
+    ASSERT_EQ(run_command(f.base_cmd("base") + " --steps=0 --eval-every-n-steps=0").exit_code, 0);
+    const std::string base = f.dir / "base";
+    std::string cmd = f.base_cmd("merged");
+    const std::string scratch = " --model=" + f.model_dir + " --from-scratch";
+    ASSERT_NE(cmd.find(scratch), std::string::npos);
+    cmd.replace(cmd.find(scratch), scratch.size(), " --model=" + base);
+    auto run = run_command(cmd + " --steps=6 --eval-every-n-steps=0 --lora-rank=4 --lora-alpha=12 "
+                                 "--lora-targets=q,v,up,down --lora-dropout=0.1 --ckpt-interval=3 --merge-lora");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const fs::path ckpt = fs::path(f.dir / "merged-ckpt/step_00000006");
+    ASSERT_TRUE(fs::exists(ckpt / "adapter_model.safetensors"));
+    const std::string export_cmd = train_exe() + " --export-checkpoint=" + ckpt.string() + " --merge-lora --out-dir=";
+    auto ex = run_command(export_cmd + (f.dir / "exported") + " --model=" + base);
+    ASSERT_EQ(ex.exit_code, 0) << ex.output;
+    EXPECT_TRUE(Contains(ex.output, "merged into")) << ex.output;
+    EXPECT_FALSE(fs::exists(f.dir / "exported/adapter_model.safetensors"));
+    for (const char* file : {"model.safetensors", "config.json"})
+        EXPECT_EQ(read_file(fs::path(f.dir / "exported") / file), read_file(fs::path(f.dir / "merged") / file)) << file;
+    // the merge changed the adapted weights (B trained away from zero), not the others
+    SafeTensorsReader b({f.dir / "base/model.safetensors"}), m({f.dir / "exported/model.safetensors"});
+    EXPECT_NE(tensor(b, "model.layers.1.mlp.up_proj.weight"), tensor(m, "model.layers.1.mlp.up_proj.weight"));
+    EXPECT_EQ(tensor(b, "model.layers.1.self_attn.k_proj.weight"), tensor(m, "model.layers.1.self_attn.k_proj.weight"));
+
+    auto no_model = run_command(export_cmd + (f.dir / "x1"));
+    EXPECT_EQ(no_model.exit_code, 1) << no_model.output;
+    EXPECT_TRUE(Contains(no_model.output, "give the base model with --model")) << no_model.output;
+    Fixture other(kCpuShape, kQwen3Family);
+    ASSERT_EQ(run_command(other.base_cmd("base") + " --steps=0 --eval-every-n-steps=0").exit_code, 0);
+    auto wrong = run_command(export_cmd + (f.dir / "x2") + " --model=" + (other.dir / "base"));
+    EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+    EXPECT_TRUE(Contains(wrong.output, "is not the base of the checkpoint")) << wrong.output;
+    EXPECT_FALSE(fs::exists(f.dir / "x2/model.safetensors"));
+    ASSERT_EQ(run_command(f.base_cmd("full") + " --steps=1 --eval-every-n-steps=0 --ckpt-interval=1").exit_code, 0);
+    auto full = run_command(train_exe() + " --export-checkpoint=" + (f.dir / "full-ckpt/step_00000001") +
+                            " --merge-lora --out-dir=" + (f.dir / "x3"));
+    EXPECT_EQ(full.exit_code, 1) << full.output;
+    EXPECT_TRUE(Contains(full.output, "checkpoint of a full training run")) << full.output;
 }
 
 // --lora-from starts from a saved adapter (a run of no steps exports it unchanged), and refuses one

@@ -70,6 +70,10 @@ public:
     // W[out, in] += s * B A of layer l's target t (nothing when it has no adapter): one tensor at a time,
     // for a model that exports tensor by tensor (the GPU model).
     void merge_one(int l, LoraTarget t, float* w) const;
+    // The merged value of one base tensor `s` of the HF model, in place on its base values `w`:
+    // W + s B A when it is an adapted Linear, unchanged otherwise. The merge of every export that goes
+    // tensor by tensor (the GPU model's save_hf, `--export-checkpoint --merge-lora`).
+    void merge_tensor(const ParamSpec& s, float* w) const;
 
     double grad_sum_squares() const;
     // AdamW on every adapter (weight decay as the run's: they are matrices), then zero gradients.

@@ -103,4 +103,13 @@ void CpuLora::merge_one(int l, LoraTarget t, float* w) const {
               static_cast<int>(in), 1.0f, w, static_cast<int>(in));
 }
 
+void CpuLora::merge_tensor(const ParamSpec& s, float* w) const {
+    if (!enabled() || s.layer < 0) return;
+    const std::string prefix = "model.layers." + std::to_string(s.layer) + ".";
+    for (int t = 0; t < kLoraTargets; ++t) {
+        const auto target = static_cast<LoraTarget>(t);
+        if (s.name == prefix + lora_module_path(target) + ".weight") merge_one(s.layer, target, w);
+    }
+}
+
 }  // namespace qtrain

@@ -597,11 +597,7 @@ void CudaModel::save_hf(const std::string& dir) const {
         if (!opt_.lora.merge) return lora_->host().save_adapter(dir);
         write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
             auto values = download(s.name, Which::Weights);
-            for (int t = 0; t < kLoraTargets && s.layer >= 0; ++t) {
-                const auto target = static_cast<LoraTarget>(t);
-                if (s.name == "model.layers." + std::to_string(s.layer) + "." + lora_module_path(target) + ".weight")
-                    lora_->host().merge_one(s.layer, target, values.data());  // W + s B A, as PEFT's merge_and_unload
-            }
+            lora_->host().merge_tensor(s, values.data());  // W + s B A, as PEFT's merge_and_unload
             report_progress("exporting", done += s.numel(), total);
             return values;
         });
