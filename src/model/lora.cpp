@@ -49,6 +49,42 @@ std::string lora_targets_text(uint32_t targets) {
     return out;
 }
 
+uint32_t parse_lora_train_also(const std::string& text, const std::string& flag) {
+    if (text.empty() || text == "none") return 0;
+    uint32_t mask = 0;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');) {
+        QT_CHECK(item == "norms" || item == "embeddings", flag, "=", text, ": unknown entry '", item,
+                 "' (expected norms, embeddings or both, comma-separated)");
+        mask |= item == "norms" ? kTrainNorms : kTrainEmbeddings;
+    }
+    return mask;
+}
+
+std::string lora_train_also_text(uint32_t train_also) {
+    std::string out = (train_also & kTrainNorms) ? "norms" : "";
+    if (train_also & kTrainEmbeddings) out += out.empty() ? "embeddings" : ",embeddings";
+    return out;
+}
+
+std::vector<ParamSpec> lora_train_also_base(const ModelConfig& cfg, const LoraOptions& lora) {
+    std::vector<ParamSpec> out;
+    if (!lora.enabled() || lora.train_also == 0) return out;
+    for (const ParamSpec& s : model_parameters(cfg)) {
+        const bool embedding = s.name == "model.embed_tokens.weight" || s.name == "lm_head.weight";
+        if ((s.kind == ParamKind::Norm && (lora.train_also & kTrainNorms)) ||
+            (embedding && (lora.train_also & kTrainEmbeddings)))
+            out.push_back(s);
+    }
+    return out;
+}
+
+std::vector<ParamSpec> lora_train_also_parameters(const ModelConfig& cfg, const LoraOptions& lora) {
+    std::vector<ParamSpec> out = lora_train_also_base(cfg, lora);
+    for (ParamSpec& s : out) s.name = kPeftPrefix + s.name;
+    return out;
+}
+
 std::array<int64_t, 2> lora_target_shape(const ModelConfig& c, LoraTarget t) {
     const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), i = c.intermediate_size;
     switch (t) {
@@ -122,7 +158,25 @@ void init_lora_parameter(const ParamSpec& spec, const LoraOptions& lora, uint64_
     for (int64_t k = 0; k < n; ++k) out[k] = bound * (2.0f * rng.uniform() - 1.0f);
 }
 
-std::string peft_adapter_config_json(const LoraOptions& lora) {
+namespace {
+
+// modules_to_save as PEFT matches them (by the module name's suffix) for --train-also
+std::vector<std::string> modules_to_save(const LoraOptions& lora, const ModelConfig& cfg) {
+    std::vector<std::string> m;
+    if (lora.train_also & kTrainNorms) {
+        m = {"input_layernorm", "post_attention_layernorm", "norm"};
+        if (cfg.qk_norm) m.insert(m.end(), {"q_norm", "k_norm"});
+    }
+    if (lora.train_also & kTrainEmbeddings) {
+        m.push_back("embed_tokens");
+        if (!cfg.tie_word_embeddings) m.push_back("lm_head");
+    }
+    return m;
+}
+
+}  // namespace
+
+std::string peft_adapter_config_json(const LoraOptions& lora, const ModelConfig& cfg) {
     nlohmann::json j;
     j["peft_type"] = "LORA";
     j["task_type"] = "CAUSAL_LM";
@@ -142,7 +196,10 @@ std::string peft_adapter_config_json(const LoraOptions& lora) {
     j["init_lora_weights"] = lora.init == "gaussian" ? nlohmann::json("gaussian") : nlohmann::json(true);
     j["use_rslora"] = false;
     j["use_dora"] = false;
-    j["modules_to_save"] = nullptr;
+    const std::vector<std::string> saved = modules_to_save(lora, cfg);
+    j["modules_to_save"] = saved.empty() ? nlohmann::json(nullptr) : nlohmann::json(saved);
+    // a tied model trains one matrix: PEFT ties the LM head to the trained embedding copy
+    if ((lora.train_also & kTrainEmbeddings) && cfg.tie_word_embeddings) j["ensure_weight_tying"] = true;
     j["layers_to_transform"] = nullptr;
     j["layers_pattern"] = nullptr;
     j["rank_pattern"] = nlohmann::json::object();
@@ -186,6 +243,21 @@ void check_peft_adapter_config(const std::string& text, const LoraOptions& lora,
     QT_CHECK(mask == lora.targets, where, ": the adapter targets ", lora_targets_text(mask), ", this run ",
              qtrain::flag(&LoraOptions::targets), "=", lora_targets_text(lora.targets), " (give ",
              qtrain::flag(&LoraOptions::targets), "=", lora_targets_text(mask), ")");
+    // modules_to_save: what --train-also the adapter was trained with (PEFT's names, matched by suffix)
+    uint32_t also = 0;
+    if (j.contains("modules_to_save") && j["modules_to_save"].is_array())
+        for (const auto& m : j["modules_to_save"]) {
+            const std::string name = m.is_string() ? m.get<std::string>() : m.dump();
+            const bool embedding = name == "embed_tokens" || name == "lm_head";
+            QT_CHECK(embedding || (name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0), where,
+                     ": modules_to_save entry '", name, "' is not a norm, embed_tokens or lm_head (what ",
+                     qtrain::flag(&LoraOptions::train_also), " trains)");
+            also |= embedding ? kTrainEmbeddings : kTrainNorms;
+        }
+    QT_CHECK(also == lora.train_also, where, ": the adapter also trains '", lora_train_also_text(also),
+             "' (modules_to_save), this run ", qtrain::flag(&LoraOptions::train_also), "='",
+             lora_train_also_text(lora.train_also), "' (give ", qtrain::flag(&LoraOptions::train_also), "=",
+             also ? lora_train_also_text(also) : "none", ")");
 }
 
 }  // namespace qtrain

@@ -392,6 +392,7 @@ std::vector<OptionSpec> make_table() {
                 m.lora.init = o.lora_init;
                 m.lora.seed = o.seed;
                 m.lora.base_model = o.model;
+                m.lora.train_also = parse_lora_train_also(o.train_also, "--train-also");
             })
             .names(&LoraOptions::rank),
         opt(kLora, "lora-alpha", &T::lora_alpha, R::MustMatch,
@@ -411,6 +412,12 @@ std::vector<OptionSpec> make_table() {
             "B zero) or gaussian (PEFT's init_lora_weights=\"gaussian\": A ~ N(0, 1/rank), B zero)",
             choices({"kaiming", "gaussian"}))
             .names(&LoraOptions::init),
+        opt(kLora, "train-also", &T::train_also, R::MustMatch,
+            "With --lora-rank: also train these base tensors in full (fp32 master, AdamW moments, clipped with the "
+            "adapters): norms (every RMSNorm weight: the layers' two, q/k norms where the family has them, the final "
+            "norm) and/or embeddings (embed_tokens and lm_head; one matrix when tied), comma-separated. The adapter "
+            "names them in modules_to_save as PEFT does. --device=cpu only for now")
+            .names(&LoraOptions::train_also),
         // where the adapters start and what the export is: not the math of the steps
         opt(kLora, "lora-from", &T::lora_from, R::MayChange,
             "Start from this PEFT adapter directory (adapter_config.json + adapter_model.safetensors) instead of "

@@ -116,6 +116,7 @@ void TrainOptions::validate(bool need_train_file) const {
 void TrainOptions::validate_lora() const {
     QT_CHECK(lora_rank >= 0, "--lora-rank must be >= 0 (0 = off), got ", lora_rank);
     (void)parse_lora_targets(lora_targets, "--lora-targets");  // an unknown target is refused at once
+    (void)parse_lora_train_also(train_also, "--train-also");
     if (lora_rank == 0) {
         // a LoRA setting without adapters would silently do nothing
         const TrainOptions defaults;
@@ -124,7 +125,8 @@ void TrainOptions::validate_lora() const {
                                                       {"--lora-targets", lora_targets != defaults.lora_targets},
                                                       {"--lora-init", lora_init != defaults.lora_init},
                                                       {"--lora-from", !lora_from.empty()},
-                                                      {"--merge-lora", merge_lora}};
+                                                      {"--merge-lora", merge_lora},
+                                                      {"--train-also", !train_also.empty()}};
         for (const auto& [flag, on] : given) QT_CHECK(!on, flag, " needs --lora-rank > 0 (LoRA is off)");
         return;
     }

@@ -96,6 +96,7 @@ struct TrainOptions {
     std::string lora_init = "kaiming";   // kaiming (PEFT's default) | gaussian
     std::string lora_from;               // a PEFT adapter directory to start from ("" = fresh adapters)
     bool merge_lora = false;             // export the merged model instead of the adapter
+    std::string train_also;              // "" | norms,embeddings: base tensors also trained in full
 
     // Resolved helpers
     int warmup_steps() const { return warmup >= 0 ? warmup : std::min(100, steps / 10); }

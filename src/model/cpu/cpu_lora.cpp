@@ -13,6 +13,8 @@ CpuLora::CpuLora(const ModelConfig& cfg, const LoraOptions& lora) : lora_(lora),
     if (!lora_.enabled()) return;
     check_lora(cfg, lora);
     specs_ = lora_parameters(cfg, lora);
+    first_extra_ = specs_.size();
+    for (ParamSpec& s : lora_train_also_parameters(cfg, lora)) specs_.push_back(std::move(s));
     int64_t total = 0;
     for (size_t i = 0; i < specs_.size(); ++i) {
         offsets_.push_back(total);
@@ -34,8 +36,29 @@ size_t CpuLora::index(const std::string& name) const {
     return it->second;
 }
 
+size_t CpuLora::prefix_len() { return std::char_traits<char>::length(kPeftPrefix); }
+
+float* CpuLora::trained_grad(const std::string& hf_name) {
+    if (first_extra_ == specs_.size()) return nullptr;
+    const auto it = index_.find(kPeftPrefix + hf_name);
+    return it == index_.end() ? nullptr : grads_.data() + offsets_[it->second];
+}
+
+std::vector<float> CpuLora::gathered() const {
+    std::vector<float> p = params_;
+    for (size_t i = first_extra_; i < bound_.size(); ++i)
+        if (bound_[i]) std::copy(bound_[i], bound_[i] + specs_[i].numel(), p.begin() + offsets_[i]);
+    return p;
+}
+
+void CpuLora::scatter() {
+    for (size_t i = first_extra_; i < bound_.size(); ++i)
+        if (bound_[i]) std::copy(params_.begin() + offsets_[i], params_.begin() + offsets_[i] + specs_[i].numel(), bound_[i]);
+}
+
 void CpuLora::init(uint64_t seed) {
-    for (size_t i = 0; i < specs_.size(); ++i) init_lora_parameter(specs_[i], lora_, seed, params_.data() + offsets_[i]);
+    // the adapters only: a --train-also tensor starts from the base's values
+    for (size_t i = 0; i < first_extra_; ++i) init_lora_parameter(specs_[i], lora_, seed, params_.data() + offsets_[i]);
     for (auto* v : {&grads_, &m_, &v_}) std::fill(v->begin(), v->end(), 0.0f);
     passes_ = 0;
 }
@@ -98,7 +121,7 @@ double CpuLora::grad_sum_squares() const { return cpu::sum_squares(grads_.data()
 void CpuLora::adamw(const OptimizerParams& p, float clip_scale) {
     for (size_t i = 0; i < specs_.size(); ++i) {
         const int64_t o = offsets_[i];
-        cpu::adamw_update(params_.data() + o, grads_.data() + o, m_.data() + o, v_.data() + o, specs_[i].numel(),
+        cpu::adamw_update(value(i), grads_.data() + o, m_.data() + o, v_.data() + o, specs_[i].numel(),
                           p.learning_rate, p.beta1, p.beta2, p.epsilon, specs_[i].decay() ? p.weight_decay : 0.0f,
                           clip_scale, p.step);
     }

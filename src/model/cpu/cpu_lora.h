@@ -24,8 +24,23 @@ public:
     const std::vector<ParamSpec>& specs() const { return specs_; }
     int64_t num_elements() const { return static_cast<int64_t>(params_.size()); }
 
-    // A from the seed (init_lora_parameter), B zero; moments and gradients zero.
+    // A from the seed (init_lora_parameter), B zero; moments and gradients zero. The --train-also
+    // tensors keep their values (the base's).
     void init(uint64_t seed);
+
+    // ---- --train-also: base tensors trained in full (LoraOptions::train_also) ----
+    // They are specs() after the adapters, named as PEFT saves a modules_to_save module
+    // ("base_model.model.model.norm.weight"); gradients and moments live here with the adapters'.
+    // Their values live in the model's base weights once bind_base() points at them (the CPU model:
+    // its forward reads them there, so there is one copy); unbound (the checkpoint export) here.
+    // `base_at(name)` gives the base tensor of HF name `name`; call again when the base moves.
+    template <class BaseAt>
+    void bind_base(BaseAt base_at) {
+        bound_.assign(specs_.size(), nullptr);
+        for (size_t i = first_extra_; i < specs_.size(); ++i) bound_[i] = base_at(specs_[i].name.substr(prefix_len()));
+    }
+    // The gradient of base tensor `hf_name` when --train-also trains it, else nullptr.
+    float* trained_grad(const std::string& hf_name);
     // Saved inputs x A^T for a B*T = N micro-batch.
     void ensure_activations(int N);
     // Dropout (LoraOptions::dropout > 0) acts in training passes only: forward_backward opens one
@@ -81,7 +96,7 @@ public:
     void zero_grads();
 
     // By PEFT name; throw naming the tensor when it is not an adapter.
-    float* param(const std::string& name) { return params_.data() + offset(name); }
+    float* param(const std::string& name) { return value(index(name)); }
     float* grad(const std::string& name) { return grads_.data() + offset(name); }
     float* adam_m(const std::string& name) { return m_.data() + offset(name); }
     float* adam_v(const std::string& name) { return v_.data() + offset(name); }
@@ -97,6 +112,16 @@ public:
     const std::vector<float>& moments_v() const { return v_; }
 
 private:
+    static size_t prefix_len();
+    // tensor i's values: its place in params_, or the base's for a bound --train-also tensor
+    float* value(size_t i) { return i < bound_.size() && bound_[i] ? bound_[i] : params_.data() + offsets_[i]; }
+    const float* value(size_t i) const {
+        return i < bound_.size() && bound_[i] ? bound_[i] : params_.data() + offsets_[i];
+    }
+    // params_ with the bound tensors' values in their places (what the files hold)
+    std::vector<float> gathered() const;
+    // after params_ changed wholesale (a load): the bound tensors' values to the base
+    void scatter();
     bool dropping() const { return training_ && lora_.dropout > 0.0f; }
     // mask_ = the pass's mask of (l, t) over n inputs (0 or 1 / (1 - p)); xd_ = x * mask_.
     const float* dropped_input(int l, LoraTarget t, const float* x, int64_t n);
@@ -108,6 +133,8 @@ private:
     std::vector<ParamSpec> specs_;
     std::vector<int64_t> offsets_;
     std::unordered_map<std::string, size_t> index_;
+    size_t first_extra_ = 0;          // specs_[first_extra_..] are the --train-also tensors
+    std::vector<float*> bound_;       // per spec: the base's values of a bound --train-also tensor, else null
     std::vector<int64_t> a_offset_;  // per (layer, target): offset of A (B follows it), -1 = no adapter
     std::vector<float> params_, grads_, m_, v_;
     std::vector<float> h_;   // [L, 7, N, r] x A^T of each adapter

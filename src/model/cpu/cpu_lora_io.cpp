@@ -27,9 +27,9 @@ void CpuLora::save_adapter(const std::string& dir) const {
     SafeTensorsWriter writer;
     writer.set_metadata("format", "pt");
     for (size_t i = 0; i < specs_.size(); ++i)
-        writer.add_f32(specs_[i].name, specs_[i].shape, params_.data() + offsets_[i], DType::F32);
+        writer.add_f32(specs_[i].name, specs_[i].shape, value(i), DType::F32);
     writer.write(join(dir, kAdapterWeightsFile));
-    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_));
+    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_, cfg_));
 }
 
 void CpuLora::load_adapter(const std::string& dir, const std::string& flag) {
@@ -57,18 +57,20 @@ void CpuLora::load_adapter(const std::string& dir, const std::string& flag) {
         QT_CHECK(index_.count(name), where, ": tensor '", name, "' has no place in this model (an adapter of "
                  "another base?)");
     params_.swap(loaded);
+    scatter();
     for (auto* v : {&grads_, &m_, &v_}) std::fill(v->begin(), v->end(), 0.0f);
 }
 
 void CpuLora::save_checkpoint(const std::string& dir) const {
     fs::create_directories(dir);
     SafeTensorsWriter weights, optimizer;
-    add_adam_state(weights, optimizer, specs_, offsets_, params_.data(), m_.data(), v_.data());
+    const std::vector<float> values = gathered();
+    add_adam_state(weights, optimizer, specs_, offsets_, values.data(), m_.data(), v_.data());
     // the dropout masks' pass count: a resume draws the masks the uninterrupted run would have
     optimizer.set_metadata("lora_dropout_passes", std::to_string(passes_));
     weights.write(join(dir, kAdapterWeightsFile));
     optimizer.write(join(dir, kOptimizerFile));
-    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_));
+    write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_, cfg_));
 }
 
 void CpuLora::load_checkpoint(const std::string& dir) {
@@ -86,6 +88,7 @@ void CpuLora::load_checkpoint(const std::string& dir) {
     QT_CHECK(passes != meta.end() || lora_.dropout == 0.0f, "checkpoint '", dir, "': ", opt_path,
              " records no lora_dropout_passes (needed to resume ", flag(&LoraOptions::dropout), "'s masks)");
     params_.swap(p);
+    scatter();
     m_.swap(m);
     v_.swap(v);
     passes_ = passes == meta.end() ? 0 : std::stoull(passes->second);
@@ -104,7 +107,14 @@ void CpuLora::merge_one(int l, LoraTarget t, float* w) const {
 }
 
 void CpuLora::merge_tensor(const ParamSpec& s, float* w) const {
-    if (!enabled() || s.layer < 0) return;
+    if (!enabled()) return;
+    // a --train-also tensor: its trained values replace the base's
+    if (const auto it = index_.find(kPeftPrefix + s.name); it != index_.end() && it->second >= first_extra_) {
+        const float* v = value(it->second);
+        std::copy(v, v + s.numel(), w);
+        return;
+    }
+    if (s.layer < 0) return;
     const std::string prefix = "model.layers." + std::to_string(s.layer) + ".";
     for (int t = 0; t < kLoraTargets; ++t) {
         const auto target = static_cast<LoraTarget>(t);

@@ -147,6 +147,7 @@ CpuModel::CpuModel(const ModelConfig& config, const ModelOptions& options) : con
     lora_ = CpuLora(config_, options_.lora);
     // LoRA: the frozen base has no gradients and no moments (the adapters keep theirs in lora_)
     if (frozen_base()) {
+        bind_trained_base();
         lora_.init(options_.lora.seed);  // init_random / load_hf start them again (then --lora-from's)
         return;
     }
@@ -198,12 +199,23 @@ CpuModel::Layer CpuModel::layer(float* base, int l) const {
             f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17]};
 }
 
+CpuModel::Layer CpuModel::trained_norm_grads(int l) {
+    Layer g{};
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    g.ln1 = lora_.trained_grad(p + "input_layernorm.weight");
+    g.ln2 = lora_.trained_grad(p + "post_attention_layernorm.weight");
+    g.q_norm = lora_.trained_grad(p + "self_attn.q_norm.weight");
+    g.k_norm = lora_.trained_grad(p + "self_attn.k_norm.weight");
+    return g;
+}
+
 const float* CpuModel::lm_head() const {
     return params_.data() + (config_.tie_word_embeddings ? offsets_.front() : offsets_.back());
 }
 
 float* CpuModel::lm_head_grad() {
-    if (frozen_base()) return nullptr;
+    // LoRA: only with --train-also=embeddings (tied: the embedding's gradient, which the head adds to)
+    if (frozen_base()) return lora_.trained_grad(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     return grads_.data() + (config_.tie_word_embeddings ? offsets_.front() : offsets_.back());
 }
 
@@ -398,7 +410,8 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
     zero(a.dresid, nC);
     {
         const Held norm(*this, norm_range());
-        cpu::rmsnorm_backward(a.dresid.data(), frozen_base() ? nullptr : grads_.data() + norm_offset, a.dln.data(),
+        float* dnorm = frozen_base() ? lora_.trained_grad("model.norm.weight") : grads_.data() + norm_offset;
+        cpu::rmsnorm_backward(a.dresid.data(), dnorm, a.dln.data(),
                               a.resid.data() + static_cast<int64_t>(c.num_hidden_layers) * nC,
                               params_.data() + norm_offset, a.rstd_final.data(), N, C);
     }
@@ -422,8 +435,9 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         if (fq && weights_sharded()) quantize_layer(l);
         const Layer w = layer(fq ? fq_params_.data() : params_.data(), l);
         const Layer wp = layer(params_.data(), l);
-        // LoRA: the frozen base gets no gradient (every pointer null), only the input gradient
-        const Layer g = frozen_base() ? Layer{} : layer(grads_.data(), l);
+        // LoRA: the frozen base gets no gradient (every pointer null), only the input gradient; with
+        // --train-also=norms the norms' gradients go to the adapters' buffers
+        const Layer g = frozen_base() ? trained_norm_grads(l) : layer(grads_.data(), l);
         const float* x = a.resid.data() + l * nC;
         const float *ln1 = a.ln1.data() + l * nC, *q = a.q.data() + l * nQ, *k = a.k.data() + l * nKV,
                     *v = a.v.data() + l * nKV, *att = a.att.data() + l * nQ, *mid = a.resid_mid.data() + l * nC,
@@ -499,8 +513,9 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }
-    // (reads no weight: the embedding is not gathered again; frozen under LoRA)
-    if (!frozen_base()) cpu::embedding_backward(grads_.data(), a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
+    // (reads no weight: the embedding is not gathered again; frozen under LoRA unless --train-also=embeddings)
+    float* dembed = frozen_base() ? lora_.trained_grad("model.embed_tokens.weight") : grads_.data();
+    if (dembed) cpu::embedding_backward(dembed, a.dresid.data(), batch.inputs, N, C, config_.pad_token_id);
 }
 
 void CpuModel::quantize_layer(int l) {
@@ -615,9 +630,11 @@ MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options
     const uint64_t bytes = static_cast<uint64_t>(config.num_parameters()) * sizeof(float);
     plan.add("Weights", bytes);
     if (options.lora.enabled()) {
-        // LoRA: the base is frozen (no gradients, no moments); the adapters have all three
+        // LoRA: the base is frozen (no gradients, no moments); the adapters have all three, and so have
+        // the --train-also tensors (CpuLora's buffers hold them all)
         int64_t adapters = 0;
         for (const ParamSpec& s : lora_parameters(config, options.lora)) adapters += s.numel();
+        for (const ParamSpec& s : lora_train_also_parameters(config, options.lora)) adapters += s.numel();
         const uint64_t lora_bytes = static_cast<uint64_t>(adapters) * sizeof(float);
         plan.add("LoRA adapters", lora_bytes);
         plan.add("Gradients", lora_bytes);

@@ -134,6 +134,11 @@ private:
         std::vector<float> fq_x, fq_dy;       // [N, max(C, Q, I)]
     };
 
+    // LoRA --train-also: the adapters' copy of a trained base tensor is the base's own (CpuLora::bind_base);
+    // again whenever params_ is replaced.
+    void bind_trained_base();
+    // The gradients of layer l's norms that --train-also=norms trains (the rest null).
+    Layer trained_norm_grads(int l);
     // LoRA: the adapters from the seed (init_lora_parameter), or from --lora-from's PEFT adapter.
     void start_adapters();
     int tensors_per_layer_ = 0;  // model_parameters() per layer (every layer has the same tensors)

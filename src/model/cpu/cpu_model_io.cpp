@@ -56,8 +56,13 @@ void CpuModel::load_hf(const std::string& model_dir) {
 
 void CpuModel::start_adapters() {
     if (!frozen_base()) return;
+    bind_trained_base();  // (load_hf swapped the base's buffer)
     lora_.init(options_.lora.seed);
     if (!options_.lora.from.empty()) lora_.load_adapter(options_.lora.from, flag(&LoraOptions::from));
+}
+
+void CpuModel::bind_trained_base() {
+    lora_.bind_base([this](const std::string& name) { return params_.data() + offset(name); });
 }
 
 void CpuModel::save_hf(const std::string& dir) const {

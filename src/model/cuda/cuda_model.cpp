@@ -144,6 +144,9 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
              flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.model_dtype), ")");
     QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is not yet supported on ",
              flag(RunFlag::Device), "=cuda (data parallel adapters are not written yet: use one GPU)");
+    QT_CHECK(o.lora.train_also == 0, flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
+             " is not yet supported on ", flag(RunFlag::Device), "=cuda (the GPU model trains the adapters only; "
+             "train the norms or embeddings with ", flag(RunFlag::Device), "=cpu, or leave the flag out)");
     const std::pair<ModelFlag, bool> refused[] = {
         {&ModelOptions::shard_weights, o.shard_weights},
         {&ModelOptions::shard_gradients, o.shard_gradients},
