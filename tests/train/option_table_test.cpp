@@ -63,7 +63,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         // added since (issue 31): they change the data and the math
         "document-masking", "loss-normalization", "packing",
         // issue 33: LoRA changes what is trained
-        "lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lora-init",
+        "lora-rank", "lora-alpha", "lora-dropout", "lora-targets", "lora-init", "train-also",
         // issue 32: the FP8 LM head changes the numerics
         "lm-head-dtype"};
     EXPECT_EQ(with_rule(ResumeRule::MustMatch), kMustMatch);

@@ -20,8 +20,8 @@ using json = nlohmann::json;
 namespace {
 
 // TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table),
-// with the flags added since (--document-masking, --loss-normalization, --packing: issue 31; --lora-*:
-// issue 33; --lm-head-dtype: issue 32).
+// with the flags added since (--document-masking, --loss-normalization, --packing: issue 31; --lora-*,
+// --train-also: issue 33; --lm-head-dtype: issue 32).
 const char* const kOldDefaultJson =
     R"({"adam-epsilon":9.99999993922529e-09,"attention":"auto","attn-bwd-chunks":1,"batch-size":4,)"
     R"("beta-1":0.8999999761581421,"beta-2":0.949999988079071,"checkpoint-dir":"ckpt","ckpt-interval":0,)"
@@ -40,7 +40,7 @@ const char* const kOldDefaultJson =
     R"("param-grad-dtype":"fp32","persistent-quants":false,"plan-only":false,"recompute-att":false,)"
     R"("recompute-block":false,"recompute-ffn":false,"recompute-norm":false,"recompute-qkv":false,)"
     R"("recompute-swiglu":false,"rendezvous-timeout":600.0,"seed":42,"seq-len":1024,"shard-gradients":false,)"
-    R"("shard-weights":false,"steps":1000,"tokenizer":"","train-file":"","use-cuda-graphs":false,"warmup":-1,)"
+    R"("shard-weights":false,"steps":1000,"tokenizer":"","train-also":"","train-file":"","use-cuda-graphs":false,"warmup":-1,)"
     R"("weight-decay":0.10000000149011612,"write-combined":false,"zero-level":1})";
 
 // Its keys: every flag but --export-checkpoint (which exports and exits, so no run records it).
@@ -57,7 +57,7 @@ const std::set<std::string> kOldKeys = {
     "opt-v-dtype", "out-dir", "overwrite", "packing", "param-grad-dtype", "persistent-quants", "plan-only",
     "recompute-att", "recompute-block", "recompute-ffn", "recompute-norm", "recompute-qkv", "recompute-swiglu",
     "rendezvous-timeout", "seed", "seq-len", "shard-gradients", "shard-weights", "steps", "tokenizer",
-    "train-file", "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};
+    "train-also", "train-file", "use-cuda-graphs", "warmup", "weight-decay", "write-combined", "zero-level"};
 
 // A value unlike the default, for each member type (the JSON does not check choices or ranges).
 void change(TrainOptions& o, const OptionMember& member) {

@@ -141,7 +141,8 @@ TEST(TrainCliLora, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
     ASSERT_NE(cmd.find(scratch), std::string::npos);
     cmd.replace(cmd.find(scratch), scratch.size(), " --model=" + base);
     auto run = run_command(cmd + " --steps=6 --eval-every-n-steps=0 --lora-rank=4 --lora-alpha=12 "
-                                 "--lora-targets=q,v,up,down --lora-dropout=0.1 --ckpt-interval=3 --merge-lora");
+                                 "--lora-targets=q,v,up,down --lora-dropout=0.1 --ckpt-interval=3 --merge-lora "
+                                 "--train-also=norms");
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const fs::path ckpt = fs::path(f.dir / "merged-ckpt/step_00000006");
     ASSERT_TRUE(fs::exists(ckpt / "adapter_model.safetensors"));
@@ -156,6 +157,8 @@ TEST(TrainCliLora, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
     SafeTensorsReader b({f.dir / "base/model.safetensors"}), m({f.dir / "exported/model.safetensors"});
     EXPECT_NE(tensor(b, "model.layers.1.mlp.up_proj.weight"), tensor(m, "model.layers.1.mlp.up_proj.weight"));
     EXPECT_EQ(tensor(b, "model.layers.1.self_attn.k_proj.weight"), tensor(m, "model.layers.1.self_attn.k_proj.weight"));
+    // --train-also=norms: the trained norms replace the base's
+    EXPECT_NE(tensor(b, "model.norm.weight"), tensor(m, "model.norm.weight"));
 
     auto no_model = run_command(export_cmd + (f.dir / "x1"));
     EXPECT_EQ(no_model.exit_code, 1) << no_model.output;
@@ -215,4 +218,78 @@ TEST(TrainCliLora, Qwen3AndLlamaTrainAdaptersAndResume) {
                   (std::vector<int64_t>{4, qwen3 ? 48 : 32}));
         EXPECT_EQ(adapter.names().size(), 2u * 7u * 2u);
     }
+}
+
+// --train-also: the norms and embeddings / LM head trained in full, saved in the adapter as PEFT saves
+// modules_to_save, counted by --plan-only, resumed bit for bit; refused without LoRA, with an unknown
+// name, on the GPU model, and from an adapter trained with another --train-also.
+TEST(TrainCliLora, TrainAlsoNormsAndEmbeddings) {
+    Fixture f;
+    const std::string lora = " --eval-every-n-steps=0 --lora-rank=4 --lora-targets=q,v";
+    auto r = run_command(f.base_cmd("run") + " --steps=3" + lora + " --train-also=norms,embeddings");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    SafeTensorsReader adapter({f.dir / "run/adapter_model.safetensors"});
+    const auto names = adapter.names();
+    const std::set<std::string> got(names.begin(), names.end());
+    std::set<std::string> expected = {"base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight",
+                                      "base_model.model.model.norm.weight"};
+    for (int l = 0; l < 2; ++l) {
+        for (const char* m : {"self_attn.q_proj", "self_attn.v_proj"})
+            for (const char* w : {"lora_A", "lora_B"}) expected.insert(layer_name(l, m, w));
+        for (const char* n : {"input_layernorm", "post_attention_layernorm"})
+            expected.insert("base_model.model.model.layers." + std::to_string(l) + "." + n + ".weight");
+    }
+    EXPECT_EQ(got, expected);
+    EXPECT_EQ(adapter.info("base_model.model.lm_head.weight").shape, (std::vector<int64_t>{64, 32}));
+    const auto cfg = nlohmann::json::parse(read_file(f.dir / "run/adapter_config.json"));
+    EXPECT_EQ(cfg["modules_to_save"],
+              (nlohmann::json{"input_layernorm", "post_attention_layernorm", "norm", "embed_tokens", "lm_head"}));
+    EXPECT_FALSE(cfg.contains("ensure_weight_tying"));  // untied
+
+    // --plan-only: the trained tensors' gradients and moments (embeddings 2 x 64 x 32, norms 5 x 32)
+    auto plan_of = [&](const std::string& extra) {
+        auto p = run_command(f.base_cmd("plan") + " --plan-only" + lora + extra);
+        EXPECT_EQ(p.exit_code, 0) << p.output;
+        return p.output;
+    };
+    const std::string plain = plan_of(""), also = plan_of(" --train-also=norms,embeddings");
+    EXPECT_NE(plain, also);
+    EXPECT_TRUE(Contains(also, "LoRA adapters")) << also;
+
+    // --continue reproduces the uninterrupted run (losses and the merged export, trained norms included)
+    expect_continue_reproduces_full_run(f, "cpu", " --lora-rank=4 --lora-dropout=0.1 --train-also=norms,embeddings --merge-lora");
+    SafeTensorsReader opt({f.dir / "part-ckpt/step_00000005/optimizer.safetensors"});
+    EXPECT_TRUE(opt.has("base_model.model.model.norm.weight.exp_avg"));
+    EXPECT_TRUE(opt.has("base_model.model.lm_head.weight.exp_avg_sq"));
+
+    expect_refused(run_command(f.base_cmd("x1") + " --steps=2 --train-also=norms"), "--train-also needs --lora-rank > 0");
+    expect_refused(run_command(f.base_cmd("x2") + " --steps=2 --lora-rank=4 --train-also=norms,heads"),
+                   "unknown entry 'heads'");
+    expect_refused(run_command(f.base_cmd("x3", "cuda") + " --plan-only --lora-rank=4 --train-also=norms"),
+                   "--train-also=norms is not yet supported on --device=cuda");
+    // an adapter trained with --train-also=norms,embeddings continues only with the same
+    expect_refused(run_command(f.base_cmd("x4") + " --steps=2" + lora + " --lora-from=" + (f.dir / "run")),
+                   "(give --train-also=norms,embeddings)");
+    auto from = run_command(f.base_cmd("again") + " --steps=0" + lora + " --train-also=norms,embeddings --lora-from=" +
+                            (f.dir / "run"));
+    ASSERT_EQ(from.exit_code, 0) << from.output;
+    EXPECT_EQ(read_file(f.dir / "again/adapter_model.safetensors"), read_file(f.dir / "run/adapter_model.safetensors"));
+}
+
+// A tied model trains one matrix: the adapter holds embed_tokens only, and tells PEFT to tie the head to it.
+TEST(TrainCliLora, TrainAlsoEmbeddingsOfATiedModel) {
+    Fixture f;
+    std::string config = read_file(f.model_dir + "/config.json");
+    const std::string untied = R"("tie_word_embeddings": false)";
+    ASSERT_NE(config.find(untied), std::string::npos);
+    config.replace(config.find(untied), untied.size(), R"("tie_word_embeddings": true)");
+    write_file(f.model_dir + "/config.json", config);
+    auto r = run_command(f.base_cmd("run") + " --steps=2 --eval-every-n-steps=0 --lora-rank=4 --train-also=embeddings");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    SafeTensorsReader adapter({f.dir / "run/adapter_model.safetensors"});
+    EXPECT_TRUE(adapter.has("base_model.model.model.embed_tokens.weight"));
+    EXPECT_FALSE(adapter.has("base_model.model.lm_head.weight"));
+    const auto cfg = nlohmann::json::parse(read_file(f.dir / "run/adapter_config.json"));
+    EXPECT_EQ(cfg["modules_to_save"], (nlohmann::json{"embed_tokens"}));
+    EXPECT_EQ(cfg["ensure_weight_tying"], true);
 }
