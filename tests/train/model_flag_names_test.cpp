@@ -44,7 +44,8 @@ const std::map<std::string, ModelFlag>& spelled_keys() {
         QT_KEY(&ModelOptions::fp8_fast_accum), QT_KEY(&ModelOptions::gemm_autotune),
         QT_KEY(&ModelOptions::memory_limit), QT_KEY(&LoraOptions::rank), QT_KEY(&LoraOptions::alpha),
         QT_KEY(&LoraOptions::dropout), QT_KEY(&LoraOptions::targets), QT_KEY(&LoraOptions::init),
-        QT_KEY(&LoraOptions::from), QT_KEY(&LoraOptions::merge), QT_KEY(RunFlag::Device),
+        QT_KEY(&LoraOptions::from), QT_KEY(&LoraOptions::merge), QT_KEY(&LoraOptions::train_also),
+        QT_KEY(RunFlag::Device),
         QT_KEY(RunFlag::ZeroLevel), QT_KEY(RunFlag::GpuIds)};
     return keys;
 }
