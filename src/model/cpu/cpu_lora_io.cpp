@@ -20,6 +20,16 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 
 std::string join(const std::string& dir, const char* file) { return (fs::path(dir) / file).string(); }
 
+// A tied model's --train-also=embeddings: PEFT (ensure_weight_tying) wraps lm_head too, tied to the
+// trained embed_tokens copy, and its files carry that tensor under the head's name as well (its load
+// looks for both). qtrain trains the one matrix: the adapter file repeats it under this name.
+const std::string kTiedHead = std::string(kPeftPrefix) + "lm_head.weight";
+const std::string kEmbed = std::string(kPeftPrefix) + "model.embed_tokens.weight";
+
+bool writes_tied_head(const ModelConfig& cfg, const LoraOptions& lora) {
+    return cfg.tie_word_embeddings && (lora.train_also & kTrainEmbeddings);
+}
+
 }  // namespace
 
 void CpuLora::save_adapter(const std::string& dir) const {
@@ -28,6 +38,7 @@ void CpuLora::save_adapter(const std::string& dir) const {
     writer.set_metadata("format", "pt");
     for (size_t i = 0; i < specs_.size(); ++i)
         writer.add_f32(specs_[i].name, specs_[i].shape, value(i), DType::F32);
+    if (writes_tied_head(cfg_, lora_)) writer.add_f32(kTiedHead, spec(kEmbed).shape, value(index(kEmbed)), DType::F32);
     writer.write(join(dir, kAdapterWeightsFile));
     write_text_file_atomic(join(dir, kAdapterConfigFile), peft_adapter_config_json(lora_, cfg_));
 }
@@ -54,7 +65,7 @@ void CpuLora::load_adapter(const std::string& dir, const std::string& flag) {
     }
     // a tensor this model has no place for: another base (more layers) or another kind of adapter
     for (const std::string& name : reader.names())
-        QT_CHECK(index_.count(name), where, ": tensor '", name, "' has no place in this model (an adapter of "
+        QT_CHECK(index_.count(name) || (name == kTiedHead && writes_tied_head(cfg_, lora_)), where, ": tensor '", name, "' has no place in this model (an adapter of "
                  "another base?)");
     params_.swap(loaded);
     scatter();
@@ -66,6 +77,9 @@ void CpuLora::save_checkpoint(const std::string& dir) const {
     SafeTensorsWriter weights, optimizer;
     const std::vector<float> values = gathered();
     add_adam_state(weights, optimizer, specs_, offsets_, values.data(), m_.data(), v_.data());
+    // the weights file is PEFT's adapter file too (--export-checkpoint copies it)
+    if (writes_tied_head(cfg_, lora_))
+        weights.add_f32(kTiedHead, spec(kEmbed).shape, values.data() + offset(kEmbed), DType::F32);
     // the dropout masks' pass count: a resume draws the masks the uninterrupted run would have
     optimizer.set_metadata("lora_dropout_passes", std::to_string(passes_));
     weights.write(join(dir, kAdapterWeightsFile));
