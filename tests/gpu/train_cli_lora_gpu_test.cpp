@@ -1,7 +1,8 @@
 // LoRA through the `train` program on the GPU (issue 33; the CPU tests are tests/train/
 // train_cli_lora_test.cpp): a run writes PEFT's adapter into --out-dir, --continue from adapter-only
-// checkpoints reproduces the uninterrupted run bit for bit (eager and with CUDA graphs), and what the
-// GPU does not do yet with LoRA is refused naming the flag.
+// checkpoints reproduces the uninterrupted run bit for bit (eager and with CUDA graphs), what the
+// GPU does not do yet with LoRA is refused naming the flag, and `--export-checkpoint --merge-lora`
+// of its checkpoint equals the run's merged export.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -69,4 +70,33 @@ TEST(TrainCliLoraGpu, RefusesWhatIsNotWrittenYetNamingTheFlag) {
     expect_refused(run_command(f.base_cmd("fp8", "cuda") + lora + " --matmul-dtype=e4m3"), "--matmul-dtype=e4m3");
     expect_refused(run_command(f.base_cmd("stream", "cuda") + lora + " --shard-weights"), "--shard-weights");
     expect_refused(run_command(f.base_cmd("offload", "cuda") + lora + " --offload-opt-m"), "--offload-opt-m");
+    expect_refused(run_command(f.base_cmd("also", "cuda") + lora + " --train-also=norms"),
+                   "--train-also=norms is not yet supported on --device=cuda");
+}
+
+// `--export-checkpoint --merge-lora` of a GPU LoRA run's checkpoint (done on the host, from --model's
+// file): byte for byte the run's own --merge-lora export (bf16: the base rounded as the GPU model
+// loads it, the merge in fp32, rounded once). Bases: an fp32 file (the CPU model's export, which the
+// GPU rounds on load) and a bf16 one (the GPU model's).
+TEST(TrainCliLoraGpu, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
+    QTRAIN_REQUIRE_GPU();
+    for (const char* base_device : {"cpu", "cuda"}) {
+        SCOPED_TRACE(base_device);
+        Fixture f(kGpuShape);
+        ASSERT_EQ(run_command(f.base_cmd("base", base_device) + " --steps=0 --eval-every-n-steps=0").exit_code, 0);
+        const std::string base = f.dir / "base";
+        std::string cmd = f.base_cmd("merged", "cuda");
+        const std::string scratch = " --model=" + f.model_dir + " --from-scratch";
+        ASSERT_NE(cmd.find(scratch), std::string::npos);
+        cmd.replace(cmd.find(scratch), scratch.size(), " --model=" + base);
+        auto run = run_command(cmd + " --steps=6 --eval-every-n-steps=0 --lora-rank=8 --lora-alpha=16 "
+                                     "--lora-targets=q,v,up,down --ckpt-interval=3 --merge-lora");
+        ASSERT_EQ(run.exit_code, 0) << run.output;
+        const fs::path ckpt = fs::path(f.dir / "merged-ckpt/step_00000006");
+        auto ex = run_command(train_exe() + " --export-checkpoint=" + ckpt.string() + " --merge-lora --out-dir=" +
+                              (f.dir / "exported") + " --model=" + base);
+        ASSERT_EQ(ex.exit_code, 0) << ex.output;
+        for (const char* file : {"model.safetensors", "config.json"})
+            EXPECT_EQ(read_file(fs::path(f.dir / "exported") / file), read_file(fs::path(f.dir / "merged") / file)) << file;
+    }
 }
