@@ -16,6 +16,10 @@ attention, PeftModel) on one batch and compares:
 usage: uv run --no-project --with torch --index-url https://download.pytorch.org/whl/cpu \
          --extra-index-url https://pypi.org/simple --with transformers --with peft --with safetensors \
          --with numpy python3 tests/reference/compare_peft_cpu.py --build build [--work /tmp/qtrain-peft]
+With --train-also=norms,embeddings (qtrain's flag) the PEFT adapter also has modules_to_save (every
+RMSNorm, embed_tokens and lm_head), their copies perturbed before saving so qtrain must take them from
+the adapter; their gradients and trained values are compared with the adapters' (torch's AdamW
+decays the adapters and embeddings, not the norms, as qtrain does).
 Exit code 0 only if every check passes; prints the numbers either way.
 """
 import argparse
@@ -60,11 +64,16 @@ def loss_of(model, inputs, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-1), logits
 
 
-def peft_name(name):  # PEFT's saved names have no adapter name
-    return name.replace(".default", "")
+def peft_name(name):  # PEFT's saved names have no adapter name (nor modules_to_save's wrapper)
+    return name.replace(".modules_to_save.default", "").replace(".default", "")
 
 
-def run_family(family, build, work):
+MODULES_TO_SAVE = {"norms": ["input_layernorm", "post_attention_layernorm", "norm"],
+                   "embeddings": ["embed_tokens", "lm_head"]}
+
+
+def run_family(family, build, work, train_also=""):
+    also = [m for part in train_also.split(",") if part for m in MODULES_TO_SAVE[part]]
     d = os.path.join(work, family)
     base_dir, adapter_dir = os.path.join(d, "base"), os.path.join(d, "adapter")
     export_dir, merged_dir = os.path.join(d, "qtrain-adapter"), os.path.join(d, "qtrain-merged")
@@ -78,11 +87,13 @@ def run_family(family, build, work):
                 p.normal_(0, 0.1)
     model.save_pretrained(base_dir, safe_serialization=True)
     pm = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
-                                          bias="none", task_type="CAUSAL_LM"))
+                                          bias="none", task_type="CAUSAL_LM", modules_to_save=also or None))
     with torch.no_grad():
         for n, p in pm.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.05)
+            elif "modules_to_save" in n:  # not the base's values: qtrain must read them from the adapter
+                p.add_(0.05 * torch.randn_like(p))
     pm.save_pretrained(adapter_dir)
 
     g = torch.Generator().manual_seed(7)
@@ -95,7 +106,8 @@ def run_family(family, build, work):
     cmd = [os.path.join(build, "qtrain_lora_dump"), "--model", base_dir, "--adapter", adapter_dir, "--rank", str(RANK),
            "--alpha", str(ALPHA), "--tokens", tokens, "--batch", str(B), "--seq-len", str(T), "--out", dump,
            "--steps", str(STEPS), "--lr", str(LR), "--weight-decay", str(WD), "--beta1", str(BETAS[0]), "--beta2",
-           str(BETAS[1]), "--eps", str(EPS), "--export-dir", export_dir, "--merged-dir", merged_dir]
+           str(BETAS[1]), "--eps", str(EPS), "--export-dir", export_dir, "--merged-dir", merged_dir,
+           "--train-also", train_also]
     subprocess.run(cmd, check=True)
     q = load_file(dump)
 
@@ -110,14 +122,22 @@ def run_family(family, build, work):
     ref = PeftModel.from_pretrained(load(base_dir), adapter_dir, is_trainable=True)
     ref.train()
     params = {peft_name(n): p for n, p in ref.named_parameters() if p.requires_grad}
-    assert len(params) == 2 * 7 * 2, sorted(params)
+    extra = [n for n in params if ".lora_" not in n]
+    assert len(params) - len(extra) == 2 * 7 * 2 and bool(extra) == bool(also), sorted(params)
     loss, _ = loss_of(ref, inputs, targets)
     loss.backward()
     check("loss", rel(q["loss"][0], loss.item()), 1e-4)
     worst = max((rel(q["grad." + n], p.grad.numpy()), n) for n, p in params.items())
     check(f"worst adapter gradient ({worst[1]})", worst[0], 1e-4)
+    if extra:
+        worst = max((rel(q["grad." + n], params[n].grad.numpy()), n) for n in extra)
+        check(f"worst gradient of the {len(extra)} trained base tensors ({worst[1]})", worst[0], 1e-4)
 
-    opt = torch.optim.AdamW(list(params.values()), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    # qtrain decays matrices and embeddings, not norms
+    decay = [p for n, p in params.items() if "norm" not in n]
+    no_decay = [p for n, p in params.items() if "norm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
     losses = []
     for k in range(STEPS):
         if k > 0:
@@ -153,11 +173,12 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--work", default="/tmp/qtrain-peft")
     ap.add_argument("--families", default="qwen2,llama")
+    ap.add_argument("--train-also", default="", help="qtrain's --train-also (norms,embeddings): modules_to_save")
     a = ap.parse_args()
     torch.set_num_threads(1)  # deterministic sums on the reference side
     import peft, transformers
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")
-    ok = all([run_family(f, a.build, a.work) for f in a.families.split(",")])
+    ok = all([run_family(f, a.build, a.work, a.train_also) for f in a.families.split(",")])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -7,7 +7,9 @@
 //
 // usage: qtrain_lora_dump --model DIR --adapter DIR --rank R --alpha A --targets all --tokens FILE
 //        --batch B --seq-len T --out OUT.safetensors [--steps K --lr LR --weight-decay WD --beta1 B1
-//        --beta2 B2 --eps E] [--export-dir DIR] [--merged-dir DIR]
+//        --beta2 B2 --eps E] [--export-dir DIR] [--merged-dir DIR] [--train-also norms,embeddings]
+// With --train-also the trained base tensors are among the specs (PEFT's modules_to_save names) and
+// are written with the adapters.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -25,7 +27,7 @@
 using namespace qtrain;
 
 int main(int argc, char** argv) {
-    std::string model_dir, adapter_dir, targets = "all", tokens_path, out_path, export_dir, merged_dir;
+    std::string model_dir, adapter_dir, targets = "all", tokens_path, out_path, export_dir, merged_dir, train_also;
     int rank = 8, B = 2, T = 16, steps = 0;
     float alpha = 16.0f, lr = 1e-3f, weight_decay = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     CLI::App app{"qtrain_lora_dump"};
@@ -46,6 +48,7 @@ int main(int argc, char** argv) {
     app.add_option("--eps", eps);
     app.add_option("--export-dir", export_dir);
     app.add_option("--merged-dir", merged_dir);
+    app.add_option("--train-also", train_also);
     CLI11_PARSE(app, argc, argv);
     (void)qtrain::train_option_table();  // the flag names the model's messages print (model/flag_names.h)
     try {
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
         opt.lora.targets = parse_lora_targets(targets, "--targets");
         opt.lora.from = adapter_dir;
         opt.lora.base_model = model_dir;
+        opt.lora.train_also = parse_lora_train_also(train_also, "--train-also");
         CpuModel model(cfg, opt);
         model.load_hf(model_dir);
 
