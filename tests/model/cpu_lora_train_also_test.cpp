@@ -133,6 +133,28 @@ TEST(CpuLoraTrainAlso, AdamWTrainsTheBaseTensorsInPlaceAndTheRestStaysFrozen) {
     }
 }
 
+// The plan (--plan-only) counts the trained tensors' gradients and moments with the adapters'.
+TEST(CpuLoraTrainAlso, MemoryPlanCountsTheTrainedTensors) {
+    const ModelConfig cfg = test::tiny_qwen3_config(false);
+    auto bytes_of = [](const MemoryPlan& plan, const std::string& category) -> int64_t {
+        for (const auto& e : plan.entries)
+            if (e.category == category) return static_cast<int64_t>(e.device_bytes);
+        return -1;
+    };
+    const MemoryPlan plain = CpuModel::plan(cfg, train_also_options(0));
+    const MemoryPlan also = CpuModel::plan(cfg, train_also_options(kTrainNorms | kTrainEmbeddings));
+    int64_t extra = 0;
+    for (const std::string& name : expected_trained(cfg, kTrainNorms | kTrainEmbeddings))
+        for (const ParamSpec& s : model_parameters(cfg))
+            if (s.name == name) extra += s.numel();
+    // 2 layers x (2 norms + q/k norms) x head or hidden size, the final norm, embeddings and head
+    EXPECT_EQ(extra, 2 * (2 * cfg.hidden_size + 2 * cfg.head_dim) + cfg.hidden_size +
+                         2 * int64_t{cfg.vocab_size} * cfg.hidden_size);
+    for (const char* c : {"LoRA adapters", "Gradients", "Adam M", "Adam V"})
+        EXPECT_EQ(bytes_of(also, c) - bytes_of(plain, c), extra * 4) << c;
+    EXPECT_EQ(bytes_of(also, "Weights"), bytes_of(plain, "Weights"));
+}
+
 TEST(CpuLoraTrainAlso, ParsesAndRefusesUnknownNames) {
     EXPECT_EQ(parse_lora_train_also("", "--train-also"), 0u);
     EXPECT_EQ(parse_lora_train_also("norms,embeddings", "--train-also"), kTrainNorms | kTrainEmbeddings);
