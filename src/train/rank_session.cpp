@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "model/lora.h"
 #include "tokenizer/hf_tokenizer_export.h"
 #include "train/checkpointer.h"
 #include "train/data_loader.h"
@@ -556,7 +557,9 @@ int RankSession::finish() {
     if (!lead_) return 0;
     s.log->message(fmt::format("[Setup] model exported in {:.1f} s", seconds_since(t_export)));
     export_files(o_.out_dir);
-    s.log->log_done(step_, o_.out_dir, seconds_since(ctx_.t_start));
+    // a LoRA run exports the PEFT adapter (unless --merge-lora): the done line names that file
+    const bool adapter = o_.lora_rank > 0 && !o_.merge_lora;
+    s.log->log_done(step_, o_.out_dir, seconds_since(ctx_.t_start), adapter ? kAdapterWeightsFile : "model.safetensors");
     return 0;
 }
 

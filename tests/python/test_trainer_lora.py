@@ -63,6 +63,7 @@ def test_a_lora_run_from_python_equals_the_command_line(tmp_path: Path, data: Pa
     cli_opts = lora_options(tmp_path, data, "cli", **extra)
     cli = subprocess.run([TRAIN_EXE, *qtrain.flags(**cli_opts)], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
+    assert f"adapter written to {tmp_path / 'cli'}/adapter_model.safetensors" in cli.stdout  # the done line
     ref = step_losses(tmp_path / "cli.jsonl")
     assert len(ref) == 8 and losses == ref and step_losses(tmp_path / "py.jsonl") == ref
     assert len(eval_losses(tmp_path / "cli.jsonl")) == 2
