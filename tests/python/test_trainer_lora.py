@@ -2,8 +2,9 @@
 LoRA run from Python equals `build/train` with the same options bit for bit (per-step and evaluation
 losses, the PEFT adapter files), the adapters are the trainable tensors (PEFT names) while the frozen
 base stays readable, has no gradient and never changes, compute_gradients() shows the gradients a
-step would apply (A's are zero while B is, non-zero once B is not) and leaves the run as it was, and
-checkpoints and lora_from continue the adapters."""
+step would apply (A's are zero while B is, non-zero once B is not) and leaves the run as it was,
+checkpoints and lora_from continue the adapters, and merge_lora exports W + alpha/rank B A of the
+tensors the Trainer shows."""
 
 import json
 import struct
@@ -177,3 +178,23 @@ def test_lora_from_starts_from_a_saved_adapter(tmp_path: Path, data: Path):  # n
     with pytest.raises(ValueError, match="--lora-from="):  # another rank than the adapter's
         qtrain.Trainer(**dict(lora_options(tmp_path, data, "bad", lora_from=str(tmp_path / "adapter")), lora_rank=8),
                        steps=2)
+
+
+def test_merge_lora_exports_the_base_plus_the_scaled_adapters_the_trainer_shows(tmp_path: Path, data: Path):  # noqa: F811
+    with qtrain.Trainer(**lora_options(tmp_path, data, "merged", merge_lora=True), steps=2) as t:
+        t.step()
+        t.step()
+        t.export(str(tmp_path / "export"))
+        views = t.parameters()
+    merged = read_safetensors(tmp_path / "export" / "model.safetensors")
+    assert not (tmp_path / "export" / "adapter_model.safetensors").exists()
+    scale = 12 / 4  # lora_alpha / lora_rank
+    for l in range(LAYERS):
+        for m in MODULES:
+            base = f"model.layers.{l}.{m}.weight"
+            a, b = views[adapter_name(l, m, "lora_A")], views[adapter_name(l, m, "lora_B")]
+            assert np.any(b), base
+            expected = views[base].astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))
+            np.testing.assert_allclose(merged[base], expected, rtol=1e-5, atol=1e-6, err_msg=base)
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):  # not adapted: the base
+        assert np.array_equal(merged[name], views[name]), name
