@@ -132,7 +132,7 @@ class Trainer:
         r = self._session.step(inputs, targets, lr)
         return StepResult(**r)
 
-    def _token_ids(self, value, name: str, extra_column: int, lowest):
+    def _token_ids(self, value, name: str, extra_column: int, lowest, where: str = "step()"):
         """A step's array, checked (_token_ids.py): [rows_per_step, seq_len + extra_column] ids in
         [lowest, vocab_size); returned as C-contiguous int32."""
         from ._token_ids import checked_token_ids
@@ -144,7 +144,7 @@ class Trainer:
             return (f"[rows, seq_len{' + 1' if extra_column else ''}] = [{rows}, {cols}] (rows = grad_accumulation x "
                     f"ranks x batch_size = {o['grad-accumulation']} x {self.world} x {o['batch-size']})")
 
-        return checked_token_ids(value, name, where="step()", shape=(rows, cols), shape_text=shape_text,
+        return checked_token_ids(value, name, where=where, shape=(rows, cols), shape_text=shape_text,
                                  high=self.vocab_size, high_text="the model's vocab_size", lowest=lowest)
 
     def evaluate(self) -> EvalResult:
@@ -174,7 +174,9 @@ class Trainer:
         self._session.load_checkpoint(str(path))
 
     def export(self, path: str) -> None:
-        """Writes the model as a Hugging Face directory (model.safetensors, config.json, tokenizer files)."""
+        """Writes the model as a Hugging Face directory (model.safetensors, config.json, tokenizer files);
+        with LoRA (lora_rank > 0) the PEFT adapter instead of model.safetensors (adapter_config.json +
+        adapter_model.safetensors, as `train` writes to out_dir), or with merge_lora=True the merged model."""
         self._session.export_model(str(path))
 
     def memory_plan(self) -> dict:
@@ -182,19 +184,56 @@ class Trainer:
         return self._session.memory_plan()
 
     # ---- tensors, for debugging ----
+    # Every parameter by its HF name; with LoRA (lora_rank > 0) also the adapters by the names PEFT
+    # saves them under ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"). Under LoRA
+    # the base is frozen: readable, but it has no gradient and never changes; the adapters are the
+    # trainable tensors.
     def parameter_names(self) -> list[str]:
-        return [name for name, _ in self._session.tensors()]
+        """Every readable tensor: the model's parameters, then (LoRA) the adapters."""
+        return [name for name, _, _ in self._session.tensors()]
+
+    def trainable_parameter_names(self) -> list[str]:
+        """The tensors the optimizer updates (with LoRA: the adapters; else every parameter)."""
+        return [name for name, _, trainable in self._session.tensors() if trainable]
 
     def parameter(self, name: str):
         """The weights the forward pass uses, as a float32 numpy array (a copy)."""
         return self._session.read(name, False)
 
     def gradient(self, name: str):
-        """The gradient accumulated since the last optimizer step on rank 0 (zero right after a step)."""
+        """The gradient accumulated since the last optimizer step on rank 0 (zero right after a step;
+        compute_gradients() fills it). A frozen tensor (the base under LoRA) has none: ValueError."""
         return self._session.read(name, True)
 
     def parameters(self) -> dict:
         return {name: self.parameter(name) for name in self.parameter_names()}
+
+    def gradients(self) -> dict:
+        """gradient() of every trainable tensor."""
+        return {name: self.gradient(name) for name in self.trainable_parameter_names()}
+
+    def compute_gradients(self, inputs=None, targets=None, *, tokens=None) -> None:
+        """The gradients step() would apply for these tokens (the arrays as step() takes and checks
+        them), accumulated and left to read with gradient()/gradients(): no update, no step counted,
+        nothing logged, train_file's position untouched. The next step() clears them first, so the
+        run goes on as if this call never was (except lora_dropout's masks, drawn per training pass).
+        On the GPU only LoRA runs support it."""
+        if tokens is not None:
+            import numpy as np
+
+            if inputs is not None or targets is not None:
+                raise ValueError("compute_gradients(): give tokens=, or inputs and targets, not both")
+            lowest = np.zeros(self.seq_len + 1, dtype=np.int64)
+            lowest[-1] = -1
+            tokens = self._token_ids(tokens, "tokens", 1, lowest, "compute_gradients()")
+            inputs = np.ascontiguousarray(tokens[:, :-1])
+            targets = np.ascontiguousarray(tokens[:, 1:])
+        elif inputs is None or targets is None:
+            raise ValueError("compute_gradients(): give inputs and targets (or tokens=)")
+        else:
+            inputs = self._token_ids(inputs, "inputs", 0, 0, "compute_gradients()")
+            targets = self._token_ids(targets, "targets", 0, -1, "compute_gradients()")
+        self._session.compute_gradients(inputs, targets)
 
     # ---- lifetime ----
     def close(self) -> None:

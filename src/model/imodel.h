@@ -81,6 +81,13 @@ public:
     // only saturated activations give) nothing is updated — weights and optimizer state stay as they
     // were — and only the gradients and the loss are cleared; the engine then stops.
     virtual StepStats optimizer_step(const OptimizerParams& params) = 0;
+    // Clears the accumulated gradients and step loss without an update: the Python package's
+    // compute_gradients() (gradients to read, then training goes on as if they never were). Backends
+    // that cannot refuse naming the device.
+    virtual void zero_gradients() {
+        throw_error(cat("computing gradients without a step is not supported on ", flag(RunFlag::Device), "=",
+                        device_name()));
+    }
     static bool update_allowed(const StepStats& s) {
         return std::isfinite(s.loss) && std::isfinite(s.grad_norm) && s.grad_norm > 0.0f;
     }

@@ -6,15 +6,18 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "core/error.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 #include "python/bindings.h"
 #include "train/run_context.h"
@@ -99,17 +102,7 @@ public:
         open();
         QT_CHECK(inputs.has_value() == targets.has_value(), "step(): give both inputs and targets, or neither");
         StepTokens tokens;
-        if (inputs) {
-            const int T = session_->context().options.seq_len;
-            QT_CHECK(inputs->shape(0) == targets->shape(0) && inputs->shape(1) == targets->shape(1),
-                     "step(): inputs and targets must have the same shape, got (", inputs->shape(0), ", ",
-                     inputs->shape(1), ") and (", targets->shape(0), ", ", targets->shape(1), ")");
-            QT_CHECK(static_cast<int64_t>(inputs->shape(1)) == T, "step(): arrays of --seq-len=", T,
-                     " columns expected, got ", inputs->shape(1));
-            check_token_range(inputs->data(), inputs->size(), "inputs", 0);
-            check_token_range(targets->data(), targets->size(), "targets", -1);
-            tokens = {inputs->data(), targets->data(), static_cast<int64_t>(inputs->shape(0))};
-        }
+        if (inputs) tokens = step_tokens(*inputs, *targets, "step()");
         StepReport r;
         {
             nb::gil_scoped_release released;
@@ -183,29 +176,51 @@ public:
         return code;
     }
 
-    // (name, shape) of every parameter tensor, in the canonical order (model/parameters.h).
-    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors() const {
+    // (name, shape, trainable) of every tensor the Trainer can read: the model's parameters in the
+    // canonical order (model/parameters.h), then with LoRA (--lora-rank) the adapters by their PEFT
+    // names (model/lora.h). Under LoRA the base is frozen (not trainable: no gradient) and only the
+    // adapters train.
+    std::vector<std::tuple<std::string, std::vector<int64_t>, bool>> tensors() const {
         open();
-        std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-        for (const ParamSpec& s : model_parameters(session_->config())) out.emplace_back(s.name, s.shape);
+        std::vector<std::tuple<std::string, std::vector<int64_t>, bool>> out;
+        for (const auto& [spec, trainable] : readable()) out.emplace_back(spec.name, spec.shape, trainable);
         return out;
     }
 
     nb::ndarray<nb::numpy, float> read(const std::string& name, bool gradient) {
         open();
-        const std::vector<ParamSpec> specs = model_parameters(session_->config());
-        const ParamSpec* spec = nullptr;
-        for (const ParamSpec& s : specs)
-            if (s.name == name) spec = &s;
-        QT_CHECK(spec, "no parameter named '", name, "' (Trainer.parameter_names() lists them)");
+        const std::vector<std::pair<ParamSpec, bool>> all = readable();
+        const std::pair<ParamSpec, bool>* found = nullptr;
+        for (const auto& t : all)
+            if (t.first.name == name) found = &t;
+        QT_CHECK(found, "no parameter named '", name, "' (Trainer.parameter_names() lists them)");
+        // refused here, not by the model: a model's error would end the session (train/session.h)
+        QT_CHECK(!gradient || found->second, "'", name, "' is frozen under LoRA (--lora-rank=", lora().rank,
+                 "): it has no gradient (Trainer.trainable_parameter_names() lists the tensors that have one)");
+        const ParamSpec& spec = found->first;
         auto* values = new std::vector<float>();
         {
             nb::gil_scoped_release released;
             *values = session_->read_tensor(name, gradient ? IModel::TensorKind::Gradient : IModel::TensorKind::Weights);
         }
         nb::capsule owner(values, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-        std::vector<size_t> shape(spec->shape.begin(), spec->shape.end());
+        std::vector<size_t> shape(spec.shape.begin(), spec.shape.end());
         return nb::ndarray<nb::numpy, float>(values->data(), shape.size(), shape.data(), owner);
+    }
+
+    // The gradients step(inputs, targets) would apply, left readable (TrainingSession::compute_gradients).
+    void compute_gradients(Tokens inputs, Tokens targets) {
+        open();
+        // the GPU model clears only the adapters' gradients (IModel::zero_gradients); refused here, as
+        // the model's refusal would end the session
+        QT_CHECK(session_->context().device != "cuda" || lora().enabled(),
+                 "compute_gradients(): --device=cuda supports it with LoRA (--lora-rank) only, not for the full model yet");
+        const StepTokens tokens = step_tokens(inputs, targets, "compute_gradients()");
+        {
+            nb::gil_scoped_release released;
+            session_->compute_gradients(tokens);
+        }
+        check_listener();
     }
 
     // (each checks that the session is open: a closed one has no context, and reading it crashed)
@@ -254,10 +269,32 @@ public:
 
 private:
     void open() const { QT_CHECK(session_, "the Trainer is closed"); }
-    void check_token_range(const int32_t* data, size_t n, const char* what, int32_t lowest) const {
+    // The arrays of a step (checked: shapes, --seq-len columns, ids in range) as StepTokens.
+    StepTokens step_tokens(const Tokens& inputs, const Tokens& targets, const char* where) const {
+        const int T = session_->context().options.seq_len;
+        QT_CHECK(inputs.shape(0) == targets.shape(0) && inputs.shape(1) == targets.shape(1), where,
+                 ": inputs and targets must have the same shape, got (", inputs.shape(0), ", ", inputs.shape(1),
+                 ") and (", targets.shape(0), ", ", targets.shape(1), ")");
+        QT_CHECK(static_cast<int64_t>(inputs.shape(1)) == T, where, ": arrays of --seq-len=", T,
+                 " columns expected, got ", inputs.shape(1));
+        check_token_range(inputs.data(), inputs.size(), where, "inputs", 0);
+        check_token_range(targets.data(), targets.size(), where, "targets", -1);
+        return {inputs.data(), targets.data(), static_cast<int64_t>(inputs.shape(0))};
+    }
+    const LoraOptions& lora() const { return session_->context().model_options.lora; }
+    // Every readable tensor and whether it trains (tensors()).
+    std::vector<std::pair<ParamSpec, bool>> readable() const {
+        std::vector<std::pair<ParamSpec, bool>> out;
+        const bool frozen_base = lora().enabled();
+        for (const ParamSpec& s : model_parameters(session_->config())) out.emplace_back(s, !frozen_base);
+        if (frozen_base)
+            for (const ParamSpec& s : lora_parameters(session_->config(), lora())) out.emplace_back(s, true);
+        return out;
+    }
+    void check_token_range(const int32_t* data, size_t n, const char* where, const char* what, int32_t lowest) const {
         const int vocab = session_->config().vocab_size;
         for (size_t i = 0; i < n; ++i)
-            QT_CHECK(data[i] >= lowest && data[i] < vocab, "step(): ", what, "[", i, "] = ", data[i],
+            QT_CHECK(data[i] >= lowest && data[i] < vocab, where, ": ", what, "[", i, "] = ", data[i],
                      " is outside [", lowest, ", ", vocab, ") (the model's vocab_size", lowest < 0 ? "; -1 = no loss" : "",
                      ")");
     }
@@ -288,7 +325,12 @@ void bind_session(nb::module_& m) {
              "Loads a checkpoint directory (verified, and checked to be this run's).")
         .def("export_model", &Session::export_model, nb::arg("dir"), "Writes the HF model into `dir`.")
         .def("finish", &Session::finish, "The command line's end: final evaluation, export to --out-dir, done.")
-        .def("tensors", &Session::tensors, "(name, shape) of every parameter tensor.")
+        .def("tensors", &Session::tensors,
+             "(name, shape, trainable) of every tensor: the parameters, then with LoRA the adapters (PEFT names); "
+             "under LoRA the base is frozen.")
+        .def("compute_gradients", &Session::compute_gradients, nb::arg("inputs").noconvert(),
+             nb::arg("targets").noconvert(),
+             "The gradients a step on these tokens would apply, left to read (no update; the next step clears them).")
         .def("read", &Session::read, nb::arg("name"), nb::arg("gradient") = false,
              "A parameter (or its accumulated gradient) as a float32 numpy array.")
         .def_prop_ro("next_step", &Session::next_step)

@@ -279,8 +279,9 @@ void Logger::log_stopped(int step, const std::string& reason) {
     write_line(j.dump());
 }
 
-void Logger::log_done(int step, const std::string& out_dir, double seconds) {
-    std::printf("\nDone: %d steps in %.1f s; model written to %s/model.safetensors\n", step, seconds, out_dir.c_str());
+void Logger::log_done(int step, const std::string& out_dir, double seconds, const std::string& written) {
+    std::printf("\nDone: %d steps in %.1f s; %s written to %s/%s\n", step, seconds,
+                written == "model.safetensors" ? "model" : "adapter", out_dir.c_str(), written.c_str());
     std::fflush(stdout);
     json j = event("done", step);
     j["out_dir"] = out_dir;

@@ -47,7 +47,9 @@ public:
     void log_option_changes(const std::vector<OptionChange>& changes);
     // A run stopped because a step was broken (non-finite, or a vanished gradient).
     void log_stopped(int step, const std::string& reason);
-    void log_done(int step, const std::string& out_dir, double seconds);
+    // `written`: the file the export wrote into out_dir (model.safetensors, or a LoRA run's adapter_model.safetensors)
+    void log_done(int step, const std::string& out_dir, double seconds,
+                  const std::string& written = "model.safetensors");
     void message(const std::string& text);  // console only
 
     // Called with every JSONL line once it is written (the Python package's live callbacks, e.g. W&B).

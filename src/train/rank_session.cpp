@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "model/lora.h"
 #include "tokenizer/hf_tokenizer_export.h"
 #include "train/checkpointer.h"
 #include "train/data_loader.h"
@@ -232,11 +233,10 @@ void RankSession::load_base_weights() {
     }
 }
 
-StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_override) {
+int64_t RankSession::forward_backward_step(const StepTokens* tokens) {
     State& s = *s_;
     const int B = o_.batch_size, T = o_.seq_len, accumulation = o_.grad_accumulation;
     const int64_t rows = static_cast<int64_t>(accumulation) * world_ * B;
-    QT_CHECK(tokens || s.train_data, "no --train-file: give this step's tokens (inputs and targets)");
     QT_CHECK(!tokens || tokens->rows == rows, "internal: a step's tokens must be ", rows, " rows");
     float grad_scale = 1.0f / static_cast<float>(accumulation * world_);
     // --loss-normalization=tokens: every micro-batch's summed loss is divided by the trained tokens of
@@ -255,12 +255,6 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
         grad_scale = 1.0f;
         loss_denominator = static_cast<float>(step_valid);  // 0: no target anywhere, no loss either
     }
-    StepReport r;
-    r.step = step_;
-    r.tokens = rows * T;
-    WatchdogScope watched(s.watchdog.get(), fmt::format("step {}", step_));
-    maybe_fail_for_test(ctx_.test_fault, rank_, step_);
-    const auto t0 = Clock::now();
     int64_t valid = 0;
     for (int micro = 0; micro < accumulation; ++micro) {
         const int32_t *in, *tgt, *pos = nullptr;
@@ -288,6 +282,23 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
         // the --comm-timeout watchdog's feed: it bounds one micro-batch, not a whole step of many
         if (s.watchdog) s.watchdog->feed();
     }
+    return valid;
+}
+
+StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_override) {
+    State& s = *s_;
+    QT_CHECK(tokens || s.train_data, "no --train-file: give this step's tokens (inputs and targets)");
+    if (gradients_pending_) {  // compute_gradients' gradients are not this step's
+        s.model->zero_gradients();
+        gradients_pending_ = false;
+    }
+    StepReport r;
+    r.step = step_;
+    r.tokens = static_cast<int64_t>(o_.grad_accumulation) * world_ * o_.batch_size * o_.seq_len;
+    WatchdogScope watched(s.watchdog.get(), fmt::format("step {}", step_));
+    maybe_fail_for_test(ctx_.test_fault, rank_, step_);
+    const auto t0 = Clock::now();
+    const int64_t valid = forward_backward_step(tokens);
     r.lr = lr_override ? *lr_override : s.schedule.at(step_);
     const StepStats stats = s.model->optimizer_step(
         OptimizerParams{r.lr, o_.beta_1, o_.beta_2, o_.adam_epsilon, o_.weight_decay, o_.grad_clip, step_ + 1});
@@ -340,6 +351,14 @@ StepReport RankSession::step(const StepTokens* tokens, std::optional<float> lr_o
         r.stop = true;
     }
     return r;
+}
+
+void RankSession::compute_gradients(const StepTokens& tokens) {
+    State& s = *s_;
+    s.model->zero_gradients();  // (a backend that cannot refuses here, before any work)
+    WatchdogScope watched(s.watchdog.get(), fmt::format("compute_gradients before step {}", step_));
+    forward_backward_step(&tokens);
+    gradients_pending_ = true;
 }
 
 void RankSession::stop_at_broken_step(int step, float loss, float grad_norm, int64_t valid_targets) {
@@ -538,7 +557,9 @@ int RankSession::finish() {
     if (!lead_) return 0;
     s.log->message(fmt::format("[Setup] model exported in {:.1f} s", seconds_since(t_export)));
     export_files(o_.out_dir);
-    s.log->log_done(step_, o_.out_dir, seconds_since(ctx_.t_start));
+    // a LoRA run exports the PEFT adapter (unless --merge-lora): the done line names that file
+    const bool adapter = o_.lora_rank > 0 && !o_.merge_lora;
+    s.log->log_done(step_, o_.out_dir, seconds_since(ctx_.t_start), adapter ? kAdapterWeightsFile : "model.safetensors");
     return 0;
 }
 

@@ -59,6 +59,12 @@ public:
     // learning rate (or `lr`), then the evaluation and checkpoint --eval-every-n-steps and
     // --ckpt-interval ask for, and on a stop signal a checkpoint. Throws (rank 0) when the step is broken.
     StepReport step(const StepTokens* tokens = nullptr, std::optional<float> lr = std::nullopt);
+    // The gradients step(tokens) would accumulate before its update, left for read_tensor(Gradient)
+    // (the Python package's compute_gradients): no update, no step counted, no log line, the data
+    // loader untouched. The next step clears them first, so it trains as if this call never was
+    // (except --lora-dropout's masks, which count every training pass). Backends without
+    // IModel::zero_gradients refuse.
+    void compute_gradients(const StepTokens& tokens);
     // --eval-file's evaluation now ([V] line and log); collective.
     EvalResult evaluate();
     // A checkpoint of the state after next_step() steps into --checkpoint-dir; returns its directory.
@@ -80,6 +86,9 @@ public:
 
 private:
     void start();
+    // The step's micro-batches (--train-file's next ones, or `tokens`) through forward_backward;
+    // returns this rank's count of valid targets.
+    int64_t forward_backward_step(const StepTokens* tokens);
     int load_start_state();
     // --from-scratch's random init or --model's weights (also the frozen base of a LoRA resume).
     void load_base_weights();
@@ -97,6 +106,7 @@ private:
     std::unique_ptr<State> s_;
     int step_ = 0;
     int evaluated_at_ = -1;  // the step count of the last evaluation (-1: none)
+    bool gradients_pending_ = false;  // compute_gradients left gradients that the next step clears
 };
 
 }  // namespace qtrain

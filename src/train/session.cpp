@@ -89,6 +89,19 @@ StepReport TrainingSession::step(const StepTokens* tokens, std::optional<float> 
     return r;
 }
 
+void TrainingSession::compute_gradients(const StepTokens& tokens) {
+    QT_CHECK(!ended_, "the run has ended on this rank");
+    const TrainOptions& o = ctx_.options;
+    const int64_t rows = static_cast<int64_t>(o.grad_accumulation) * ctx_.world * o.batch_size;
+    QT_CHECK(tokens.rows == rows, "compute_gradients(): the tokens must be --grad-accumulation x ranks x --batch-size = ",
+             o.grad_accumulation, " x ", ctx_.world, " x ", o.batch_size, " = ", rows, " rows of --seq-len=", o.seq_len,
+             " tokens, got ", tokens.rows, " rows");
+    on_ranks<int>([&](RankSession& s) {
+        s.compute_gradients(tokens);
+        return 0;
+    });
+}
+
 EvalResult TrainingSession::evaluate() {
     return on_ranks<EvalResult>([](RankSession& s) { return s.evaluate(); });
 }

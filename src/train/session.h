@@ -35,6 +35,8 @@ public:
     // RankSession's calls, on every local rank. step() refuses, before any rank starts (the session
     // stays open), tokens of the wrong row count and an lr that is negative, inf or nan.
     StepReport step(const StepTokens* tokens = nullptr, std::optional<float> lr = std::nullopt);
+    // RankSession::compute_gradients on every local rank (the tokens' row count checked first, as step's).
+    void compute_gradients(const StepTokens& tokens);
     EvalResult evaluate();
     std::string save_checkpoint();
     void load_checkpoint(const std::string& dir);

@@ -316,3 +316,51 @@ TEST(CudaLora, RefusesWhatIsNotWrittenYet) {
     big.lora.rank = 100;  // q_proj [128, 128] takes it, k_proj [64, 128] does not
     EXPECT_ERROR((void)CudaModel(cfg, big), "--lora-rank=100", "k_proj");
 }
+
+// zero_gradients (the Python Trainer's compute_gradients): the adapters' gradients of a pass are
+// there to read (A's non-zero: B is), then cleared with the step loss, so the next step equals a
+// model's that never made that pass. The full model refuses it, naming --device.
+TEST(CudaLora, ZeroGradientsLeavesTheNextStepAsIfNoPassWasMade) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen2_case();
+    const int B = 2, T = 48;
+    const ModelOptions opts = gpu_options(DType::BF16, B, T, lora_options(0.0f, "all"));
+    CudaModel probed(cfg, opts), plain(cfg, opts);
+    probed.init_random(9);
+    plain.init_random(9);
+    Rng rng(5);
+    for (const ParamSpec& s : probed.lora()->host().specs()) {  // non-zero B on both
+        std::vector<float> v = probed.download(s.name, CudaModel::Which::Master);
+        if (s.name.find(".lora_B.") != std::string::npos)
+            for (float& x : v) x = 0.05f * rng.normal();
+        probed.upload_master(s.name, v.data());
+        plain.upload_master(s.name, v.data());
+    }
+    const Tokens probe = random_tokens(B, T, cfg.vocab_size, 77, Masked::Every11thFrom3);
+    probed.forward_backward(probe.batch(B, T), 1.0f);
+    for (const ParamSpec& s : probed.lora()->host().specs()) {
+        const std::vector<float> g = probed.download(s.name, CudaModel::Which::Grad);
+        EXPECT_TRUE(std::any_of(g.begin(), g.end(), [](float x) { return x != 0.0f; })) << s.name;
+    }
+    probed.zero_gradients();
+    for (const ParamSpec& s : probed.lora()->host().specs()) {
+        const std::vector<float> g = probed.download(s.name, CudaModel::Which::Grad);
+        EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; })) << s.name;
+    }
+    for (int step = 1; step <= 2; ++step) {
+        const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 + step, Masked::Every11thFrom3);
+        probed.forward_backward(d.batch(B, T), 1.0f);
+        plain.forward_backward(d.batch(B, T), 1.0f);
+        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
+        const StepStats a = probed.optimizer_step(op), b = plain.optimizer_step(op);
+        EXPECT_EQ(a.loss, b.loss) << "step " << step;
+        EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    }
+    for (const ParamSpec& s : probed.lora()->host().specs())
+        EXPECT_EQ(probed.download(s.name, CudaModel::Which::Master), plain.download(s.name, CudaModel::Which::Master))
+            << s.name;
+    ModelOptions full = CpuModel::fp32_options(B, T);
+    full.model_dtype = full.matmul_dtype = full.gradient_dtype = DType::BF16;
+    CudaModel whole(cfg, full);
+    EXPECT_ERROR(whole.zero_gradients(), "computing gradients without a step is not supported", "--device=");
+}

@@ -623,6 +623,12 @@ StepStats CpuModel::optimizer_step(const OptimizerParams& p) {
     return stats;
 }
 
+void CpuModel::zero_gradients() {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    lora_.zero_grads();
+    step_loss_ = 0.0;
+}
+
 MemoryPlan CpuModel::plan(const ModelConfig& config, const ModelOptions& options) {
     check_options(options);  // a plan for flags the model would refuse means nothing
     MemoryPlan plan;

@@ -47,6 +47,7 @@ public:
 
     void forward_backward(const Batch& batch, float grad_scale) override;
     StepStats optimizer_step(const OptimizerParams& params) override;
+    void zero_gradients() override;
     float evaluate(const Batch& batch) override;
 
     void save_checkpoint(const std::string& dir) const override;

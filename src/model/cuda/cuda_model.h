@@ -54,6 +54,8 @@ public:
 
     void forward_backward(const Batch& batch, float grad_scale) override;
     StepStats optimizer_step(const OptimizerParams& params) override;
+    // LoRA only (the adapters' gradients and the step loss); the full model refuses (imodel.h).
+    void zero_gradients() override;
     float evaluate(const Batch& batch) override;
 
     void save_checkpoint(const std::string& dir) const override;

@@ -411,6 +411,13 @@ StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
     return stats;
 }
 
+void CudaModel::zero_gradients() {
+    if (!lora_) IModel::zero_gradients();  // (the full model's gradient buffers: not yet)
+    lora_->zero_grads();
+    CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));  // the step loss (global_loss)
+    sync();
+}
+
 std::vector<float> CudaModel::logits(const Batch& batch) {
     const int N = batch.batch_size * batch.seq_len, V = config_.vocab_size;
     const DType A = opt_.model_dtype;
