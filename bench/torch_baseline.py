@@ -52,6 +52,22 @@ def flops_per_token(h, i, L, heads, kv, d, vocab, T):
     return 6 * (L * per_layer + vocab * h) + 6 * L * T * heads * d
 
 
+def time_random_token_steps(step, batch, seq_len, vocab, warmup, steps):
+    """Median tokens/s of `steps` calls of step(x) after `warmup`, x fresh random tokens [batch, seq_len]
+    on the GPU; resets the peak-memory counter first."""
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for s in range(warmup + steps):
+        x = torch.randint(0, vocab - 256, (batch, seq_len), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(x).item()
+        torch.cuda.synchronize()
+        if s >= warmup:
+            times.append(time.perf_counter() - t0)
+    return batch * seq_len / statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="Qwen2.5-0.5B", choices=sorted(PRESETS))
@@ -83,19 +99,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
-    times = []
-    torch.cuda.reset_peak_memory_stats()
-    for s in range(a.warmup + a.steps):
-        x = torch.randint(0, vocab - 256, (a.batch, a.seq_len), device="cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step(x)
-        loss.item()
-        torch.cuda.synchronize()
-        if s >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    tokens = a.batch * a.seq_len
-    tps = tokens / statistics.median(times)
+    tps = time_random_token_steps(step, a.batch, a.seq_len, vocab, a.warmup, a.steps)
     fpt = flops_per_token(h, i, L, heads, kv, d, vocab, a.seq_len)
     system = "pytorch" + ("+float8" if a.float8 else "") + ("+compile" if a.compile else "")
     print(json.dumps({"system": system, "model": a.model, "batch": a.batch,

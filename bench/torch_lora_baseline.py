@@ -10,13 +10,11 @@ usage: python3 bench/torch_lora_baseline.py --model Qwen2.5-7B --batch 4 --seq-l
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from torch_baseline import PRESETS, make_config
+from torch_baseline import PRESETS, make_config, time_random_token_steps
 
 
 def main():
@@ -57,17 +55,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
-    times = []
-    torch.cuda.reset_peak_memory_stats()
-    for s in range(a.warmup + a.steps):
-        x = torch.randint(0, vocab - 256, (a.batch, a.seq_len), device="cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step(x).item()
-        torch.cuda.synchronize()
-        if s >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    tps = a.batch * a.seq_len / statistics.median(times)
+    tps = time_random_token_steps(step, a.batch, a.seq_len, vocab, a.warmup, a.steps)
     system = "pytorch+peft" + ("+compile" if a.compile else "") + ("+checkpointing" if a.checkpointing else "")
     print(json.dumps({"system": system, "model": a.model, "batch": a.batch, "seq_len": a.seq_len, "rank": a.rank,
                       "trainable": sum(p.numel() for p in trainable), "tokens_per_s": round(tps),
