@@ -287,8 +287,12 @@ private:
         std::vector<std::pair<ParamSpec, bool>> out;
         const bool frozen_base = lora().enabled();
         for (const ParamSpec& s : model_parameters(session_->config())) out.emplace_back(s, !frozen_base);
-        if (frozen_base)
+        if (frozen_base) {
             for (const ParamSpec& s : lora_parameters(session_->config(), lora())) out.emplace_back(s, true);
+            // --train-also's base tensors train beside the adapters, under the names PEFT saves them by
+            // ("base_model.model.model.norm.weight"): the model's gradients and moments are kept there
+            for (const ParamSpec& s : lora_train_also_parameters(session_->config(), lora())) out.emplace_back(s, true);
+        }
         return out;
     }
     void check_token_range(const int32_t* data, size_t n, const char* where, const char* what, int32_t lowest) const {

@@ -108,6 +108,22 @@ def test_the_adapters_train_and_the_base_is_frozen(tmp_path: Path, data: Path): 
             assert not np.array_equal(t.parameter(n), start[n]), n
 
 
+def test_train_also_tensors_are_trainable_under_their_peft_names(tmp_path: Path, data: Path):  # noqa: F811
+    with qtrain.Trainer(**lora_options(tmp_path, data, "run", train_also="norms"), steps=4) as t:
+        extra = [n for n in t.trainable_parameter_names() if not ".lora_" in n]
+        assert "base_model.model.model.norm.weight" in extra
+        assert "base_model.model.model.layers.1.post_attention_layernorm.weight" in extra
+        assert all(n.endswith("norm.weight") for n in extra)
+        before = t.parameter("base_model.model.model.norm.weight")
+        assert np.array_equal(before, t.parameter("model.norm.weight"))  # one copy: the base's
+        t.compute_gradients(tokens=random_tokens(t, 3))
+        assert np.any(t.gradient("base_model.model.model.norm.weight"))
+        t.step()
+        after = t.parameter("base_model.model.model.norm.weight")
+        assert not np.array_equal(after, before)
+        assert np.array_equal(after, t.parameter("model.norm.weight"))
+
+
 def test_compute_gradients_shows_the_adapter_gradients(tmp_path: Path, data: Path):  # noqa: F811
     with qtrain.Trainer(**lora_options(tmp_path, data, "run"), steps=4) as t:
         tokens = random_tokens(t, 1)
