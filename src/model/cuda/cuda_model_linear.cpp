@@ -3,6 +3,8 @@
 // (docs/design.md, "Precision"). The weights' FP8 copies are the weights role's (weights.h).
 #include "model/cuda/cuda_model.h"
 
+#include <array>
+
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/fp8.h"
@@ -103,12 +105,20 @@ struct TargetSlice {
     LoraTarget t;
     int64_t col;
 };
-std::vector<TargetSlice> lora_slices(const ModelConfig& c, Matrix m) {
+// (a fixed array, not a vector: this runs for every linear step of every layer, forward and backward)
+struct TargetSlices {
+    std::array<TargetSlice, 3> slice;
+    int n;
+    const TargetSlice* begin() const { return slice.data(); }
+    const TargetSlice* end() const { return slice.data() + n; }
+};
+TargetSlices lora_slices(const ModelConfig& c, Matrix m) {
     switch (m) {
-        case kQkv: return {{LoraTarget::Q, 0}, {LoraTarget::K, c.q_dim()}, {LoraTarget::V, c.q_dim() + c.kv_dim()}};
-        case kO: return {{LoraTarget::O, 0}};
-        case kGateUp: return {{LoraTarget::Gate, 0}, {LoraTarget::Up, c.intermediate_size}};
-        default: return {{LoraTarget::Down, 0}};
+        case kQkv:
+            return {{{{LoraTarget::Q, 0}, {LoraTarget::K, c.q_dim()}, {LoraTarget::V, c.q_dim() + c.kv_dim()}}}, 3};
+        case kO: return {{{{LoraTarget::O, 0}}}, 1};
+        case kGateUp: return {{{{LoraTarget::Gate, 0}, {LoraTarget::Up, c.intermediate_size}}}, 2};
+        default: return {{{{LoraTarget::Down, 0}}}, 1};
     }
 }
 }  // namespace
