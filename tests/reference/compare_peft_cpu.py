@@ -24,6 +24,7 @@ Exit code 0 only if every check passes; prints the numbers either way.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 
@@ -32,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.numpy import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from safetensors.torch import load_file as load_torch_file  # bf16 files (numpy has no bf16)
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANK, ALPHA, B, T, STEPS = 8, 16, 2, 32, 20
@@ -43,6 +45,8 @@ def config(family):
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                   tie_word_embeddings=False, hidden_act="silu")
+    if family == "qwen3":  # head_dim not hidden / heads (16), q/k norms (perturbed with the other norms)
+        return Qwen3Config(head_dim=32, **common)
     return Qwen2Config(**common) if family == "qwen2" else LlamaConfig(**common)
 
 
@@ -72,11 +76,46 @@ MODULES_TO_SAVE = {"norms": ["input_layernorm", "post_attention_layernorm", "nor
                    "embeddings": ["embed_tokens", "lm_head"]}
 
 
-def run_family(family, build, work, train_also=""):
+class Checks:
+    """The bounds of one qtrain dtype. fp32: each check's own bound on max |a-b| / max |b| (rel()). bf16:
+    compare_hf.py's bounds for a bf16 qtrain against fp32 HF, whatever the fp32 bound: a loss within 1e-2
+    (relative), and every tensor of a group at cosine >= 0.995 with the group's median >= 0.999."""
+
+    def __init__(self, label, dtype):
+        self.label, self.dtype, self.ok = label, dtype, True
+
+    def report(self, what, good, text):
+        self.ok &= good
+        print(f"  {self.label} {what}: {text} ({'ok' if good else 'FAIL'})", flush=True)
+
+    def losses(self, what, a, b, bound):  # scalars: every one within the bound
+        err = max(abs(float(x) - float(y)) / abs(float(y)) for x, y in zip(a, b))
+        bound = bound if self.dtype == "fp32" else 1e-2
+        self.report(what, len(a) == len(b) and err < bound, f"{err:.3e} (< {bound:g})")
+
+    def tensors(self, what, pairs, bound):  # {name: (qtrain, reference)}
+        if self.dtype == "fp32":
+            err, name = max((rel(a, b), n) for n, (a, b) in pairs.items())
+            which = f" ({name})" if err > 0 else " (every tensor equal)"
+            self.report(what + which if len(pairs) > 1 else what, err < bound, f"{err:.3e} (< {bound:g})")
+            return
+        coss = {n: cosine(a, b) for n, (a, b) in pairs.items()}
+        worst = min(coss.items(), key=lambda kv: kv[1])
+        med = statistics.median(coss.values())
+        self.report(f"{what} ({worst[0]})" if len(pairs) > 1 else what, worst[1] >= 0.995 and med >= 0.999,
+                    f"worst cos {worst[1]:.6f} (>= 0.995), median {med:.6f} (>= 0.999)")
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
+
+
+def make_case(family, work, train_also):
+    """The saved base, the saved PEFT adapter and the batch (also written for qtrain_lora_dump)."""
     also = [m for part in train_also.split(",") if part for m in MODULES_TO_SAVE[part]]
     d = os.path.join(work, family)
     base_dir, adapter_dir = os.path.join(d, "base"), os.path.join(d, "adapter")
-    export_dir, merged_dir = os.path.join(d, "qtrain-adapter"), os.path.join(d, "qtrain-merged")
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(config(family), attn_implementation="eager").float()
     with torch.no_grad():  # norms and biases away from HF's 1 and 0
@@ -102,37 +141,22 @@ def run_family(family, build, work, train_also=""):
     targets[:, ::5] = -1
     tokens = os.path.join(d, "batch.i32")
     np.concatenate([inputs.numpy().astype(np.int32).ravel(), targets.numpy().astype(np.int32).ravel()]).tofile(tokens)
-    dump = os.path.join(d, "dump.safetensors")
-    cmd = [os.path.join(build, "qtrain_lora_dump"), "--model", base_dir, "--adapter", adapter_dir, "--rank", str(RANK),
-           "--alpha", str(ALPHA), "--tokens", tokens, "--batch", str(B), "--seq-len", str(T), "--out", dump,
-           "--steps", str(STEPS), "--lr", str(LR), "--weight-decay", str(WD), "--beta1", str(BETAS[0]), "--beta2",
-           str(BETAS[1]), "--eps", str(EPS), "--export-dir", export_dir, "--merged-dir", merged_dir,
-           "--train-also", train_also]
-    subprocess.run(cmd, check=True)
-    q = load_file(dump)
+    return dict(dir=d, base=base_dir, adapter=adapter_dir, inputs=inputs, targets=targets, tokens=tokens, also=also)
 
-    ok = True
-    def check(what, err, bound):
-        nonlocal ok
-        good = err < bound
-        ok &= good
-        print(f"  {family} {what}: {err:.3e} ({'ok' if good else 'FAIL'}, < {bound:g})")
 
-    # fresh PyTorch side: the saved base + the saved adapter
-    ref = PeftModel.from_pretrained(load(base_dir), adapter_dir, is_trainable=True)
+def torch_reference(case, dev):
+    """PyTorch on `dev` (fp32, eager attention): a fresh PeftModel of the saved base + adapter; the loss and
+    the gradients of one batch, then STEPS AdamW steps (their losses, the trained tensors and the trained
+    model's logits)."""
+    inputs, targets = case["inputs"].to(dev), case["targets"].to(dev)
+    ref = PeftModel.from_pretrained(load(case["base"]).to(dev), case["adapter"], is_trainable=True)
     ref.train()
     params = {peft_name(n): p for n, p in ref.named_parameters() if p.requires_grad}
     extra = [n for n in params if ".lora_" not in n]
-    assert len(params) - len(extra) == 2 * 7 * 2 and bool(extra) == bool(also), sorted(params)
+    assert len(params) - len(extra) == 2 * 7 * 2 and bool(extra) == bool(case["also"]), sorted(params)
     loss, _ = loss_of(ref, inputs, targets)
     loss.backward()
-    check("loss", rel(q["loss"][0], loss.item()), 1e-4)
-    worst = max((rel(q["grad." + n], p.grad.numpy()), n) for n, p in params.items())
-    check(f"worst adapter gradient ({worst[1]})", worst[0], 1e-4)
-    if extra:
-        worst = max((rel(q["grad." + n], params[n].grad.numpy()), n) for n in extra)
-        check(f"worst gradient of the {len(extra)} trained base tensors ({worst[1]})", worst[0], 1e-4)
-
+    out = dict(loss=loss.item(), grads={n: p.grad.cpu().numpy() for n, p in params.items()}, extra=extra)
     # qtrain decays matrices and embeddings, not norms
     decay = [p for n, p in params.items() if "norm" not in n]
     no_decay = [p for n, p in params.items() if "norm" in n]
@@ -146,39 +170,96 @@ def run_family(family, build, work, train_also=""):
             loss.backward()
         losses.append(loss.item())
         opt.step()
-    check(f"{STEPS} AdamW steps, worst loss (first {losses[0]:.4f}, last {losses[-1]:.4f})",
-          max(abs(a - b) / abs(b) for a, b in zip(q["losses"], losses)), 1e-4)
-    worst = max((rel(q["param." + n], p.detach().numpy()), n) for n, p in params.items())
-    check(f"adapters after {STEPS} steps ({worst[1]})", worst[0], 1e-3)
-
+    out["losses"] = losses
+    out["params"] = {n: p.detach().cpu().numpy() for n, p in params.items()}
     ref.eval()
     with torch.no_grad():
-        _, ref_logits = loss_of(ref, inputs, targets)
-        exported = PeftModel.from_pretrained(load(base_dir), export_dir)
+        out["logits"] = loss_of(ref, inputs, targets)[1].cpu().numpy()
+    return out
+
+
+def run_qtrain(case, build, device, dtype, train_also):
+    """build/qtrain_lora_dump on `device` in `dtype`: the dump's tensors and its export directories, or
+    None when it failed (its error printed)."""
+    d = os.path.join(case["dir"], f"qtrain-{device}-{dtype}")
+    os.makedirs(d, exist_ok=True)
+    dump = os.path.join(d, "dump.safetensors")
+    export_dir, merged_dir = os.path.join(d, "adapter"), os.path.join(d, "merged")
+    cmd = [os.path.join(build, "qtrain_lora_dump"), "--model", case["base"], "--adapter", case["adapter"],
+           "--rank", str(RANK), "--alpha", str(ALPHA), "--tokens", case["tokens"], "--batch", str(B), "--seq-len",
+           str(T), "--out", dump, "--steps", str(STEPS), "--lr", str(LR), "--weight-decay", str(WD), "--beta1",
+           str(BETAS[0]), "--beta2", str(BETAS[1]), "--eps", str(EPS), "--export-dir", export_dir, "--merged-dir",
+           merged_dir, "--train-also", train_also, "--device", device, "--dtype", dtype]
+    if subprocess.run(cmd).returncode != 0:
+        return None
+    return load_file(dump), export_dir, merged_dir
+
+
+def compare(case, ref, qtrain, c, dev):
+    q, export_dir, merged_dir = qtrain
+    c.losses("loss", [q["loss"][0]], [ref["loss"]], 1e-4)
+    lora = {n: (q["grad." + n], g) for n, g in ref["grads"].items() if n not in ref["extra"]}
+    c.tensors("worst adapter gradient", lora, 1e-4)
+    if ref["extra"]:
+        c.tensors(f"worst gradient of the {len(ref['extra'])} trained base tensors",
+                  {n: (q["grad." + n], ref["grads"][n]) for n in ref["extra"]}, 1e-4)
+    losses = ref["losses"]
+    c.losses(f"{STEPS} AdamW steps, worst loss (first {losses[0]:.4f}, last {losses[-1]:.4f})", q["losses"], losses,
+             1e-4)
+    c.tensors(f"adapters after {STEPS} steps", {n: (q["param." + n], p) for n, p in ref["params"].items()}, 1e-3)
+
+    inputs, targets = case["inputs"].to(dev), case["targets"].to(dev)
+    with torch.no_grad():
+        exported = PeftModel.from_pretrained(load(case["base"]).to(dev), export_dir)
         exported.eval()
-        _, exp_logits = loss_of(exported, inputs, targets)
-        check("exported adapter in PeftModel: logits vs torch's trained", rel(exp_logits, ref_logits), 1e-3)
+        exp_logits = loss_of(exported, inputs, targets)[1].cpu().numpy()
+        c.tensors("exported adapter in PeftModel: logits vs torch's trained", {"logits": (exp_logits, ref["logits"])},
+                  1e-3)
         merged_ref = exported.merge_and_unload().state_dict()
-        merged_q = load_file(os.path.join(merged_dir, "model.safetensors"))
-        worst = max((rel(merged_q[n], merged_ref[n].numpy()), n) for n in merged_q)
-        check("merged export vs merge_and_unload" + (f" ({worst[1]})" if worst[0] > 0 else " (every tensor equal)"),
-              worst[0], 1e-5)
-        _, merged_logits = loss_of(load(merged_dir), inputs, targets)
-        check("merged model's logits vs the exported adapter's", rel(merged_logits, exp_logits), 1e-4)
+        merged_q = load_torch_file(os.path.join(merged_dir, "model.safetensors"))
+        c.tensors("merged export vs merge_and_unload",
+                  {n: (t.float().numpy(), merged_ref[n].cpu().numpy()) for n, t in merged_q.items()}, 1e-5)
+        merged_logits = loss_of(load(merged_dir).to(dev), inputs, targets)[1].cpu().numpy()
+        c.tensors("merged model's logits vs the exported adapter's", {"logits": (merged_logits, exp_logits)}, 1e-4)
+
+
+def run_family(family, build, work, train_also="", device="cpu", dtypes=("fp32",), torch_device=None):
+    dev = torch_device or device
+    case = make_case(family, work, train_also)
+    ref = torch_reference(case, dev)
+    ok = True
+    for dtype in dtypes:
+        c = Checks(f"{family} {device} {dtype}", dtype)
+        qtrain = run_qtrain(case, build, device, dtype, train_also)
+        if qtrain is None:
+            c.report("qtrain_lora_dump", False, "failed (its error above)")
+        else:
+            compare(case, ref, qtrain, c, dev)
+        ok &= c.ok
     return ok
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
+    ap.add_argument("--build", default="build", help="the directory holding qtrain_lora_dump")
     ap.add_argument("--work", default="/tmp/qtrain-peft")
-    ap.add_argument("--families", default="qwen2,llama")
+    ap.add_argument("--families", default="qwen2,llama,qwen3")
     ap.add_argument("--train-also", default="", help="qtrain's --train-also (norms,embeddings): modules_to_save")
-    a = ap.parse_args()
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="qtrain's model and PyTorch's device")
+    ap.add_argument("--dtypes", default="fp32", help="qtrain's model dtypes, run in turn: fp32, bf16 (cuda only)")
+    ap.add_argument("--torch-device", default=None,
+                    help="PyTorch's device when not --device's (e.g. cpu, to exercise --device cuda without a GPU)")
+    a = ap.parse_args(argv)
+    dev = a.torch_device or a.device
+    if dev == "cuda":  # full fp32 matmuls on the reference side (compare_hf.py)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
     torch.set_num_threads(1)  # deterministic sums on the reference side
     import peft, transformers
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}")
-    ok = all([run_family(f, a.build, a.work, a.train_also) for f in a.families.split(",")])
+    ok = all([run_family(f, a.build, a.work, a.train_also, a.device, a.dtypes.split(","), a.torch_device)
+              for f in a.families.split(",")])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
