@@ -7,6 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
 mkdir -p build-carry/tests
-cp build/train build/tokenize build/qtrain_dump build/attention_bench build/pinned_alloc_bench build/gemm_algo_bench build/overlap_bench build/comm_bench build/dp_step_bench build-carry/
+cp build/train build/tokenize build/qtrain_dump build/qtrain_lora_dump build/attention_bench build/pinned_alloc_bench build/gemm_algo_bench build/overlap_bench build/comm_bench build/dp_step_bench build-carry/
 cp build/tests/qtrain_gpu_tests build-carry/tests/
 du -sh build-carry

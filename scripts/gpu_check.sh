@@ -2,7 +2,7 @@
 # One-call check on the GPU machine: build, GPU tests, a short training run on the GPU, and
 # (optionally) benchmarks. Logs go to $OUT (the device tool's return folder) or ./gpu-logs.
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
-#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard] [fp8head]
+#                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard] [fp8head] [peft]
 #        (default: tests train)
 # PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
@@ -191,6 +191,9 @@ for phase in $PHASES; do
       timeout 300 python3 tests/reference/compare_hf.py --build "$B" --dtypes bf16,e4m3 --flags \
         "--recompute-block --shard-weights --offload-gradients --shard-gradients --offload-opt-m --offload-opt-v \
          --offload-residual --master-dtype=bf16 --param-grad-dtype=bf16 --attn-bwd-chunks=2" 2>&1 | tail -20 ;;
+    peft)  # the GPU LoRA against transformers + peft on CUDA (issue 33): fp32 and bf16, Qwen2/Llama/Qwen3
+      timeout 300 python3 tests/reference/compare_peft_cpu.py --build "$B" --device cuda --dtypes fp32,bf16 \
+        --work /tmp/qtrain-peft-gpu 2>&1 | grep -v "Loading weights\|Writing model" | tail -50 ;;
   esac
 done
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Reference check of qtrain's CPU LoRA against HF transformers + peft (issue 33; no GPU needed).
+"""Reference check of qtrain's LoRA against HF transformers + peft (issue 33): the CPU model here (no GPU
+needed), the GPU model with --device cuda.
 
-For a random tiny Qwen2 (q/k/v biases) and Llama, saved by the installed transformers, and a PEFT
-adapter saved by the installed peft (rank 8, alpha 16, every target, dropout 0, B non-zero), it runs
-build/qtrain_lora_dump (the CPU reference model, base + --lora-from's adapter) and PyTorch (fp32, eager
-attention, PeftModel) on one batch and compares:
+For a random tiny Qwen2 (q/k/v biases), Llama and Qwen3 (head_dim 128, not hidden / heads; q/k norms),
+saved by the installed transformers, and a PEFT adapter saved by the installed peft (rank 8, alpha 16,
+every target, dropout 0, B non-zero), it runs BUILD/qtrain_lora_dump (base + --lora-from's adapter, on
+--device in each of --dtypes) and PyTorch (fp32, eager attention, PeftModel, on the same device; no
+TF32) on one batch and compares, for qtrain in fp32:
   the loss and every adapter gradient: max |a-b| / max |b| < 1e-4
   20 AdamW steps on that batch (torch.optim.AdamW, weight decay on the adapters): every step's loss
     (rel. < 1e-4) and the final adapters (max |a-b| / max |b| < 1e-3)
@@ -12,14 +14,23 @@ attention, PeftModel) on one batch and compares:
     PeftModel's (rel. < 1e-3), and qtrain's merged export (--merge-lora) against peft's
     merge_and_unload of that adapter (rel. < 1e-5 per tensor) and the merged model's logits against
     the PeftModel's (rel. < 1e-4)
+and for qtrain in bf16 (--device cuda --dtypes fp32,bf16; PyTorch stays fp32) the same comparisons with
+the bounds compare_hf.py puts on a bf16 qtrain against fp32 HF: each loss within 1e-2 (relative), and in
+each group of tensors (the adapter gradients, the trained adapters, the merged tensors, the logits)
+every cosine >= 0.995 and the median >= 0.999.
 
 usage: uv run --no-project --with torch --index-url https://download.pytorch.org/whl/cpu \
          --extra-index-url https://pypi.org/simple --with transformers --with peft --with safetensors \
          --with numpy python3 tests/reference/compare_peft_cpu.py --build build [--work /tmp/qtrain-peft]
-With --train-also=norms,embeddings (qtrain's flag) the PEFT adapter also has modules_to_save (every
-RMSNorm, embed_tokens and lm_head), their copies perturbed before saving so qtrain must take them from
-the adapter; their gradients and trained values are compared with the adapters' (torch's AdamW
-decays the adapters and embeddings, not the norms, as qtrain does).
+       on the GPU machine (torch with CUDA; BUILD/qtrain_lora_dump from a GPU build):
+       python3 tests/reference/compare_peft_cpu.py --build BUILD --device cuda --dtypes fp32,bf16
+       [--families qwen2,llama,qwen3]
+--torch-device cpu runs PyTorch on the CPU whatever --device is (without a GPU, --device cuda then
+exercises everything up to qtrain_lora_dump's refusal).
+With --train-also=norms,embeddings (qtrain's flag; CPU model only) the PEFT adapter also has
+modules_to_save (every RMSNorm, embed_tokens and lm_head), their copies perturbed before saving so qtrain
+must take them from the adapter; their gradients and trained values are compared with the adapters'
+(torch's AdamW decays the adapters and embeddings, not the norms, as qtrain does).
 Exit code 0 only if every check passes; prints the numbers either way.
 """
 import argparse
@@ -42,11 +53,12 @@ LR, WD, BETAS, EPS = 1e-3, 0.1, (0.9, 0.95), 1e-8
 
 
 def config(family):
-    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+    # head dim 64 (hidden / heads), GQA 2: the GPU model's attention takes head dims 64 and 128 only
+    common = dict(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                   tie_word_embeddings=False, hidden_act="silu")
-    if family == "qwen3":  # head_dim not hidden / heads (16), q/k norms (perturbed with the other norms)
-        return Qwen3Config(head_dim=32, **common)
+    if family == "qwen3":  # head_dim 128, not hidden / heads; q/k norms (perturbed with the other norms)
+        return Qwen3Config(head_dim=128, **common)
     return Qwen2Config(**common) if family == "qwen2" else LlamaConfig(**common)
 
 
@@ -149,7 +161,8 @@ def torch_reference(case, dev):
     the gradients of one batch, then STEPS AdamW steps (their losses, the trained tensors and the trained
     model's logits)."""
     inputs, targets = case["inputs"].to(dev), case["targets"].to(dev)
-    ref = PeftModel.from_pretrained(load(case["base"]).to(dev), case["adapter"], is_trainable=True)
+    # built on the CPU, then moved (the same parameter objects), so peft places nothing itself
+    ref = PeftModel.from_pretrained(load(case["base"]), case["adapter"], is_trainable=True).to(dev)
     ref.train()
     params = {peft_name(n): p for n, p in ref.named_parameters() if p.requires_grad}
     extra = [n for n in params if ".lora_" not in n]
@@ -210,7 +223,7 @@ def compare(case, ref, qtrain, c, dev):
 
     inputs, targets = case["inputs"].to(dev), case["targets"].to(dev)
     with torch.no_grad():
-        exported = PeftModel.from_pretrained(load(case["base"]).to(dev), export_dir)
+        exported = PeftModel.from_pretrained(load(case["base"]), export_dir).to(dev)
         exported.eval()
         exp_logits = loss_of(exported, inputs, targets)[1].cpu().numpy()
         c.tensors("exported adapter in PeftModel: logits vs torch's trained", {"logits": (exp_logits, ref["logits"])},

@@ -1,11 +1,10 @@
-// qtrain_lora_dump: the qtrain side of tests/reference/compare_peft.py (issue 33). Loads a HF model
-// directory into a model (--device: the CPU reference model, or the GPU model in --dtype fp32|bf16;
-// through IModel and create_model, as the trainer makes them) with LoRA adapters from a PEFT adapter
-// directory, runs
-// forward+backward on one batch (int32 inputs then targets, B*T each, from a raw file) and writes the
-// loss and every adapter gradient (PEFT names) into a safetensors file; then K AdamW steps on the same
-// batch (the losses and the final adapters written too), the adapter exported to --export-dir and the
-// merged model (--merge-lora's export) to --merged-dir.
+// qtrain_lora_dump: the qtrain side of tests/reference/compare_peft_cpu.py (issue 33). Loads a HF model
+// directory into a model made as the trainer makes it (create_model: the CPU reference model, or with
+// --device cuda the GPU model, in --dtype fp32|bf16) with LoRA adapters from a PEFT adapter directory,
+// runs forward+backward on one batch (int32 inputs then targets, B*T each, from a raw file) and writes
+// the loss and every adapter gradient (PEFT names, read through IModel::read_tensor) into a safetensors
+// file; then K AdamW steps on the same batch (the losses and the final adapters written too), the
+// adapter exported to --export-dir and the merged model (--merge-lora's export) to --merged-dir.
 //
 // usage: qtrain_lora_dump --model DIR --adapter DIR --rank R --alpha A --targets all --tokens FILE
 //        --batch B --seq-len T --out OUT.safetensors [--steps K --lr LR --weight-decay WD --beta1 B1
