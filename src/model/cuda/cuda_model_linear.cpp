@@ -88,7 +88,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
             if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
             cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
         }
-        if (!xT && dw) {
+        if (!xT && !lora_) {
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in,
                                          fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)), nullptr, stream_);
             xT = buf_.xTq;
