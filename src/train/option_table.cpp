@@ -180,7 +180,7 @@ std::vector<OptionSpec> make_table() {
                 m.model_dtype = parse_dtype(dtype, flag_name(spec), "fp32|bf16");
             }),
         opt(kPrecision, "matmul-dtype", &T::matmul_dtype, R::Resolved,
-            "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype)")
+            "Matmul inputs: fp32|bf16|e4m3 (default: the model dtype; with --lora-rank, e4m3 is the FP8 frozen base)")
             .model(&M::matmul_dtype, [](const OptionSpec& spec, const T& o, const std::string&, M& m) {
                 m.matmul_dtype = o.matmul_dtype.empty()
                                      ? m.model_dtype
@@ -381,8 +381,10 @@ std::vector<OptionSpec> make_table() {
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
             "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
-            "--device=cuda on one GPU with the base resident in the model dtype (no FP8 base, --shard-weights or "
-            "--gpus>1 yet)",
+            "--device=cuda on one GPU with the base resident in the model dtype (no --shard-weights or --gpus>1 yet). "
+            "With --matmul-dtype=e4m3 the base is FP8: its matrices quantised to e4m3 once after the load, its GEMMs "
+            "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs; the bf16 base is kept "
+            "(the plan shows both) and --merge-lora merges into it",
             non_negative())
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.lora.rank = o.lora_rank;

@@ -219,9 +219,11 @@ TEST(CpuLoraModel, BadOptionsNameTheFlag) {
     EXPECT_NE(rank.find("k_proj"), std::string::npos) << rank;
     // only q and o (both 16 wide): rank 9 fits
     EXPECT_EQ(message(lora_options(9, 8.0f, 0b1001)), "");
-    ModelOptions fp8 = lora_options(2, 8.0f);
+    ModelOptions fp8 = lora_options(2, 8.0f);  // the FP8 base (cpu_lora_fp8_test.cpp) is not refused
     fp8.matmul_dtype = DType::E4M3;
-    EXPECT_NE(message(fp8).find("--lora-rank"), std::string::npos);
+    EXPECT_EQ(message(fp8), "");
+    fp8.gpus = 2;
+    EXPECT_NE(message(fp8).find("--gpus=2"), std::string::npos);
     ModelOptions dropout = lora_options(2, 8.0f);
     dropout.lora.dropout = 1.0f;
     EXPECT_NE(message(dropout).find("--lora-dropout must be in [0, 1)"), std::string::npos);

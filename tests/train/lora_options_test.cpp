@@ -97,8 +97,6 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
     EXPECT_EQ(bytes(full, "LoRA adapters"), -1);  // (not in a plan without LoRA)
     EXPECT_LT(lora.total_device(), full.total_device());
 
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3"}), "cuda"), "--lora-rank=8",
-                 "--matmul-dtype=e4m3", "not yet supported on --device=cuda");
     for (const std::string flag : {"--shard-weights", "--offload-gradients", "--offload-master", "--offload-opt-m"})
         EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", flag}), "cuda"), "--lora-rank=8", flag,
                      "not yet supported on --device=cuda");
@@ -107,6 +105,50 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
     EXPECT_ERROR(plan_model(cfg, two, "cuda"), "--lora-rank=8", "--gpus=2", "not yet supported on --device=cuda");
     // a rank above a target's dimensions, before any GPU is asked for
     EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=4000"}), "cuda"), "--lora-rank=4000", "larger than");
+#endif
+}
+
+// The FP8 base (--matmul-dtype=e4m3 under LoRA): the plan shows one byte per base element in
+// "Quants" (the e4m3 copy the forward reads; with FP8 gradients a second, transposed, for the input
+// gradient), the bf16 base still in "Weights" (kept: it shares one flat buffer with the norms), no
+// master / gradients / moments, and none of the full FP8 run's transposed inputs (no dW).
+TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.end(), {"--seq-len=256", "--batch-size=2", "--model-dtype=bf16"});
+        return train_options_from_args(extra).model_options("cuda");
+    };
+    auto bytes = [](const MemoryPlan& p, const std::string& category) {
+        for (const auto& e : p.entries)
+            if (e.category == category) return static_cast<int64_t>(e.device_bytes);
+        return int64_t{-1};
+    };
+    const MemoryPlan bf16 = plan_model(cfg, with({"--lora-rank=8"}), "cuda");
+    for (const char* grad : {"bf16", "e5m2"}) {
+        SCOPED_TRACE(grad);
+        const std::string g = std::string("--gradient-dtype=") + grad;
+        const MemoryPlan fp8 = plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", g}), "cuda");
+        const MemoryPlan full = plan_model(cfg, with({"--matmul-dtype=e4m3", g}), "cuda");
+        const int64_t copies = std::string(grad) == "bf16" ? 1 : 2;
+        // the full FP8 run's e4m3 copies: one byte per element (and padding)
+        EXPECT_EQ(bytes(fp8, "Quants"), bytes(full, "Quants"));
+        EXPECT_GE(bytes(fp8, "Quants"), copies * cfg.num_parameters());
+        EXPECT_LT(bytes(fp8, "Quants"), copies * cfg.num_parameters() + (copies << 20));
+        EXPECT_EQ(bytes(bf16, "Quants"), -1);
+        EXPECT_EQ(bytes(fp8, "Weights"), bytes(bf16, "Weights"));
+        for (const char* frozen : {"Master", "Gradients", "Adam M", "Adam V"}) EXPECT_EQ(bytes(fp8, frozen), 0) << frozen;
+        EXPECT_EQ(bytes(fp8, "LoRA adapters"), bytes(bf16, "LoRA adapters"));
+        // the full FP8 run with FP8 gradients keeps x^T of every matrix input for dW; the FP8 base keeps
+        // none: the activations are the bf16 base's (the inputs per layer, for the adapters' backward)
+        EXPECT_EQ(bytes(fp8, "Activations"), bytes(bf16, "Activations"));
+        if (copies == 2) EXPECT_NE(bytes(full, "Activations"), bytes(bf16, "Activations"));
+    }
+    // what stays refused names the flag
+    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", "--shard-weights"}), "cuda"),
+                 "--lora-rank=8", "--shard-weights", "not yet supported on --device=cuda");
 #endif
 }
 

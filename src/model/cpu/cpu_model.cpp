@@ -104,9 +104,6 @@ void CpuModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.batch_size >= 1, flag(&ModelOptions::batch_size), " must be at least 1, got ", o.batch_size);
     QT_CHECK(o.seq_len >= 1, flag(&ModelOptions::seq_len), " must be at least 1, got ", o.seq_len);
     if (o.lora.enabled()) {
-        QT_CHECK(!fp8, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::matmul_dtype),
-                 "=e4m3 is not yet supported on ", flag(RunFlag::Device),
-                 "=cpu (the adapters' FP8 emulation is not written)");
         QT_CHECK(o.gpus <= 1, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::gpus), "=",
                  o.gpus, " is not yet supported on ", flag(RunFlag::Device),
                  "=cpu (data parallel adapters are not written)");
@@ -356,9 +353,11 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         cpu::matmul_forward(q, ln1_in, w.wq, wp.bq, N, C, Q);
         cpu::matmul_forward(k, ln1_in, w.wk, wp.bk, N, C, KV);
         cpu::matmul_forward(v, ln1_in, w.wv, wp.bv, N, C, KV);
-        lora_.forward(l, LoraTarget::Q, q, ln1_in, N);  // LoRA: + s x A^T B^T (nothing without adapters)
-        lora_.forward(l, LoraTarget::K, k, ln1_in, N);
-        lora_.forward(l, LoraTarget::V, v, ln1_in, N);
+        // LoRA: + s x A^T B^T (nothing without adapters). The adapters read the unquantised input: with
+        // an FP8 base (--matmul-dtype=e4m3) only the frozen base's GEMMs are FP8, as on the GPU.
+        lora_.forward(l, LoraTarget::Q, q, ln1, N);
+        lora_.forward(l, LoraTarget::K, k, ln1, N);
+        lora_.forward(l, LoraTarget::V, v, ln1, N);
         if (c.qk_norm) {  // Qwen3: each head of q and k RMS-normalised before RoPE
             float *qp = a.q_pre.data() + nq, *kp = a.k_pre.data() + nkv;
             std::copy(q, q + static_cast<int64_t>(N) * Q, qp);
@@ -382,8 +381,8 @@ void CpuModel::forward_to_final_norm(const Batch& batch) {
         const float* ln2_in = in(ln2, static_cast<int64_t>(N) * C);
         cpu::matmul_forward(gate, ln2_in, w.wg, wp.bg, N, C, I);
         cpu::matmul_forward(up, ln2_in, w.wu, wp.bu, N, C, I);
-        lora_.forward(l, LoraTarget::Gate, gate, ln2_in, N);
-        lora_.forward(l, LoraTarget::Up, up, ln2_in, N);
+        lora_.forward(l, LoraTarget::Gate, gate, ln2, N);
+        lora_.forward(l, LoraTarget::Up, up, ln2, N);
         cpu::swiglu_forward(act, gate, up, static_cast<int64_t>(N) * I);
         cpu::matmul_forward(a.tmp.data(), in(act, static_cast<int64_t>(N) * I), w.wd, wp.bd, N, I, C);
         lora_.forward(l, LoraTarget::Down, a.tmp.data(), act, N);
@@ -450,23 +449,29 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             if (fq && g.bd) add_bias_grad(g.bd, a.dresid.data(), N, C);  // from the unquantised dy
             const float* dy = dyin(a.dresid.data(), nC);
             cpu::matmul_backward(a.dact.data(), g.wd, fq ? nullptr : g.bd, dy, xin(act, nI), w.wd, N, I, C);
-            lora_.backward(l, LoraTarget::Down, a.dact.data(), dy, act, N);
+            lora_.backward(l, LoraTarget::Down, a.dact.data(), a.dresid.data(), act, N);  // (unquantised dy)
         }
         zero(a.dgate, nI);
         zero(a.dup, nI);
         cpu::swiglu_backward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, nI);
         zero(a.dln, nC);
+        // LoRA's gate / up adapters (nothing without them): from the unquantised dy, so with FP8
+        // gradients before dy is rounded in place for the base's GEMMs
+        auto lora_gate_up = [&] {
+            lora_.backward(l, LoraTarget::Gate, a.dln.data(), a.dgate.data(), ln2, N);
+            lora_.backward(l, LoraTarget::Up, a.dln.data(), a.dup.data(), ln2, N);
+        };
         if (fq) {
             if (g.bg) add_bias_grad(g.bg, a.dgate.data(), N, I);
             if (g.bu) add_bias_grad(g.bu, a.dup.data(), N, I);
+            lora_gate_up();
             fake_quantize({{a.dgate.data(), a.dgate.data(), nI}, {a.dup.data(), a.dup.data(), nI}}, gd);
         }
         {
             const float* x2 = xin(ln2, nC);
             cpu::matmul_backward(a.dln.data(), g.wg, fq ? nullptr : g.bg, a.dgate.data(), x2, w.wg, N, C, I);
             cpu::matmul_backward(a.dln.data(), g.wu, fq ? nullptr : g.bu, a.dup.data(), x2, w.wu, N, C, I);
-            lora_.backward(l, LoraTarget::Gate, a.dln.data(), a.dgate.data(), ln2, N);
-            lora_.backward(l, LoraTarget::Up, a.dln.data(), a.dup.data(), ln2, N);
+            if (!fq) lora_gate_up();
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln2, a.dln.data(), mid, wp.ln2, a.rstd2.data() + l * N, N, C);
 
@@ -476,7 +481,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             if (fq && g.bo) add_bias_grad(g.bo, a.dresid.data(), N, C);
             const float* dy = dyin(a.dresid.data(), nC);
             cpu::matmul_backward(a.datt.data(), g.wo, fq ? nullptr : g.bo, dy, xin(att, nQ), w.wo, N, Q, C);
-            lora_.backward(l, LoraTarget::O, a.datt.data(), dy, att, N);
+            lora_.backward(l, LoraTarget::O, a.datt.data(), a.dresid.data(), att, N);
         }
         zero(a.dq, nQ);
         zero(a.dk, nKV);
@@ -495,10 +500,16 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
                                        D);
         }
         zero(a.dln, nC);
+        auto lora_qkv = [&] {  // (as lora_gate_up)
+            lora_.backward(l, LoraTarget::Q, a.dln.data(), a.dq.data(), ln1, N);
+            lora_.backward(l, LoraTarget::K, a.dln.data(), a.dk.data(), ln1, N);
+            lora_.backward(l, LoraTarget::V, a.dln.data(), a.dv.data(), ln1, N);
+        };
         if (fq) {
             // bias gradients first, from the unquantised dy; then q|k|v share one gradient scale
             for (auto [dy, db, width] : {std::tuple{a.dq.data(), g.bq, Q}, {a.dk.data(), g.bk, KV}, {a.dv.data(), g.bv, KV}})
                 if (db) add_bias_grad(db, dy, N, width);
+            lora_qkv();
             fake_quantize({{a.dq.data(), a.dq.data(), nQ}, {a.dk.data(), a.dk.data(), nKV}, {a.dv.data(), a.dv.data(), nKV}},
                           gd);
         }
@@ -507,9 +518,7 @@ void CpuModel::backward_from_final_norm(const Batch& batch) {
             cpu::matmul_backward(a.dln.data(), g.wq, fq ? nullptr : g.bq, a.dq.data(), x1, w.wq, N, C, Q);
             cpu::matmul_backward(a.dln.data(), g.wk, fq ? nullptr : g.bk, a.dk.data(), x1, w.wk, N, C, KV);
             cpu::matmul_backward(a.dln.data(), g.wv, fq ? nullptr : g.bv, a.dv.data(), x1, w.wv, N, C, KV);
-            lora_.backward(l, LoraTarget::Q, a.dln.data(), a.dq.data(), ln1, N);
-            lora_.backward(l, LoraTarget::K, a.dln.data(), a.dk.data(), ln1, N);
-            lora_.backward(l, LoraTarget::V, a.dln.data(), a.dv.data(), ln1, N);
+            if (!fq) lora_qkv();
         }
         cpu::rmsnorm_backward(a.dresid.data(), g.ln1, a.dln.data(), x, wp.ln1, a.rstd1.data() + l * N, N, C);
     }

@@ -135,13 +135,12 @@ void CudaModel::check_options(const ModelOptions& o) {
     if (o.lora.enabled()) check_lora_options(o);
 }
 
-// LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype, resident, on one GPU;
-// the flags that move or keep state the frozen base does not have are refused by name.
+// LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
+// --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
+// base), resident, on one GPU; the flags that move or keep state the frozen base does not have are
+// refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    QT_CHECK(o.matmul_dtype != DType::E4M3, lora, " with ", flag(&ModelOptions::matmul_dtype),
-             "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the FP8 base is not written yet: use ",
-             flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.model_dtype), ")");
     QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is not yet supported on ",
              flag(RunFlag::Device), "=cuda (data parallel adapters are not written yet: use one GPU)");
     QT_CHECK(o.lora.train_also == 0, flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),

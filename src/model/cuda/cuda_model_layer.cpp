@@ -119,10 +119,11 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
                 // d(gate|up) goes straight into the FP8 operands of the gate|up backward GEMMs: a pass for
                 // its amax, then one that recomputes it and writes it quantised (both layouts); the bf16
                 // tensor never reaches memory
-                {  // (with MLP biases d(gate|up) is also written in bf16, for their gradient)
+                {  // (with MLP biases d(gate|up) is also written in bf16, for their gradient; under LoRA
+                   // for the gate / up adapters, which read it unquantised)
                     auto t_ = timer_.scope("swiglu", stream_);
-                    cuda::swiglu_backward(A, o.gate_up_b < 0 ? nullptr : buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_,
-                                          grad_amax());
+                    cuda::swiglu_backward(A, o.gate_up_b < 0 && !lora_ ? nullptr : buf_.d_gu, buf_.d_swi, x.gate_up, N,
+                                          I, stream_, grad_amax());
                 }
                 auto t_ = timer_.scope("fp8 quantize", stream_);
                 cuda::swiglu_backward_quantize_transpose(buf_.dyTq, buf_.dyq, opt_.gradient_dtype, buf_.d_swi,
@@ -136,7 +137,8 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
             return;
         case LayerOp::GateUpLinear:  // with FP8 gradients the SwiGLU backward wrote dy quantised
             bias_grad(o.gate_up_b, buf_.d_gu, 2 * I);
-            if (fp8_grads_) linear_bwd(l, kGateUp, buf_.d_ln, nullptr, x.ln2, N, h, 2 * I, true, true);
+            if (fp8_grads_)  // (dy: the adapters' bf16 copy under LoRA, else unused)
+                linear_bwd(l, kGateUp, buf_.d_ln, lora_ ? buf_.d_gu : nullptr, x.ln2, N, h, 2 * I, true, true);
             else linear_bwd(l, kGateUp, buf_.d_ln, buf_.d_gu, x.ln2, N, h, 2 * I, false);
             return;
         case LayerOp::PostAttnNorm: {  // d_res becomes d(res_mid) = d(o projection) and d(res_in)

@@ -1,6 +1,7 @@
 // The model's linear layers: each of a layer's four matrices as a bf16 GEMM or, with
 // --matmul-dtype=e4m3, as an FP8 GEMM on operands quantised with their current per-tensor scale
-// (docs/design.md, "Precision"). The weights' FP8 copies are the weights role's (weights.h).
+// (docs/design.md, "Precision"). The weights' FP8 copies are the weights role's (weights.h). Under
+// LoRA with e4m3 the frozen base runs here as an FP8 base: its GEMMs FP8 (no dW), its adapters not.
 #include "model/cuda/cuda_model.h"
 
 #include <array>
@@ -42,10 +43,14 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
         else
             cuda::quantize_fp8(buf_.xq, DType::E4M3, x, A, static_cast<int64_t>(N) * in, xa, xi, stream_);
     }
-    auto t_ = timer_.scope("gemm fwd", stream_);
-    gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weights_->q(off), DType::E4M3,
-                              weights_->inv_scale(l, m), bias, N, in, out, stream_, 0.0f,
-                              opt_.fp8_fast_accum != Fp8FastAccum::Off);
+    {
+        auto t_ = timer_.scope("gemm fwd", stream_);
+        gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weights_->q(off), DType::E4M3,
+                                  weights_->inv_scale(l, m), bias, N, in, out, stream_, 0.0f,
+                                  opt_.fp8_fast_accum != Fp8FastAccum::Off);
+    }
+    // LoRA on the FP8 base: the adapters read the unquantised x, in the model dtype
+    if (lora_) lora_fwd(l, m, y, x, N, out);
 }
 
 void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
@@ -67,7 +72,9 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
         gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, true, stream_);
         return;
     }
-    float* dw = grads_->at(off);
+    // (LoRA: the frozen FP8 base has no weight gradient, so no x^T either; dy in the model dtype is
+    // what its adapters read)
+    float* dw = lora_ ? nullptr : grads_->at(off);
     const DType gd = opt_.gradient_dtype;
     const int L = config_.num_hidden_layers;
     float* ga = fp8_slot_ptr(fp8_grad_amax_slot(L));
@@ -81,7 +88,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
             if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
             cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
         }
-        if (!xT) {
+        if (!xT && !lora_) {
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in,
                                          fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m)), nullptr, stream_);
             xT = buf_.xTq;
@@ -92,6 +99,10 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
         gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weights_->qT(off),
                                          DType::E4M3, weights_->inv_scale(l, m), N, in, out,
                                          stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
+    }
+    if (lora_) {
+        lora_bwd(l, m, dx, dy, x, N, out);
+        return;
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, xT, DType::E4M3,

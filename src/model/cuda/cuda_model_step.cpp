@@ -195,8 +195,9 @@ void CudaModel::lm_head_backward(int r0, int rows) {
         auto t_ = timer_.scope("fp8 quantize", stream_);
         cuda::abs_max(ga, A, buf_.logits, static_cast<int64_t>(rows) * V, stream_);
         cuda::quantize_fp8_transpose(buf_.lm_dyTq, gd, buf_.logits, A, rows, V, ga, gi, stream_, buf_.lm_dyq);
-        cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, rows, h,
-                                     fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax)), nullptr, stream_);
+        if (!frozen_base())  // (the dW GEMM's operand)
+            cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, rows, h,
+                                         fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax)), nullptr, stream_);
     }
     // Never fast accumulation here, whatever --fp8-fast-accum says: on 300 KJV steps (H200, demo model,
     // vocab 152k) the head's backward with fast accumulation ended 3.0% above bf16's eval loss (one
@@ -209,6 +210,7 @@ void CudaModel::lm_head_backward(int r0, int rows) {
         gemm_->linear_backward_input_fp8(dx, A, buf_.lm_dyq, gd, gi, weights_->lm_head_qT(), DType::E4M3,
                                          weights_->lm_head_inv_scale(), rows, h, V, stream_, 0.0f, fast);
     }
+    if (frozen_base()) return;  // (LoRA: the frozen head's input gradient only)
     auto t_ = timer_.scope("lm head gemm", stream_);
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.lm_dyTq, gd, gi, buf_.xTq, DType::E4M3,
                                       fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XInv)), rows, h, V, true, stream_,

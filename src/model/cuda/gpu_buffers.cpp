@@ -175,9 +175,12 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     // (xT) for the backward's weight-gradient GEMM. ln1, ln2 and the SwiGLU output are then needed
     // in bf16 only inside the forward (and ln1 / ln2 by a backward recompute of the QKV / gate|up
     // projection from them), so they share one buffer across layers like recomputed activations.
+    // LoRA's frozen FP8 base has no weight-gradient GEMM, so no xT: the adapters' backward reads the
+    // model-dtype inputs instead (kept per layer).
     const bool fp8_grads = is_fp8(opt.matmul_dtype) && is_fp8(opt.gradient_dtype);
-    const bool keep_xT[4] = {fp8_grads && !rc.ln1, fp8_grads && !rc.att, fp8_grads && !rc.ln2,
-                             fp8_grads && !rc.swi};
+    const bool keep_xT_any = fp8_grads && !frozen;
+    const bool keep_xT[4] = {keep_xT_any && !rc.ln1, keep_xT_any && !rc.att, keep_xT_any && !rc.ln2,
+                             keep_xT_any && !rc.swi};
     const int64_t x_dims[4] = {h, q, h, I};
     const bool ln1_shared = rc.ln1 || (keep_xT[0] && !rc.qkv);
     const bool ln2_shared = rc.ln2 || (keep_xT[2] && !rc.gate_up);
@@ -218,8 +221,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.d_att = ws.take_typed(N * q, A);
     b.d_swi = ws.take_typed(N * I, A);
     // with FP8 gradients d(gate|up) goes straight into FP8 (swiglu_backward_quantize_transpose), unless
-    // the MLP has biases, whose gradient is summed from it
-    b.d_gu = fp8_grads && !c.mlp_bias ? nullptr : ws.take_typed(N * 2 * I, A);
+    // the MLP has biases, whose gradient is summed from it, or LoRA's gate / up adapters read it
+    b.d_gu = fp8_grads && !c.mlp_bias && !frozen ? nullptr : ws.take_typed(N * 2 * I, A);
     b.lmhead_chunk_rows = static_cast<int>((N + opt.lmhead_chunks - 1) / opt.lmhead_chunks);
     b.logits = ws.take_typed(static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size, A);
     b.losses = ws.take_n<float>(N);
@@ -305,7 +308,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         b.xq = ws.take(N * x_max);
         if (fp8_grads) {
             const int64_t dy_max = std::max({qkvd, h, 2 * I});
-            b.xTq = ws.take(N * x_max);
+            if (!frozen) b.xTq = ws.take(N * x_max);  // (x re-quantised for dW; the LM head's dW too)
             b.dyq = ws.take(N * dy_max);
             b.dyTq = ws.take(N * dy_max);
         }
