@@ -107,9 +107,14 @@ void CpuModel::check_options(const ModelOptions& o) {
         QT_CHECK(!fp8, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::matmul_dtype),
                  "=e4m3 is not yet supported on ", flag(RunFlag::Device),
                  "=cpu (the adapters' FP8 emulation is not written)");
-        QT_CHECK(o.gpus <= 1, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(&ModelOptions::gpus), "=",
-                 o.gpus, " is not yet supported on ", flag(RunFlag::Device),
-                 "=cpu (data parallel adapters are not written)");
+        // several ranks: the base replicated, the adapters' gradient all-reduced and AdamW replicated
+        // (cpu_data_parallel.cpp); the adapters are small, so there is nothing worth sharding
+        for (const auto& [key, on] : {std::pair<ModelFlag, bool>{&ModelOptions::shard_gradients, o.shard_gradients},
+                                      {&ModelOptions::shard_weights, o.shard_weights}})
+            QT_CHECK(!on, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(key), " (", flag(RunFlag::ZeroLevel),
+                     " 2 or 3) is not supported on ", flag(RunFlag::Device), "=cpu: with several ranks the frozen "
+                     "base and the small adapters are replicated and the adapters' gradient all-reduced (",
+                     flag(RunFlag::ZeroLevel), "=1)");
     }
 }
 
