@@ -109,11 +109,12 @@ void CpuModel::check_options(const ModelOptions& o) {
                  "=cpu (the adapters' FP8 emulation is not written)");
         // several ranks: the base replicated, the adapters' gradient all-reduced and AdamW replicated
         // (cpu_data_parallel.cpp); the adapters are small, so there is nothing worth sharding
-        for (const auto& [key, on] : {std::pair<ModelFlag, bool>{&ModelOptions::shard_gradients, o.shard_gradients},
-                                      {&ModelOptions::shard_weights, o.shard_weights}})
-            QT_CHECK(!on, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(key), " (", flag(RunFlag::ZeroLevel),
-                     " 2 or 3) is not supported on ", flag(RunFlag::Device), "=cpu: with several ranks the frozen "
-                     "base and the small adapters are replicated and the adapters' gradient all-reduced (",
+        for (const auto& [key, on, level] :
+             {std::tuple<ModelFlag, bool, int>{&ModelOptions::shard_weights, o.shard_weights, 3},
+              {&ModelOptions::shard_gradients, o.shard_gradients, 2}})
+            QT_CHECK(!on, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(key), " (ZeRO-", level,
+                     ") is not supported on ", flag(RunFlag::Device), "=cpu: with several ranks the frozen base and "
+                     "the small adapters are replicated and the adapters' gradient all-reduced (",
                      flag(RunFlag::ZeroLevel), "=1)");
     }
 }
