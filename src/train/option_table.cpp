@@ -381,8 +381,8 @@ std::vector<OptionSpec> make_table() {
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
             "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
-            "--device=cuda on one GPU with the base resident in the model dtype (no FP8 base, --shard-weights or "
-            "--gpus>1 yet)",
+            "--device=cuda with the base resident in the model dtype (no FP8 base or --shard-weights yet); with "
+            "--gpus=N every rank holds the base and the adapters and their gradient is all-reduced (--zero-level=1)",
             non_negative())
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.lora.rank = o.lora_rank;

@@ -61,7 +61,7 @@ ModelOptions options(const Mode& m) {
 }
 
 // epsilon 1e-2 as in cuda_lora_test: the update a smooth function of the gradient
-OptimizerParams params(int step) { return {2e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step}; }
+OptimizerParams params(int step) { return {1e-2f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step}; }
 
 Tokens tokens(int vocab, int step, int k) {
     return random_tokens(kB, kT, vocab, 7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1,
