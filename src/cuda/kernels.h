@@ -173,7 +173,8 @@ void lora_dropout_forward(DType act, void* out, const void* x, int64_t n, uint64
                           uint64_t slot, float p, cudaStream_t s);
 void lora_dropout_backward_add(DType act, void* dx, const void* g, int64_t n, uint64_t seed, const uint64_t* pass,
                                uint64_t slot, float p, cudaStream_t s);
-// *pass += 1 (a training pass has ended).
-void lora_count_pass(uint64_t* pass, cudaStream_t s);
+// *pass += step (a training pass has ended; step: the number of data-parallel ranks, whose passes
+// interleave in the global order of the micro-batches, CpuLora::end_pass).
+void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s);
 
 }  // namespace qtrain::cuda

@@ -32,7 +32,7 @@ __global__ void lora_dropout_backward_kernel(T* dx, const T* g, int64_t n, uint6
                               lora_dropout_scale(stream, static_cast<uint64_t>(i), p, keep) * to_float(g[i]));
 }
 
-__global__ void lora_count_pass_kernel(uint64_t* pass) { *pass += 1; }
+__global__ void lora_count_pass_kernel(uint64_t* pass, uint64_t step) { *pass += step; }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65535)); }
 
@@ -56,8 +56,8 @@ void lora_dropout_backward_add(DType act, void* dx, const void* g, int64_t n, ui
     CUDA_CHECK(cudaGetLastError());
 }
 
-void lora_count_pass(uint64_t* pass, cudaStream_t s) {
-    lora_count_pass_kernel<<<1, 1, 0, s>>>(pass);
+void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s) {
+    lora_count_pass_kernel<<<1, 1, 0, s>>>(pass, step);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -381,7 +381,8 @@ std::vector<OptionSpec> make_table() {
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
             "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
-            "--device=cuda on one GPU with the base resident in the model dtype (no --shard-weights or --gpus>1 yet). "
+            "--device=cuda with the base resident in the model dtype (no --shard-weights yet); with --gpus=N every "
+            "rank holds the base and the adapters and their gradient is all-reduced (--zero-level=1). "
             "With --matmul-dtype=e4m3 the base is FP8: its matrices quantised to e4m3 once after the load, its GEMMs "
             "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs; the bf16 base is kept "
             "(the plan shows both) and --merge-lora merges into it",

@@ -102,3 +102,40 @@ TEST(TrainCliLoraGpu, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
             EXPECT_EQ(read_file(fs::path(f.dir / "exported") / file), read_file(fs::path(f.dir / "merged") / file)) << file;
     }
 }
+
+// Two ranks on one GPU (--gpus=2 --gpu-ids=0,0 --memcpy-all-gather, the copy-engine communicator):
+// the base and adapters replicated, the adapters' gradient all-reduced. Against one rank with twice
+// the accumulation (dropout on: each rank draws the masks of the micro-batches it trains): the losses
+// and the adapter (fp32 master of a bf16 run) within train_cli_data_parallel_test's bf16 bounds;
+// --continue of the 2-rank run is bit-exact (eager and with CUDA graphs); ZeRO-2 is refused by name.
+TEST(TrainCliLoraGpu, TwoRanksOnOneGpuEqualOneRankAndContinueBitExactly) {
+    QTRAIN_REQUIRE_GPU();
+    const std::string limit = "timeout 300 ", two = " --gpus=2 --gpu-ids=0,0 --memcpy-all-gather";
+    const std::string lora = " --lora-rank=8 --lora-alpha=16 --lora-dropout=0.2 --adam-epsilon=1e-2";
+    {
+        Fixture f(kGpuShape);
+        const std::string common = " --steps=8 --eval-every-n-steps=0" + lora;
+        auto one = run_command(limit + f.base_cmd("one", "cuda") + common + " --grad-accumulation=4");
+        auto many = run_command(limit + f.base_cmd("many", "cuda") + common + two + " --grad-accumulation=2");
+        ASSERT_EQ(one.exit_code, 0) << one.output;
+        ASSERT_EQ(many.exit_code, 0) << many.output;
+        EXPECT_TRUE(Contains(many.output, "2 GPU ranks, ZeRO-1")) << many.output;
+        const auto l1 = step_losses(f.dir / "one/log.jsonl"), l2 = step_losses(f.dir / "many/log.jsonl");
+        ASSERT_EQ(l1.size(), 8u);
+        ASSERT_EQ(l2.size(), 8u);
+        for (int s = 0; s < 8; ++s) EXPECT_NEAR(l2[s], l1[s], 2e-3 * l1[s]) << "step " << s;
+        const double d = relative_weight_difference(read_all_weights(f.dir / "one/adapter_model.safetensors"),
+                                                    read_all_weights(f.dir / "many/adapter_model.safetensors"));
+        std::printf("[train lora dp] 2 ranks on one GPU vs 1 rank: adapter max rel diff %.2e\n", d);
+        EXPECT_LT(d, 2e-2);  // train_cli_data_parallel_test's bound for a bf16 run
+        EXPECT_EQ(read_file(f.dir / "one/adapter_config.json"), read_file(f.dir / "many/adapter_config.json"));
+        expect_refused(run_command(limit + f.base_cmd("z2", "cuda") + " --steps=1" + lora + two + " --zero-level=2"),
+                       "--shard-gradients");
+    }
+    for (const char* extra : {"", " --use-cuda-graphs --recompute-block"}) {
+        SCOPED_TRACE(extra);
+        Fixture f(kGpuShape);
+        expect_continue_reproduces_full_run(f, "cuda", two + lora + " --merge-lora" + extra, limit);
+        EXPECT_TRUE(fs::exists(f.dir / "part-ckpt/step_00000005/adapter_model.safetensors"));
+    }
+}

@@ -100,9 +100,17 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
     for (const std::string flag : {"--shard-weights", "--offload-gradients", "--offload-master", "--offload-opt-m"})
         EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", flag}), "cuda"), "--lora-rank=8", flag,
                      "not yet supported on --device=cuda");
+    // several ranks: every rank holds the whole frozen base and the adapters (replicated, ZeRO-1), the
+    // same plan as one GPU's but for the per-rank scalars; ZeRO-2 would shard a gradient there is none of
     ModelOptions two = with({"--lora-rank=8"});
     two.gpus = 2;
-    EXPECT_ERROR(plan_model(cfg, two, "cuda"), "--lora-rank=8", "--gpus=2", "not yet supported on --device=cuda");
+    const MemoryPlan lora2 = plan_model(cfg, two, "cuda");
+    EXPECT_EQ(bytes(lora2, "Weights"), bytes(lora, "Weights"));
+    EXPECT_EQ(bytes(lora2, "LoRA adapters"), bytes(lora, "LoRA adapters"));
+    EXPECT_EQ(bytes(lora2, "Adam M"), 0);
+    ModelOptions zero2 = with({"--lora-rank=8", "--zero-level=2"});
+    zero2.gpus = 2;
+    EXPECT_ERROR(plan_model(cfg, zero2, "cuda"), "--lora-rank=8", "--shard-gradients", "--zero-level=1");
     // a rank above a target's dimensions, before any GPU is asked for
     EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=4000"}), "cuda"), "--lora-rank=4000", "larger than");
 #endif

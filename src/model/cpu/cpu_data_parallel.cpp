@@ -17,8 +17,12 @@ namespace qtrain {
 void CpuModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(zero_level >= 1 && zero_level <= 3, flag(RunFlag::ZeroLevel), "=", zero_level,
              " is not supported by the CPU model's data parallel step (1, 2 or 3)");
-    QT_CHECK(!frozen_base() || !comm || comm->world() <= 1, flag(&LoraOptions::rank), "=", options_.lora.rank,
-             ": LoRA with several ranks is not yet supported on ", flag(RunFlag::Device), "=cpu");
+    QT_CHECK(!frozen_base() || !comm || comm->world() <= 1 || zero_level == 1, flag(&LoraOptions::rank), "=",
+             options_.lora.rank, " with ", flag(RunFlag::ZeroLevel), "=", zero_level, " on ", flag(RunFlag::Device),
+             "=cpu: with several ranks the adapters are replicated and their gradient all-reduced (",
+             flag(RunFlag::ZeroLevel), "=1)");
+    // LoRA dropout: rank r's passes draw the masks of the global micro-batches it trains (cpu_lora.h)
+    lora_.set_ranks(comm ? comm->rank() : 0, comm ? comm->world() : 1);
     if (weights_sharded()) {
         // leaving ZeRO-3 (or its world): every rank gets the whole state back from the old owners
         std::vector<float> all;
@@ -43,7 +47,30 @@ void CpuModel::adamw_range(const OptimizerParams& p, int64_t begin, int64_t end,
     }
 }
 
+// LoRA over several ranks: every rank holds the whole frozen base and the whole (small) adapters; the
+// adapters' gradient (and --train-also's) is all-reduced in rank order, so every rank computes the
+// same norm and the same replicated AdamW and keeps the same bits, with no gather afterwards.
+StepStats CpuModel::lora_data_parallel_step(const OptimizerParams& p) {
+    comm::Communicator& c = *comm_;
+    StepStats stats;
+    double loss = 0.0;
+    comm::sum_scalars_over_ranks(c, &step_loss_, &loss, 1);
+    stats.loss = static_cast<float>(loss);
+    step_loss_ = 0.0;
+    std::vector<float>& g = lora_.grads();
+    c.all_reduce(g.data(), g.data(), g.size(), DType::F32);
+    stats.grad_norm = static_cast<float>(std::sqrt(lora_.grad_sum_squares()));
+    if (!update_allowed(stats)) {  // every rank sees the same stats: none updates
+        lora_.zero_grads();
+        return stats;
+    }
+    const float clip_scale = (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) ? p.grad_clip / stats.grad_norm : 1.0f;
+    lora_.adamw(p, clip_scale);
+    return stats;
+}
+
 StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
+    if (frozen_base()) return lora_data_parallel_step(p);
     comm::Communicator& c = *comm_;
     const int W = c.world(), r = c.rank();
     const int64_t P = num_elements(), S = (P + W - 1) / W, begin = std::min<int64_t>(r * S, P),

@@ -69,7 +69,9 @@ const float* CpuLora::dropped_input(int l, LoraTarget t, const float* x, int64_t
         xd_.resize(static_cast<size_t>(n));
         dxd_.resize(static_cast<size_t>(n));
     }
-    const uint64_t stream = lora_dropout_stream(lora_.seed, passes_, static_cast<uint64_t>(slot(l, t)));
+    // (rank r of W: the global pass of the micro-batch it trains, end_pass)
+    const uint64_t pass = passes_ + static_cast<uint64_t>(rank_);
+    const uint64_t stream = lora_dropout_stream(lora_.seed, pass, static_cast<uint64_t>(slot(l, t)));
     const float p = lora_.dropout, keep = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < n; ++i) {
         mask_[i] = lora_dropout_scale(stream, static_cast<uint64_t>(i), p, keep);

@@ -48,10 +48,16 @@ public:
     // (begin_pass(false)) use every input. The mask of pass c, layer l, target t is drawn from
     // hash(seed, c, l, t), so it is the same in the backward, after a resume (the count is in the
     // checkpoint) and on every machine; kept inputs are scaled by 1 / (1 - p) as torch's Dropout.
+    // Data parallel (set_ranks): passes() counts the passes of every rank in the global order of the
+    // micro-batches (rank r of W trains micro-batch j * W + r, DataLoader::set_rank), so rank r's pass
+    // draws the mask of global pass passes() + r and each pass moves the count on by W: N ranks drop
+    // the elements one rank drops on the same global batch, and a checkpoint's count is the global one
+    // (a resume at another number of ranks continues it).
     void begin_pass(bool training) { training_ = training; }
-    void end_pass() { passes_ += training_ ? 1 : 0; training_ = false; }
+    void end_pass() { passes_ += training_ ? static_cast<uint64_t>(world_) : 0; training_ = false; }
     uint64_t passes() const { return passes_; }
     void set_passes(uint64_t n) { passes_ = n; }  // tests: replay a pass
+    void set_ranks(int rank, int world) { rank_ = rank, world_ = world; }
     // y[N, out] += s * (drop(x) A^T) B^T for layer l's target t (nothing when t has no adapter);
     // saves drop(x) A^T.
     void forward(int l, LoraTarget t, float* y, const float* x, int N);
@@ -142,7 +148,8 @@ private:
     int n_ = 0;              // rows h_ is sized for
     std::vector<float> mask_, xd_, dxd_;  // dropout scratch [N, in]
     bool training_ = false;
-    uint64_t passes_ = 0;    // training passes since the adapters started (dropout masks)
+    uint64_t passes_ = 0;    // training passes since the adapters started, over all ranks (dropout masks)
+    int rank_ = 0, world_ = 1;  // data parallel: this rank's place in the passes' global order
 };
 
 }  // namespace qtrain

@@ -207,6 +207,7 @@ private:
     comm::Communicator* comm_ = nullptr;
     int zero_level_ = 1;
     StepStats data_parallel_step(const OptimizerParams& p);
+    StepStats lora_data_parallel_step(const OptimizerParams& p);
     // AdamW over the flat elements [begin, end), gradients read from grads + (i - grads_begin).
     void adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* grads, int64_t grads_begin,
                      float clip_scale);

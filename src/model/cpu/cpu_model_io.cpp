@@ -94,7 +94,8 @@ void CpuModel::save_hf(const std::string& dir) const {
 
 void CpuModel::save_checkpoint(const std::string& dir) const {
     if (frozen_base()) {  // the adapters and their moments only: the base is --model's, unchanged
-        lora_.save_checkpoint(dir);
+        // (several ranks hold the same replicated adapters: rank 0 writes them once)
+        if (!comm_ || comm_->rank() == 0) lora_.save_checkpoint(dir);
         return;
     }
     // Under ZeRO-1/2 every rank holds the same gathered state (cpu_data_parallel.cpp), so rank 0's

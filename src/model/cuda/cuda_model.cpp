@@ -137,12 +137,10 @@ void CudaModel::check_options(const ModelOptions& o) {
 
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
-// base), resident, on one GPU; the flags that move or keep state the frozen base does not have are
-// refused by name.
+// base), resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced,
+// ZeRO-1); the flags that move or keep state the frozen base does not have are refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is not yet supported on ",
-             flag(RunFlag::Device), "=cuda (data parallel adapters are not written yet: use one GPU)");
     QT_CHECK(o.lora.train_also == 0, flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
              " is not yet supported on ", flag(RunFlag::Device), "=cuda (the GPU model trains the adapters only; "
              "train the norms or embeddings with ", flag(RunFlag::Device), "=cpu, or leave the flag out)");
@@ -158,7 +156,8 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
     for (const auto& [key, on] : refused)
         QT_CHECK(!on, lora, " with ", flag(key), " is not yet supported on ", flag(RunFlag::Device),
                  "=cuda (the frozen base stays resident and has no master, gradient or Adam moments to shard or "
-                 "offload; the adapters are small)");
+                 "offload; the adapters are small: with several ranks both are replicated and the adapters' "
+                 "gradient all-reduced, ", flag(RunFlag::ZeroLevel), "=1)");
     QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
              dtype_name(o.master_dtype),
              ": the frozen base has no master copy and the adapters keep an fp32 one (leave ",
@@ -643,6 +642,8 @@ void CudaModel::save_hf(const std::string& dir) const {
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
     if (lora_) {  // the adapters and their moments only, in the CPU model's files: the base is --model's
+        // (several ranks hold the same replicated adapters: rank 0 writes them once)
+        if (comm_ && comm_->rank() != 0) return;
         lora_->download_to_host();
         return lora_->host().save_checkpoint(dir);
     }

@@ -35,6 +35,20 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(zero_level >= 1 && zero_level <= 3, flag(RunFlag::ZeroLevel), "=", zero_level, ": 1, 2 or 3");
     QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for ", flag(&ModelOptions::gpus), "=",
              opt_.gpus, " but the communicator has ", comm->world(), " ranks");
+    if (lora_) {
+        // LoRA: the frozen base and the adapters are replicated; only the adapters' gradient is summed
+        // over the ranks (lora_optimizer_step), so there is no block to own (shard_ gives the loss's
+        // gather its rank and world)
+        QT_CHECK(comm->world() == 1 || zero_level == 1, flag(&LoraOptions::rank), "=", opt_.lora.rank, " with ",
+                 flag(RunFlag::ZeroLevel), "=", zero_level, " on ", flag(RunFlag::Device),
+                 "=cuda: with several ranks the adapters are replicated and their gradient all-reduced (",
+                 flag(RunFlag::ZeroLevel), "=1)");
+        comm_ = comm;
+        zero_level_ = zero_level;
+        shard_ = param_shard(layout_.total, comm->world(), comm->rank());
+        lora_->set_ranks(comm->rank(), comm->world());
+        return;
+    }
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
              " but the model was planned ", opt_.shard_gradients ? "with " : "without ",
              flag(&ModelOptions::shard_gradients), " (", flag(RunFlag::ZeroLevel), "=2 and ",

@@ -393,10 +393,14 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
 
 // LoRA: the adapters are all there is to train. Their norm alone is clipped (the CPU model's
 // CpuLora::grad_sum_squares), and as for the full model a broken step writes nothing (imodel.h).
+// With several ranks the adapters' gradient is all-reduced first and AdamW runs on every rank.
 StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
     StepStats stats;
     {
         auto t_ = timer_.scope("optimizer", stream_);
+        // several ranks: every rank sums the whole gradient (rank order), so the norm and the
+        // replicated AdamW below give every rank the same bits
+        if (comm_ && shard_.world > 1) lora_->all_reduce_grads(*comm_);
         lora_->sum_squares(buf_.norm_partials);
         cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, cuda::norm_partials_count(), p.grad_clip, stream_);
         float norm = 0;

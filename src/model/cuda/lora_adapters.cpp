@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
@@ -152,8 +153,21 @@ void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64
 }
 
 void LoraAdapters::end_pass() {
-    cuda::lora_count_pass(buf_.pass, stream_);
-    host_.set_passes(host_.passes() + 1);
+    cuda::lora_count_pass(buf_.pass, static_cast<uint64_t>(world_), stream_);
+    host_.set_passes(host_.passes() + static_cast<uint64_t>(world_));
+}
+
+void LoraAdapters::set_ranks(int rank, int world) {
+    rank_ = rank, world_ = world;
+    const uint64_t pass = host_.passes() + static_cast<uint64_t>(rank_);
+    CUDA_CHECK(cudaMemcpyAsync(buf_.pass, &pass, sizeof pass, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void LoraAdapters::all_reduce_grads(comm::Communicator& comm) {
+    auto t_ = timer_.scope("lora gradient all-reduce", stream_);
+    // the padding between tensors is zero on every rank: summing the whole space adds nothing there
+    comm.all_reduce(buf_.grads, buf_.grads, static_cast<std::size_t>(layout_.total), DType::F32, stream_);
 }
 
 void LoraAdapters::sum_squares(float* partials) {
@@ -180,7 +194,7 @@ void LoraAdapters::upload_from_host() {
         std::memcpy(m.data() + to, host_.moments_m().data() + from, k * sizeof(float));
         std::memcpy(v.data() + to, host_.moments_v().data() + from, k * sizeof(float));
     }
-    const uint64_t pass = host_.passes();
+    const uint64_t pass = host_.passes() + static_cast<uint64_t>(rank_);  // (this rank's next pass)
     // ordered on the model's stream and finished on return (the host vectors go out of scope)
     CUDA_CHECK(cudaMemcpyAsync(buf_.master, p.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_m, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));

@@ -30,6 +30,9 @@
 
 namespace qtrain {
 
+namespace comm {
+class Communicator;
+}
 class GemmRunner;
 
 class LoraAdapters {
@@ -50,8 +53,15 @@ public:
     // with row stride ldy; x as in the forward.
     void backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N);
     // A training pass has ended: the dropout masks move on (the device count and the host's, which a
-    // checkpoint records).
+    // checkpoint records). With W data-parallel ranks both move on by W: the host's counts the global
+    // passes and rank r's device count is it + r, so rank r draws the masks of the global micro-batch
+    // it trains (CpuLora::end_pass), the masks one rank draws on the same global batch.
     void end_pass();
+    // This rank's place among the data-parallel ranks (set_communicator); world 1 without one.
+    void set_ranks(int rank, int world);
+    // Data parallel: the adapters' gradient summed over the ranks in rank order, in place (every rank
+    // then holds the whole sum and runs the same replicated AdamW).
+    void all_reduce_grads(comm::Communicator& comm);
 
     // ---- optimizer ----
     // Sum of squares of the adapters' gradient into `partials` (cuda::norm_partials_count() floats).
@@ -91,6 +101,7 @@ private:
     cudaStream_t stream_;
     OpTimer& timer_;
     int64_t rows_;  // N of the planned micro-batch (the saved activations' rows)
+    int rank_ = 0, world_ = 1;  // data parallel (set_ranks)
     std::unique_ptr<OptimizerState> optimizer_;
     mutable CpuLora host_;
 };

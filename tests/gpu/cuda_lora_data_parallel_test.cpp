@@ -1,0 +1,265 @@
+// LoRA on the GPU model in data parallel (issue 33; CudaModel::set_communicator with a frozen base):
+// W ranks as threads on one GPU (the copy-engine communicator, as data_parallel_test.cpp), each with
+// A micro-batches, against one plain model with W x A micro-batches of the same data in the global
+// order (rank r trains micro-batch j * W + r). Every rank holds the whole frozen base and adapters; the
+// adapters' gradient is all-reduced and AdamW replicated, so every rank ends with the same bits, and
+// with dropout each rank draws the masks of the global micro-batch it trains (lora_adapters.h
+// end_pass). Against one rank: losses, norms and adapters within data_parallel_test's bounds of the
+// same dtype (fp32 tightly, bf16 within bf16 noise), with recompute and CUDA graphs too. A checkpoint
+// of 2 ranks (the CPU model's adapter files, written once by rank 0) resumes bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "comm/cuda/copy_engine_communicator.h"
+#include "comm/thread_world.h"
+#include "gpu_model_fixture.h"
+#include "gpu_ranks_util.h"
+#include "model/lora.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+constexpr int kB = 2, kT = 48, kSteps = 5;
+
+struct Mode {
+    const char* name;
+    ModelConfig (*config)();
+    DType act;
+    float dropout;
+    bool graphs;        // recompute + CUDA graphs
+    double loss_rel;    // data_parallel_test's bounds for the dtype
+    double min_cosine;  // smallest per-tensor adapter cosine after the steps
+};
+
+const Mode kModes[] = {
+    {"qwen2 fp32", qwen2_case, DType::F32, 0.0f, false, 1e-5, 0.999999},
+    {"qwen2 fp32 dropout", qwen2_case, DType::F32, 0.2f, false, 1e-5, 0.999999},
+    {"llama fp32 dropout", llama_case, DType::F32, 0.3f, false, 1e-5, 0.999999},
+    {"qwen3 bf16 dropout", qwen3_case, DType::BF16, 0.2f, false, 2e-3, 0.9999},
+    {"qwen2 bf16 dropout, recompute, CUDA graphs", qwen2_case, DType::BF16, 0.2f, true, 2e-3, 0.9999},
+};
+
+ModelOptions options(const Mode& m) {
+    ModelOptions o = CpuModel::fp32_options(kB, kT);
+    o.model_dtype = o.matmul_dtype = o.gradient_dtype = m.act;
+    o.lmhead_chunks = 2;
+    o.recompute_block = m.graphs;
+    o.use_cuda_graphs = m.graphs;
+    o.lora.rank = 8;
+    o.lora.alpha = 16.0f;
+    o.lora.dropout = m.dropout;
+    o.lora.targets = parse_lora_targets("all", "--lora-targets");
+    o.lora.seed = 4242;
+    return o;
+}
+
+// epsilon 1e-2 as in cuda_lora_test: the update a smooth function of the gradient
+OptimizerParams params(int step) { return {1e-2f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step}; }
+
+Tokens tokens(int vocab, int step, int k) {
+    return random_tokens(kB, kT, vocab, 7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1,
+                         Masked::Every11thFrom3);
+}
+
+// The same start everywhere: the base from the seed, B of every adapter non-zero (A: the seed's).
+void start(CudaModel& m) {
+    m.init_random(42);
+    Rng rng(3);
+    for (const ParamSpec& s : m.lora()->host().specs()) {
+        std::vector<float> v = m.download(s.name, CudaModel::Which::Master);
+        if (s.name.find(".lora_B.") != std::string::npos)
+            for (float& x : v) x = 0.05f * rng.normal();
+        m.upload_master(s.name, v.data());
+    }
+}
+
+struct LoraRun {
+    std::vector<float> losses, norms;
+    std::vector<float> initial;                // the adapters before the steps
+    std::vector<std::vector<float>> adapters;  // per rank: every adapter's master, concatenated
+    std::vector<std::vector<float>> moments;   // per rank: Adam's m and v
+};
+
+std::vector<float> adapters(CudaModel& m, CudaModel::Which which) {
+    std::vector<float> out;
+    for (const ParamSpec& s : m.lora()->host().specs()) {
+        auto v = m.download(s.name, which);
+        out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+}
+
+void train(CudaModel& m, int first, int last, int rank, int world, int micro, LoraRun* run) {
+    for (int step = first; step <= last; ++step) {
+        for (int j = 0; j < micro; ++j) {
+            const Tokens d = tokens(m.config().vocab_size, step, j * world + rank);
+            m.forward_backward(d.batch(kB, kT), 1.0f / static_cast<float>(micro * world));
+        }
+        const StepStats s = m.optimizer_step(params(step));
+        if (run && rank == 0) {
+            run->losses.push_back(s.loss);
+            run->norms.push_back(s.grad_norm);
+        }
+    }
+}
+
+void keep_state(CudaModel& m, int rank, LoraRun& run) {
+    run.adapters[rank] = adapters(m, CudaModel::Which::Master);
+    std::vector<float> mv = adapters(m, CudaModel::Which::AdamM), v = adapters(m, CudaModel::Which::AdamV);
+    mv.insert(mv.end(), v.begin(), v.end());
+    run.moments[rank] = mv;
+}
+
+// world 0: the plain one-GPU model with `micro` micro-batches per step.
+LoraRun run(const Mode& mode, int world, int micro) {
+    const ModelConfig cfg = mode.config();
+    LoraRun out;
+    if (world == 0) {
+        out.adapters.resize(1);
+        out.moments.resize(1);
+        CudaModel m(cfg, options(mode));
+        start(m);
+        out.initial = adapters(m, CudaModel::Which::Master);
+        train(m, 1, kSteps, 0, 1, micro, &out);
+        keep_state(m, 0, out);
+        return out;
+    }
+    out.adapters.resize(world);
+    out.moments.resize(world);
+    run_rank_threads(
+        world, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
+        [&](int r, comm::Communicator& c) {
+            ModelOptions o = options(mode);
+            o.gpus = world;
+            CudaModel m(cfg, o);
+            m.set_communicator(&c, 1);
+            start(m);
+            train(m, 1, kSteps, r, world, micro, &out);
+            keep_state(m, r, out);
+        });
+    return out;
+}
+
+// The smallest cosine over the adapter tensors of two concatenated sets.
+double worst_adapter_cosine(const Mode& mode, const std::vector<float>& a, const std::vector<float>& b,
+                            std::string* where) {
+    const std::vector<ParamSpec> specs = lora_parameters(mode.config(), options(mode).lora);
+    double worst = 1.0;
+    std::size_t at = 0;
+    for (const ParamSpec& s : specs) {
+        const std::vector<float> x(a.begin() + at, a.begin() + at + s.numel()), y(b.begin() + at, b.begin() + at + s.numel());
+        at += s.numel();
+        const double c = cosine(x, y);
+        if (!(c >= worst)) worst = c, *where = s.name;
+    }
+    return worst;
+}
+
+}  // namespace
+
+class CudaLoraDataParallel : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaLoraDataParallel, RanksOnOneGpuEqualOneRankOnTheSameGlobalBatch) {
+    QTRAIN_REQUIRE_GPU();
+    const Mode& mode = kModes[GetParam()];
+    for (int world : {2, 3}) {
+        SCOPED_TRACE(std::string(mode.name) + ", " + std::to_string(world) + " ranks");
+        constexpr int kMicro = 2;
+        const LoraRun one = run(mode, 0, world * kMicro);
+        const LoraRun many = run(mode, world, kMicro);
+        for (int r = 1; r < world; ++r) {
+            EXPECT_TRUE(same_bits(many.adapters[r], many.adapters[0])) << "rank " << r << " holds other adapters";
+            EXPECT_TRUE(same_bits(many.moments[r], many.moments[0])) << "rank " << r << " holds other moments";
+        }
+        double worst_loss = 0;
+        for (int s = 0; s < kSteps; ++s) {
+            worst_loss = std::max(worst_loss, std::abs(double(many.losses[s]) - one.losses[s]) / std::abs(one.losses[s]));
+            EXPECT_NEAR(many.norms[s], one.norms[s], 1e-2 * one.norms[s] + 1e-6) << "step " << s;
+        }
+        std::string where;
+        const double cos = worst_adapter_cosine(mode, many.adapters[0], one.adapters[0], &where);
+        std::printf("[lora dp %s, %d ranks] vs 1 rank: worst loss rel diff %.2e (loss %.5f -> %.5f), worst adapter "
+                    "cosine %.7f (%s)\n",
+                    mode.name, world, worst_loss, one.losses.front(), one.losses.back(), cos, where.c_str());
+        EXPECT_LE(worst_loss, mode.loss_rel);
+        EXPECT_GE(cos, mode.min_cosine) << where;
+        // the adapters moved (a test of equal no-ops would pass too)
+        std::string moved_where;
+        EXPECT_LT(worst_adapter_cosine(mode, one.adapters[0], one.initial, &moved_where), mode.min_cosine);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaLoraDataParallel, ::testing::Range(0, static_cast<int>(std::size(kModes))),
+                         [](const ::testing::TestParamInfo<int>& i) { return "mode" + std::to_string(i.param); });
+
+// A checkpoint of 2 ranks after 2 steps: the adapters and their moments in the CPU model's files,
+// written once (by rank 0), with the global pass count; 2 ranks resumed from it continue bit for bit
+// (dropout's masks included), and the CPU model reads it.
+TEST(CudaLoraDataParallelGpu, CheckpointOfTwoRanksResumesBitExact) {
+    QTRAIN_REQUIRE_GPU();
+    const Mode& mode = kModes[4];  // bf16, dropout, recompute, CUDA graphs
+    const ModelConfig cfg = mode.config();
+    TempDir tmp;
+    const std::string dir = (tmp.path / "ckpt").string();
+    std::filesystem::create_directories(dir);
+    LoraRun whole, resumed;
+    for (LoraRun* r : {&whole, &resumed}) r->adapters.resize(2), r->moments.resize(2);
+    std::vector<uint64_t> passes(2);
+    run_rank_threads(
+        2, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
+        [&](int r, comm::Communicator& c) {
+            ModelOptions o = options(mode);
+            o.gpus = 2;
+            {
+                CudaModel m(cfg, o);
+                m.set_communicator(&c, 1);
+                start(m);
+                train(m, 1, 2, r, 2, 2, nullptr);
+                m.save_checkpoint(dir);
+                c.barrier();
+                train(m, 3, kSteps, r, 2, 2, &whole);
+                keep_state(m, r, whole);
+            }
+            CudaModel m(cfg, o);
+            m.set_communicator(&c, 1);
+            m.init_random(42);  // the base, as the engine loads it from --model before the checkpoint
+            m.load_checkpoint(dir);
+            passes[r] = m.lora()->host().passes();
+            train(m, 3, kSteps, r, 2, 2, &resumed);
+            keep_state(m, r, resumed);
+        });
+    EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
+    EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
+    for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(same_bits(whole.adapters[r], resumed.adapters[r])) << "rank " << r;
+        EXPECT_TRUE(same_bits(whole.moments[r], resumed.moments[r])) << "rank " << r;
+        EXPECT_EQ(passes[r], 2u * 2u * 2u) << "the global pass count: 2 steps of 2 ranks x 2 micro-batches";
+    }
+    // the CPU model reads the 2-rank checkpoint: the adapters and the pass count
+    CpuModel cpu(cfg, [&] {
+        ModelOptions o = CpuModel::fp32_options(kB, kT);
+        o.lora = options(mode).lora;
+        return o;
+    }());
+    cpu.init_random(42);
+    cpu.load_checkpoint(dir);
+    EXPECT_EQ(cpu.lora().passes(), 8u);
+}
+
+// ZeRO-2 (a sharded gradient) and ZeRO-3 are refused by name: the adapters are replicated.
+TEST(CudaLoraDataParallelGpu, ZeroTwoAndThreeAreRefused) {
+    QTRAIN_REQUIRE_GPU();
+    ModelOptions o = options(kModes[0]);
+    o.gpus = 2;
+    o.shard_gradients = true;
+    EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-gradients", "--zero-level=1");
+    o.shard_weights = true;
+    EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-weights");
+}

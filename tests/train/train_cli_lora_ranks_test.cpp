@@ -1,0 +1,107 @@
+// LoRA with several ranks through `train` on the CPU (issue 33; threads mode, --gpus=N): N ranks with
+// accumulation A equal one rank with N x A on the same global batch, dropout included (each rank draws
+// the masks of the global micro-batches it trains): losses, norms and the output adapter to fp32
+// rounding (the tolerances of train_cli_threads_test); --continue from a checkpoint of 2 ranks (the
+// adapters written once) is bit-exact, and at another number of ranks with the same micro-batches per
+// step continues the uninterrupted run's losses; ZeRO-2 is refused by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "train/train_cli_fixture.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+using namespace qtrain::test::train_cli;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kLimit = "timeout 120 ";
+// epsilon 1e-2: Adam's update a smooth function of the gradient, so the other order of the micro-batch
+// additions stays at fp32 rounding instead of becoming +-lr on elements whose gradient is ~0
+const std::string kLora = " --lora-rank=4 --lora-alpha=8 --lora-dropout=0.2 --adam-epsilon=1e-2 --learning-rate=1e-2";
+
+}  // namespace
+
+TEST(TrainCliLoraRanks, RanksEqualOneRankOnTheSameGlobalBatch) {
+    Fixture f;
+    const std::string common = " --steps=6 --eval-every-n-steps=0 --grad-clip=0.05" + kLora;
+    for (int world : {2, 3}) {
+        SCOPED_TRACE("--gpus=" + std::to_string(world));
+        const std::string one = "one" + std::to_string(world), many = "many" + std::to_string(world);
+        auto a = run_command(kLimit + f.base_cmd(one) + common + " --grad-accumulation=" + std::to_string(2 * world));
+        auto b = run_command(kLimit + f.base_cmd(many) + common + " --grad-accumulation=2 --gpus=" + std::to_string(world));
+        ASSERT_EQ(a.exit_code, 0) << a.output;
+        ASSERT_EQ(b.exit_code, 0) << b.output;
+        EXPECT_TRUE(Contains(b.output, std::to_string(world) + " CPU ranks, ZeRO-1")) << b.output;
+        const std::string la = f.dir / (one + "/log.jsonl"), lb = f.dir / (many + "/log.jsonl");
+        const auto loss_a = step_losses(la), loss_b = step_losses(lb);
+        const auto norm_a = event_values(la, "step", "norm"), norm_b = event_values(lb, "step", "norm");
+        ASSERT_EQ(loss_a.size(), 6u);
+        ASSERT_EQ(loss_b.size(), 6u);
+        ASSERT_EQ(norm_b.size(), 6u);
+        for (int s = 0; s < 6; ++s) {
+            EXPECT_NEAR(loss_b[s], loss_a[s], 1e-6 * std::abs(loss_a[s])) << "step " << s;
+            EXPECT_NEAR(norm_b[s], norm_a[s], 1e-6 * std::abs(norm_a[s])) << "step " << s;
+            EXPECT_GT(norm_a[s], 0.05) << "clipping must be exercised";
+        }
+        // the PEFT adapter of the N-rank run is the one-rank run's
+        const std::string adapter = "/adapter_model.safetensors";
+        EXPECT_FALSE(fs::exists(f.dir / (many + "/model.safetensors")));
+        EXPECT_LE(relative_weight_difference(read_all_weights(f.dir / (one + adapter)),
+                                             read_all_weights(f.dir / (many + adapter))),
+                  1e-5);
+        EXPECT_EQ(read_file(f.dir / (one + "/adapter_config.json")), read_file(f.dir / (many + "/adapter_config.json")));
+    }
+}
+
+// --continue of a 2-rank LoRA run from its adapter-only checkpoint: bit for bit (losses and the merged
+// export), the dropout masks included.
+TEST(TrainCliLoraRanks, ContinueIsBitExact) {
+    Fixture f;
+    expect_continue_reproduces_full_run(f, "cpu", " --gpus=2 --grad-accumulation=1 --merge-lora" + kLora, kLimit);
+    const auto state = nlohmann::json::parse(read_file(f.dir / "part-ckpt/step_00000005/state.json"));
+    EXPECT_EQ(state["world_size"], 2);
+    EXPECT_TRUE(state["files"].contains("adapter_model.safetensors")) << state.dump(2);
+}
+
+// The checkpoint of 2 ranks x 2 micro-batches continues as 1 x 4 and 4 x 1 with the uninterrupted
+// run's losses (the same sequences and masks per step, summed in another order).
+TEST(TrainCliLoraRanks, CheckpointResumesAtAnotherNumberOfRanks) {
+    Fixture f;
+    const std::string common = " --eval-every-n-steps=0 --ckpt-interval=3 --steps=6" + kLora;
+    auto whole = run_command(kLimit + f.base_cmd("ws") + common + " --gpus=2 --grad-accumulation=2");
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const auto reference = step_losses(f.dir / "ws/log.jsonl");
+    ASSERT_EQ(reference.size(), 6u);
+    for (auto [ranks, accum] : {std::pair{1, 4}, std::pair{4, 1}}) {
+        const std::string name = "r" + std::to_string(ranks);
+        SCOPED_TRACE(name);
+        fs::copy(f.dir / "ws-ckpt", f.dir / (name + "-ckpt"), fs::copy_options::recursive);
+        fs::remove_all(f.dir / (name + "-ckpt/step_00000006"));
+        auto resumed = run_command(kLimit + f.base_cmd(name) + common + " --continue --gpus=" + std::to_string(ranks) +
+                                   " --grad-accumulation=" + std::to_string(accum));
+        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+        int first = -1;
+        const auto losses = step_losses(f.dir / (name + "/log.jsonl"), &first);
+        EXPECT_EQ(first, 3);
+        ASSERT_EQ(losses.size(), 3u);
+        for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[i], reference[3 + i], 1e-6 * reference[3 + i]) << "step " << 3 + i;
+        EXPECT_LE(relative_weight_difference(read_all_weights(f.dir / "ws/adapter_model.safetensors"),
+                                             read_all_weights(f.dir / (name + "/adapter_model.safetensors"))),
+                  1e-5);
+    }
+}
+
+TEST(TrainCliLoraRanks, ZeroTwoAndThreeAreRefused) {
+    Fixture f;
+    for (const char* zero : {"2", "3"})
+        expect_refused(run_command(kLimit + f.base_cmd(std::string("z") + zero) + " --steps=1 --gpus=2 --zero-level=" +
+                                   zero + kLora),
+                       "--lora-rank=4");
+}
