@@ -35,6 +35,7 @@ struct Case {
     float dropout;
     const char* targets;
     const char* train_also;
+    bool fp8 = false;  // the FP8 base (--matmul-dtype=e4m3, e5m2 gradients: the CPU emulation)
 };
 
 const Case kCases[] = {
@@ -43,6 +44,7 @@ const Case kCases[] = {
     {"llama_dropout_subset", test::tiny_llama_config, 0.2f, "q,v,gate,down", ""},
     {"qwen3", test::tiny_qwen3_config, 0.0f, "k,o,up", ""},
     {"qwen2_dropout_train_also", test::tiny_config, 0.1f, "all", "norms,embeddings"},
+    {"qwen2_dropout_fp8_base", test::tiny_config, 0.2f, "all", "", true},
 };
 
 ModelOptions options(const Case& c) {
@@ -54,6 +56,10 @@ ModelOptions options(const Case& c) {
     o.lora.targets = parse_lora_targets(c.targets, "--lora-targets");
     o.lora.train_also = parse_lora_train_also(c.train_also, "--train-also");
     o.lora.seed = 99;
+    if (c.fp8) {
+        o.matmul_dtype = DType::E4M3;
+        o.gradient_dtype = DType::E5M2;
+    }
     return o;
 }
 
