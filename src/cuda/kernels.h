@@ -37,6 +37,8 @@ void residual_rmsnorm_forward(DType act, void* res_out, void* norm_out, float* r
                               float* amax = nullptr);
 // dres[n,:] += d(norm)/d(inp) applied to dnorm; dweight[C] += sum_n dnorm * inp * rstd.
 // `scratch` needs rmsnorm_backward_scratch_floats(N, C) floats (per-block partial weight sums).
+// dweight null (a frozen weight, LoRA): no weight gradient; the partials' reduction is skipped (the
+// fused kernel still writes its per-block partials to scratch).
 std::size_t rmsnorm_backward_scratch_floats(int N, int C);
 // amax (optional, FP8): set to max |dres| of the stored (updated) values.
 void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, const void* dnorm, const void* inp,
@@ -70,7 +72,8 @@ void qk_norm_rope_forward(DType act, void* qkv, void* qk_pre, float* rstd, const
 // The backward, in place on d_qkv: its q and k heads hold d(rope(norm(.))) and become d(pre-norm q|k)
 // (inverse rotation, then the RMSNorm backward; written, not accumulated); its v heads are not touched.
 // dw_q, dw_k [D] (fp32) += the weight gradients, deterministic (per-block partials in col_scratch,
-// which needs qk_norm_rope_backward_scratch_floats(B, T, Hq, Hkv, D) floats, then a fixed-order sum).
+// which needs qk_norm_rope_backward_scratch_floats(B, T, Hq, Hkv, D) floats, then a fixed-order sum);
+// dw_q / dw_k null (frozen weights, LoRA): that sum is skipped.
 // grad_amax (FP8 gradients; may be null) as rope_backward's amax: *grad_amax = max |d_qkv| as stored
 // over the whole tensor (q, k and the untouched v part), for the QKV projection's gradient quantisation.
 std::size_t qk_norm_rope_backward_scratch_floats(int B, int T, int Hq, int Hkv, int D);

@@ -328,8 +328,8 @@ void qk_norm_rope_backward(DType act, void* d_qkv, float* dw_q, float* dw_k, flo
             run(qk_norm_rope_backward_kernel<E, true>);
         else
             run(qk_norm_rope_backward_kernel<E, false>);
-        column_reduce(dw_q, col_scratch, grid.Gq, D, s);
-        column_reduce(dw_k, col_scratch + static_cast<int64_t>(grid.Gq) * D, grid.Gk, D, s);
+        if (dw_q) column_reduce(dw_q, col_scratch, grid.Gq, D, s);  // (null: frozen, LoRA)
+        if (dw_k) column_reduce(dw_k, col_scratch + static_cast<int64_t>(grid.Gq) * D, grid.Gk, D, s);
     });
     CUDA_CHECK(cudaGetLastError());
 }

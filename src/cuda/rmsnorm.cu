@@ -199,12 +199,13 @@ void rmsnorm_backward(DType act, void* dres, float* dweight, float* scratch, con
             rmsnorm_backward_vec<T><<<G, threads_for(C / Pack<T>::N), 0, s>>>(
                 static_cast<T*>(dres), scratch, static_cast<const T*>(dnorm), static_cast<const T*>(inp),
                 static_cast<const T*>(weight), rstd, N, C, amax);
-            column_reduce(dweight, scratch, G, C, s);
+            if (dweight) column_reduce(dweight, scratch, G, C, s);  // (null: a frozen weight, LoRA)
         } else {
             rmsnorm_backward_input_scalar<T><<<N, kThreads, 0, s>>>(
                 static_cast<T*>(dres), static_cast<const T*>(dnorm), static_cast<const T*>(inp),
                 static_cast<const T*>(weight), rstd, C, amax);
-            column_sums<T>(dweight, scratch, static_cast<const T*>(dnorm), static_cast<const T*>(inp), rstd, N, C, s);
+            if (dweight)
+                column_sums<T>(dweight, scratch, static_cast<const T*>(dnorm), static_cast<const T*>(inp), rstd, N, C, s);
         }
     });
     CUDA_CHECK(cudaGetLastError());

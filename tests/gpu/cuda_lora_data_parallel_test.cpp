@@ -6,7 +6,8 @@
 // with dropout each rank draws the masks of the global micro-batch it trains (lora_adapters.h
 // end_pass). Against one rank: losses, norms and adapters within data_parallel_test's bounds of the
 // same dtype (fp32 tightly, bf16 within bf16 noise), with recompute and CUDA graphs too. A checkpoint
-// of 2 ranks (the CPU model's adapter files, written once by rank 0) resumes bit for bit.
+// of 2 ranks (the CPU model's adapter files, written once by rank 0) resumes bit for bit. With
+// --train-also the trained norms / embeddings ride along (their gradient in the adapters' space).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@ struct Mode {
     bool graphs;        // recompute + CUDA graphs
     double loss_rel;    // data_parallel_test's bounds for the dtype
     double min_cosine;  // smallest per-tensor adapter cosine after the steps
+    uint32_t train_also = 0;  // --train-also: their gradients all-reduced with the adapters'
 };
 
 const Mode kModes[] = {
@@ -44,6 +46,10 @@ const Mode kModes[] = {
     {"llama fp32 dropout", llama_case, DType::F32, 0.3f, false, 1e-5, 0.999999},
     {"qwen3 bf16 dropout", qwen3_case, DType::BF16, 0.2f, false, 2e-3, 0.9999},
     {"qwen2 bf16 dropout, recompute, CUDA graphs", qwen2_case, DType::BF16, 0.2f, true, 2e-3, 0.9999},
+    {"qwen2 fp32 train-also norms,embeddings", qwen2_case, DType::F32, 0.0f, false, 1e-5, 0.999999,
+     kTrainNorms | kTrainEmbeddings},
+    {"qwen3 (tied) bf16 dropout, recompute, CUDA graphs, train-also norms,embeddings", qwen3_case, DType::BF16, 0.2f,
+     true, 2e-3, 0.9999, kTrainNorms | kTrainEmbeddings},
 };
 
 ModelOptions options(const Mode& m) {
@@ -57,6 +63,7 @@ ModelOptions options(const Mode& m) {
     o.lora.dropout = m.dropout;
     o.lora.targets = parse_lora_targets("all", "--lora-targets");
     o.lora.seed = 4242;
+    o.lora.train_also = m.train_also;
     return o;
 }
 
@@ -150,7 +157,9 @@ LoraRun run(const Mode& mode, int world, int micro) {
 // The smallest cosine over the adapter tensors of two concatenated sets.
 double worst_adapter_cosine(const Mode& mode, const std::vector<float>& a, const std::vector<float>& b,
                             std::string* where) {
-    const std::vector<ParamSpec> specs = lora_parameters(mode.config(), options(mode).lora);
+    // (the host mirror's order: the adapters, then --train-also's tensors)
+    std::vector<ParamSpec> specs = lora_parameters(mode.config(), options(mode).lora);
+    for (ParamSpec& s : lora_train_also_parameters(mode.config(), options(mode).lora)) specs.push_back(std::move(s));
     double worst = 1.0;
     std::size_t at = 0;
     for (const ParamSpec& s : specs) {

@@ -141,9 +141,11 @@ void CudaModel::check_options(const ModelOptions& o) {
 // ZeRO-1); the flags that move or keep state the frozen base does not have are refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    QT_CHECK(o.lora.train_also == 0, flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
-             " is not yet supported on ", flag(RunFlag::Device), "=cuda (the GPU model trains the adapters only; "
-             "train the norms or embeddings with ", flag(RunFlag::Device), "=cpu, or leave the flag out)");
+    // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
+    QT_CHECK(!(o.fp8_lm_head && (o.lora.train_also & kTrainEmbeddings)), flag(&LoraOptions::train_also), "=",
+             lora_train_also_text(o.lora.train_also), " with ", flag(&ModelOptions::fp8_lm_head),
+             "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the trained LM head stays in the model "
+             "dtype: leave ", flag(&ModelOptions::fp8_lm_head), " out, or train the norms only)");
     const std::pair<ModelFlag, bool> refused[] = {
         {&ModelOptions::shard_weights, o.shard_weights},
         {&ModelOptions::shard_gradients, o.shard_gradients},
@@ -250,6 +252,16 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
     if (frozen_base())  // the adapters (from the seed until init_random / load_hf start them again)
         lora_ = std::make_unique<LoraAdapters>(buf_.lora, config_, opt_, *gemm_, stream_, timer_);
+    if (lora_) {  // --train-also: the trained tensors' values are the base's weights, their gradients the adapters'
+        std::vector<int64_t> offsets;
+        for (const std::string& name : lora_->layout().trained_base) {
+            offsets.push_back(layout_.offset_of(name));
+            trained_grads_[offsets.back()] = lora_->trained_grad(name);
+        }
+        if (config_.tie_word_embeddings && trained_grads_.count(layout_.embed))  // (lm_head == embed: one matrix)
+            trained_grads_[layout_.lm_head] = trained_grads_[layout_.embed];
+        lora_->bind_base(buf_.weights, std::move(offsets));
+    }
 
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
     // to the ranks' equal blocks and the master (when separate) and moments are one block
@@ -480,6 +492,7 @@ void CudaModel::init_random(uint64_t seed) {
 void CudaModel::start_adapters() {
     if (!lora_) return;
     lora_->host().init(opt_.lora.seed);
+    lora_->read_base_into_host();  // (--train-also's tensors start as the base; --lora-from may replace them)
     if (!opt_.lora.from.empty()) lora_->host().load_adapter(opt_.lora.from, flag(&LoraOptions::from));
     lora_->upload_from_host();
 }
@@ -586,6 +599,11 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
     const int64_t off = layout_.offset_of(name);
     upload_parameters(off, data, s.numel());
     refresh_weights();
+    if (lora_ && trained_grads_.count(off)) {  // a --train-also tensor: its master follows (moments kept)
+        lora_->download_to_host();
+        lora_->read_base_into_host();
+        lora_->upload_from_host();
+    }
     sync();
 }
 

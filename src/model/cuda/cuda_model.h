@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -162,9 +163,10 @@ private:
     // linear_bwd right after the base GEMMs. training: dropout acts (lora_training_).
     void lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out);
     void lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out);
-    // Where the gradient of flat parameter element `off` accumulates: the gradients role's, or for a
-    // frozen base (LoRA) a scratch no one reads (the norm backward kernels write their weight's
-    // gradient anyway).
+    // Where the gradient of flat parameter element `off` accumulates: the gradients role's; for a
+    // frozen base (LoRA) the adapters' fp32 gradient of a --train-also tensor (trained_grads_), else
+    // null: the norm kernels then skip their weight gradient's reduction, the embedding and LM head
+    // their dW.
     float* param_grad(int64_t off) const;
     // LoRA: the adapters from the seed, or from --lora-from's PEFT adapter (after the base is set).
     void start_adapters();
@@ -230,6 +232,7 @@ private:
     std::unique_ptr<ResidualOffload> residuals_;  // --offload-residual (residual_offload.h)
     std::unique_ptr<OptimizerState> optimizer_;  // Adam's moments and the AdamW update (optimizer_state.h)
     std::unique_ptr<LoraAdapters> lora_;         // --lora-rank (lora_adapters.h); null without LoRA
+    std::unordered_map<int64_t, float*> trained_grads_;  // LoRA --train-also: base offset -> its fp32 gradient
     bool lora_training_ = false;  // the passes running now are a training pass's: LoRA dropout acts
     comm::Communicator* comm_ = nullptr;  // data parallel (set_communicator); null: one GPU, plain path
     int zero_level_ = 1;

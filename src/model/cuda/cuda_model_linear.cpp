@@ -150,7 +150,8 @@ float* CudaModel::param_grad(int64_t off) const {
     if (!frozen_base()) return grads_->at(off);
     QT_CHECK(layout_.layer_of(off) < 0 || !layout_.in_matrix(off),
              "GPU model: internal error (a frozen base matrix's gradient was asked for)");
-    return buf_.frozen_grads;
+    const auto it = trained_grads_.find(off);
+    return it == trained_grads_.end() ? nullptr : it->second;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -175,7 +175,8 @@ void CudaModel::lm_head_backward(int r0, int rows) {
     const std::size_t es = dtype_size(A);
     const void* x = static_cast<const char*>(buf_.xf) + static_cast<std::size_t>(r0) * h * es;
     void* dx = static_cast<char*>(buf_.d_ln) + static_cast<std::size_t>(r0) * h * es;
-    float* dw = frozen_base() ? nullptr : grads_->at(layout_.lm_head);  // (LoRA: the head is frozen)
+    // (LoRA: the head is frozen, unless --train-also=embeddings trains it: the adapters' fp32 gradient)
+    float* dw = frozen_base() ? param_grad(layout_.lm_head) : grads_->at(layout_.lm_head);
     if (!(opt_.fp8_lm_head && fp8_grads_)) {
         const void* w = weights_->at(layout_.lm_head);
         {
@@ -195,7 +196,7 @@ void CudaModel::lm_head_backward(int r0, int rows) {
         auto t_ = timer_.scope("fp8 quantize", stream_);
         cuda::abs_max(ga, A, buf_.logits, static_cast<int64_t>(rows) * V, stream_);
         cuda::quantize_fp8_transpose(buf_.lm_dyTq, gd, buf_.logits, A, rows, V, ga, gi, stream_, buf_.lm_dyq);
-        if (!frozen_base())  // (the dW GEMM's operand)
+        if (dw)  // (the dW GEMM's operand)
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, rows, h,
                                          fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax)), nullptr, stream_);
     }
@@ -210,7 +211,7 @@ void CudaModel::lm_head_backward(int r0, int rows) {
         gemm_->linear_backward_input_fp8(dx, A, buf_.lm_dyq, gd, gi, weights_->lm_head_qT(), DType::E4M3,
                                          weights_->lm_head_inv_scale(), rows, h, V, stream_, 0.0f, fast);
     }
-    if (frozen_base()) return;  // (LoRA: the frozen head's input gradient only)
+    if (!dw) return;  // (LoRA: the frozen head's input gradient only)
     auto t_ = timer_.scope("lm head gemm", stream_);
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.lm_dyTq, gd, gi, buf_.xTq, DType::E4M3,
                                       fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XInv)), rows, h, V, true, stream_,
@@ -262,10 +263,11 @@ void CudaModel::backward(int B, int T) {
         layer_exit(l, Pass::Backward);
     }
     lora_training_ = false;
-    if (!frozen_base()) {  // (LoRA: the embedding is frozen)
+    // (LoRA: the embedding is frozen, unless --train-also=embeddings trains it: the adapters' fp32 gradient)
+    if (!frozen_base() || param_grad(layout_.embed)) {
         auto t_ = timer_.scope("embedding", stream_);
         const int32_t* num_unique = reinterpret_cast<const int32_t*>(buf_.step_scalars + 2);
-        if (grads_->embedding_on_host()) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
+        if (!frozen_base() && grads_->embedding_on_host()) {  // straight into the pinned host copy (bf16: rounded like the layers' flushes)
             const DType gt = opt_.param_grad_dtype;
             void* table = static_cast<char*>(grads_->flat()) + layout_.embed * dtype_size(gt);
             cuda::embedding_backward(table, gt, A, buf_.d_res, buf_.emb_unique, buf_.emb_offsets, buf_.emb_positions,
@@ -391,9 +393,10 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
     return stats;
 }
 
-// LoRA: the adapters are all there is to train. Their norm alone is clipped (the CPU model's
-// CpuLora::grad_sum_squares), and as for the full model a broken step writes nothing (imodel.h).
-// With several ranks the adapters' gradient is all-reduced first and AdamW runs on every rank.
+// LoRA: the adapters (and --train-also's tensors, in the same flat space) are all there is to train.
+// Their one norm is clipped (the CPU model's CpuLora::grad_sum_squares), and as for the full model a
+// broken step writes nothing (imodel.h). With several ranks their gradient is all-reduced first and
+// AdamW runs on every rank; the update then writes --train-also's values into the base's weights.
 StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
     StepStats stats;
     {

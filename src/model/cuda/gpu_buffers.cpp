@@ -255,7 +255,6 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
 
     b.step_scalars = ws.take_n<float>(4);
     if (frozen) {
-        b.frozen_grads = ws.take_n<float>(2 * static_cast<std::size_t>(std::max<int64_t>(h, c.head_dim)));
         const LoraLayout ly = make_lora_layout(c, opt.lora);
         LoraBuffers& l = b.lora;
         l.master = lora_state.take_n<float>(ly.total);

@@ -202,10 +202,8 @@ struct GpuBuffers {
     void* res_slots[2] = {nullptr, nullptr};
 
     // LoRA: the frozen base has no gradient, master or moments (grads and master null, the moments
-    // empty); its norm weights' gradients, which the norm backward kernels compute anyway, land in
-    // frozen_grads and are never read.
+    // empty); --train-also's tensors have theirs with the adapters' (lora_layout.h).
     LoraBuffers lora;
-    float* frozen_grads = nullptr;
 
     int lmhead_chunk_rows = 0;
     std::size_t attn_workspace_bytes = 0;

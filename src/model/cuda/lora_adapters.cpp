@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
@@ -178,7 +179,56 @@ void LoraAdapters::update(const cuda::AdamWArgs& args, const float* clip) {
     // (an fp32 model's GEMMs read the master itself; a bf16 one's the copy AdamW writes)
     optimizer_->update(args, {buf_.master, buf_.grads, act_ == DType::F32 ? nullptr : buf_.weights}, 0, layout_.total,
                        clip, nullptr, stream_);
+    write_base();
     zero_grads();
+}
+
+void LoraAdapters::bind_base(void* weights, std::vector<int64_t> offsets) {
+    QT_CHECK(offsets.size() == layout_.trained_base.size(), "GPU model: internal error (--train-also: ",
+             offsets.size(), " base offsets for ", layout_.trained_base.size(), " tensors)");
+    base_ = weights;
+    base_offsets_ = std::move(offsets);
+}
+
+float* LoraAdapters::trained_grad(const std::string& hf_name) const {
+    for (std::size_t k = 0; k < layout_.trained_base.size(); ++k)
+        if (layout_.trained_base[k] == hf_name) return buf_.grads + layout_.offsets[layout_.first_trained + k];
+    return nullptr;
+}
+
+void LoraAdapters::write_base() {
+    if (!base_) return;
+    const std::size_t es = dtype_size(act_);
+    for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
+        const std::size_t i = layout_.first_trained + k;
+        // rounded to nearest (not AdamW's stochastic copy): a resume's upload writes these same bits
+        cuda::convert_from_f32(static_cast<char*>(base_) + base_offsets_[k] * es, act_, buf_.master + layout_.offsets[i],
+                               layout_.specs[i].numel(), stream_);
+    }
+}
+
+void LoraAdapters::read_base_into_host() {
+    if (!base_) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const std::size_t es = dtype_size(act_);
+    for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
+        const ParamSpec& s = layout_.specs[layout_.first_trained + k];
+        const int64_t n = s.numel();
+        std::vector<uint8_t> raw(static_cast<std::size_t>(n) * es);
+        CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const char*>(base_) + base_offsets_[k] * es, raw.size(),
+                              cudaMemcpyDeviceToHost));
+        float* to = host_.param(s.name);
+        if (act_ == DType::F32) {
+            std::memcpy(to, raw.data(), raw.size());
+            continue;
+        }
+        QT_CHECK(act_ == DType::BF16, "GPU model: --train-also needs fp32 or bf16 weights");
+        for (int64_t j = 0; j < n; ++j) {
+            uint16_t b;
+            std::memcpy(&b, raw.data() + j * es, sizeof b);
+            to[j] = bf16_to_float(b);
+        }
+    }
 }
 
 void LoraAdapters::zero_grads() {
@@ -201,6 +251,7 @@ void LoraAdapters::upload_from_host() {
     CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_v, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(buf_.pass, &pass, sizeof pass, cudaMemcpyHostToDevice, stream_));
     if (act_ != DType::F32) cuda::convert_from_f32(buf_.weights, act_, buf_.master, layout_.total, stream_);
+    write_base();
     zero_grads();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

@@ -63,11 +63,25 @@ public:
     // then holds the whole sum and runs the same replicated AdamW).
     void all_reduce_grads(comm::Communicator& comm);
 
+    // ---- --train-also (LoraOptions::train_also): base tensors trained in full ----
+    // Their fp32 master, gradient and moments are the adapters' (layout().specs after first_trained);
+    // the base's model-dtype weights the forward reads are theirs rounded to nearest, written after each
+    // update and each upload_from_host (so a resume or a set value reaches the forward, and a resume
+    // in bf16 reads the bits the uninterrupted run read). bind_base: the base's flat weights and each
+    // trained tensor's offset there (layout().trained_base order); unbound (before it), nothing is written.
+    void bind_base(void* weights, std::vector<int64_t> offsets);
+    // The fp32 gradient of base tensor `hf_name` (HF name) when --train-also trains it, else null.
+    float* trained_grad(const std::string& hf_name) const;
+    // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the base).
+    void read_base_into_host();
+
     // ---- optimizer ----
-    // Sum of squares of the adapters' gradient into `partials` (cuda::norm_partials_count() floats).
+    // Sum of squares of the adapters' (and --train-also's) gradient into `partials` (cuda::norm_partials_count() floats).
     void sum_squares(float* partials);
-    // AdamW over every adapter (weight decay as the run's: they are matrices); clip: the device-side
-    // [norm, factor]. Then the gradient starts the next step at zero.
+    // AdamW over every adapter (weight decay as the run's: they are matrices) and --train-also tensor
+    // (decayed as the CPU's CpuLora::adamw: the embeddings, not the norms; ParamSpec::decay); clip: the
+    // device-side [norm, factor]. Then the bound base gets the new --train-also values and the
+    // gradient starts the next step at zero.
     void update(const cuda::AdamWArgs& args, const float* clip);
     void zero_grads();
 
@@ -89,6 +103,8 @@ private:
     const void* A(int l, LoraTarget t) const;
     const void* B(int l, LoraTarget t) const;
     void* saved(int l, LoraTarget t) const;
+    // the bound base's --train-also tensors <- their master, rounded to the model dtype (on the stream)
+    void write_base();
     // drop(x) into the scratch (dropout on), else x
     const void* dropped(int l, LoraTarget t, const void* x, int64_t n, bool training);
 
@@ -102,6 +118,8 @@ private:
     OpTimer& timer_;
     int64_t rows_;  // N of the planned micro-batch (the saved activations' rows)
     int rank_ = 0, world_ = 1;  // data parallel (set_ranks)
+    void* base_ = nullptr;               // bind_base: the base's flat model-dtype weights
+    std::vector<int64_t> base_offsets_;  // per --train-also tensor: its offset there
     std::unique_ptr<OptimizerState> optimizer_;
     mutable CpuLora host_;
 };

@@ -9,6 +9,11 @@ LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraOptions& lora) {
     if (!lora.enabled()) return y;
     y.rank = lora.rank;
     y.specs = lora_parameters(cfg, lora);
+    y.first_trained = y.specs.size();
+    for (ParamSpec& s : lora_train_also_parameters(cfg, lora)) {
+        y.trained_base.push_back(s.name.substr(std::char_traits<char>::length(kPeftPrefix)));
+        y.specs.push_back(std::move(s));
+    }
     const int L = cfg.num_hidden_layers;
     y.a_offset.assign(static_cast<std::size_t>(L) * kLoraTargets, -1);
     y.b_offset = y.a_offset;
