@@ -160,5 +160,55 @@ TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
 #endif
 }
 
+// --train-also on the GPU (lora_layout.h): the trained norms / embeddings / head get their fp32 master,
+// gradient and two moments (and a model-dtype copy, as each adapter) in "LoRA adapters", each on a
+// 64-element boundary; the base's arenas do not change (their values stay in "Weights", no master,
+// gradient or moments there). An FP8 LM head with trained embeddings is refused naming both flags.
+TEST(LoraOptions, CudaPlanShowsTheTrainAlsoTensors) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    for (const char* preset : {"Qwen2.5-0.5B", "Qwen3-0.6B", "Llama-3.1-8B"}) {  // (tied, tied, untied)
+        SCOPED_TRACE(preset);
+        const ModelConfig cfg = preset_config(preset);
+        auto with = [&](std::vector<std::string> extra) {
+            extra.insert(extra.end(), {"--seq-len=16", "--batch-size=1", "--model-dtype=bf16", "--lora-rank=8"});
+            return train_options_from_args(extra).model_options("cuda");
+        };
+        auto bytes = [](const MemoryPlan& p, const std::string& category) {
+            for (const auto& e : p.entries)
+                if (e.category == category) return static_cast<int64_t>(e.device_bytes);
+            return int64_t{-1};
+        };
+        const MemoryPlan plain = plan_model(cfg, with({}), "cuda");
+        for (const char* also : {"norms", "embeddings", "norms,embeddings"}) {
+            SCOPED_TRACE(also);
+            const ModelOptions o = with({std::string("--train-also=") + also});
+            const MemoryPlan plan = plan_model(cfg, o, "cuda");
+            int64_t padded = 0;  // the trained tensors' elements, each padded to 64
+            for (const ParamSpec& s : lora_train_also_parameters(cfg, o.lora)) padded += (s.numel() + 63) / 64 * 64;
+            ASSERT_GT(padded, 0);
+            // fp32 master, gradient, Adam M and V, and the bf16 copy (arena alignment: a few bytes more)
+            const int64_t extra = bytes(plan, "LoRA adapters") - bytes(plain, "LoRA adapters");
+            EXPECT_GE(extra, padded * (4 * 4 + 2));
+            EXPECT_LT(extra, padded * (4 * 4 + 2) + 4096);
+            for (const char* same : {"Weights", "Master", "Gradients", "Adam M", "Adam V", "LoRA activations"})
+                EXPECT_EQ(bytes(plan, same), bytes(plain, same)) << same;
+        }
+        // the embeddings of a tied model are one matrix (embed_tokens), of an untied one two (and lm_head)
+        const ModelOptions both = with({"--train-also=norms,embeddings"});
+        int64_t matrices = 0;
+        for (const ParamSpec& s : lora_train_also_parameters(cfg, both.lora))
+            matrices += s.numel() == int64_t{cfg.vocab_size} * cfg.hidden_size;
+        EXPECT_EQ(matrices, cfg.tie_word_embeddings ? 1 : 2);
+        EXPECT_ERROR(plan_model(cfg, with({"--train-also=embeddings", "--matmul-dtype=e4m3", "--lm-head-dtype=e4m3"}),
+                                "cuda"),
+                     "--train-also=embeddings", "--lm-head-dtype=e4m3", "not yet supported on --device=cuda");
+        EXPECT_NO_THROW(plan_model(cfg, with({"--train-also=norms", "--matmul-dtype=e4m3", "--lm-head-dtype=e4m3"}),
+                                   "cuda"));
+    }
+#endif
+}
+
 }  // namespace
 }  // namespace qtrain

@@ -222,7 +222,8 @@ TEST(TrainCliLora, Qwen3AndLlamaTrainAdaptersAndResume) {
 
 // --train-also: the norms and embeddings / LM head trained in full, saved in the adapter as PEFT saves
 // modules_to_save, counted by --plan-only, resumed bit for bit; refused without LoRA, with an unknown
-// name, on the GPU model, and from an adapter trained with another --train-also.
+// name, and from an adapter trained with another --train-also (the GPU model trains them too:
+// LoraOptions.CudaPlanShowsTheTrainAlsoTensors, tests/gpu/cuda_lora_train_also_test.cpp).
 TEST(TrainCliLora, TrainAlsoNormsAndEmbeddings) {
     Fixture f;
     const std::string lora = " --eval-every-n-steps=0 --lora-rank=4 --lora-targets=q,v";
@@ -260,8 +261,6 @@ TEST(TrainCliLora, TrainAlsoNormsAndEmbeddings) {
     expect_refused(run_command(f.base_cmd("x1") + " --steps=2 --train-also=norms"), "--train-also needs --lora-rank > 0");
     expect_refused(run_command(f.base_cmd("x2") + " --steps=2 --lora-rank=4 --train-also=norms,heads"),
                    "unknown entry 'heads'");
-    expect_refused(run_command(f.base_cmd("x3", "cuda") + " --plan-only --lora-rank=4 --train-also=norms"),
-                   "--train-also=norms is not yet supported on --device=cuda");
     // an adapter trained with --train-also=norms,embeddings continues only with the same
     expect_refused(run_command(f.base_cmd("x4") + " --steps=2" + lora + " --lora-from=" + (f.dir / "run")),
                    "(give --train-also=norms,embeddings)");
