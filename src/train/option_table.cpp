@@ -419,7 +419,8 @@ std::vector<OptionSpec> make_table() {
             "With --lora-rank: also train these base tensors in full (fp32 master, AdamW moments, clipped with the "
             "adapters): norms (every RMSNorm weight: the layers' two, q/k norms where the family has them, the final "
             "norm) and/or embeddings (embed_tokens and lm_head; one matrix when tied), comma-separated. The adapter "
-            "names them in modules_to_save as PEFT does. --device=cpu only for now")
+            "names them in modules_to_save as PEFT does. On --device=cuda not with --lm-head-dtype=e4m3 and "
+            "embeddings")
             .names(&LoraOptions::train_also),
         // where the adapters start and what the export is: not the math of the steps
         opt(kLora, "lora-from", &T::lora_from, R::MayChange,

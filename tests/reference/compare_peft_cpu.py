@@ -27,7 +27,7 @@ usage: uv run --no-project --with torch --index-url https://download.pytorch.org
        [--families qwen2,llama,qwen3]
 --torch-device cpu runs PyTorch on the CPU whatever --device is (without a GPU, --device cuda then
 exercises everything up to qtrain_lora_dump's refusal).
-With --train-also=norms,embeddings (qtrain's flag; CPU model only) the PEFT adapter also has
+With --train-also=norms,embeddings (qtrain's flag; either --device) the PEFT adapter also has
 modules_to_save (every RMSNorm, embed_tokens and lm_head), their copies perturbed before saving so qtrain
 must take them from the adapter; their gradients and trained values are compared with the adapters'
 (torch's AdamW decays the adapters and embeddings, not the norms, as qtrain does).
