@@ -252,14 +252,14 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, opt_.gemm_autotune);
     if (frozen_base())  // the adapters (from the seed until init_random / load_hf start them again)
         lora_ = std::make_unique<LoraAdapters>(buf_.lora, config_, opt_, *gemm_, stream_, timer_);
-    if (lora_) {  // --train-also: the trained tensors' values are the base's weights, their gradients the adapters'
+    // --train-also: the trained tensors' values are the base's weights, their gradients the adapters'
+    // (a tied model's lm_head offset is the embedding's: the LM head's dW lands in the one matrix's)
+    if (lora_) {
         std::vector<int64_t> offsets;
         for (const std::string& name : lora_->layout().trained_base) {
             offsets.push_back(layout_.offset_of(name));
             trained_grads_[offsets.back()] = lora_->trained_grad(name);
         }
-        if (config_.tie_word_embeddings && trained_grads_.count(layout_.embed))  // (lm_head == embed: one matrix)
-            trained_grads_[layout_.lm_head] = trained_grads_[layout_.embed];
         lora_->bind_base(buf_.weights, std::move(offsets));
     }
 
@@ -601,7 +601,7 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
     refresh_weights();
     if (lora_ && trained_grads_.count(off)) {  // a --train-also tensor: its master follows (moments kept)
         lora_->download_to_host();
-        lora_->read_base_into_host();
+        lora_->read_base_into_host(name);
         lora_->upload_from_host();
     }
     sync();

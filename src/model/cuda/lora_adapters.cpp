@@ -207,11 +207,12 @@ void LoraAdapters::write_base() {
     }
 }
 
-void LoraAdapters::read_base_into_host() {
+void LoraAdapters::read_base_into_host(const std::string& hf_name) {
     if (!base_) return;
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const std::size_t es = dtype_size(act_);
     for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
+        if (!hf_name.empty() && layout_.trained_base[k] != hf_name) continue;
         const ParamSpec& s = layout_.specs[layout_.first_trained + k];
         const int64_t n = s.numel();
         std::vector<uint8_t> raw(static_cast<std::size_t>(n) * es);

@@ -72,8 +72,10 @@ public:
     void bind_base(void* weights, std::vector<int64_t> offsets);
     // The fp32 gradient of base tensor `hf_name` (HF name) when --train-also trains it, else null.
     float* trained_grad(const std::string& hf_name) const;
-    // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the base).
-    void read_base_into_host();
+    // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the
+    // base), or only base tensor `hf_name`'s (a value set through the base: the others keep their fp32
+    // masters, which the base holds rounded).
+    void read_base_into_host(const std::string& hf_name = "");
 
     // ---- optimizer ----
     // Sum of squares of the adapters' (and --train-also's) gradient into `partials` (cuda::norm_partials_count() floats).
