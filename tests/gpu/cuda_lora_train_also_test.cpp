@@ -175,6 +175,8 @@ TEST_P(CudaLoraTrainAlsoVsCpu, LossGradientsAndStepsMatch) {
         const std::vector<float> master = gpu.download(trained[i].name, CudaModel::Which::Master);
         EXPECT_EQ(gpu.download(hf, CudaModel::Which::Weights), fp32 ? master : round_bf16(master)) << hf;
         EXPECT_NE(master, initial[i]) << hf << " did not move";
+        EXPECT_EQ(gpu.download(hf, CudaModel::Which::Master), master) << hf << ": by its HF name, the fp32 master";
+        EXPECT_EQ(gpu.download(hf, CudaModel::Which::AdamV), gpu.download(trained[i].name, CudaModel::Which::AdamV));
     }
     const Tokens e2 = random_tokens(B, T, cfg.vocab_size, 4, Masked::Every11thFrom3);
     const float ce = cpu.evaluate(e2.batch(B, T));

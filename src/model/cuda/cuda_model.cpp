@@ -552,6 +552,9 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
                                      : which == Which::AdamV ? W::AdamV
                                                              : W::Master);
     }
+    // a --train-also tensor by its HF name: its fp32 state is the adapters' (Weights: the base's copy)
+    if (lora_ && which != Which::Weights && lora_->host().has(kPeftPrefix + name))
+        return download(kPeftPrefix + name, which);
     QT_CHECK(!frozen_base() || which == Which::Master || which == Which::Weights, "GPU model: '", name,
              "' is frozen under LoRA (", flag(&LoraOptions::rank), "): it has no gradient or Adam moments");
     const ParamSpec& s = layout_.spec_of(name);

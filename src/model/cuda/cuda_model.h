@@ -84,7 +84,8 @@ public:
 
     // ---- for tests: tensors by HF name, as fp32 on the host ----
     // LoRA: the adapters by their PEFT names too (Weights and Master: the fp32 master); the frozen
-    // base has no Grad, AdamM or AdamV (refused, naming the tensor).
+    // base has no Grad, AdamM or AdamV (refused, naming the tensor); a --train-also tensor by its HF
+    // name gives its fp32 state (Master, Grad, AdamM, AdamV) and Weights the base's model-dtype copy.
     enum class Which { Master, Weights, Grad, AdamM, AdamV };
     std::vector<float> download(const std::string& name, Which which) const;
     void upload_master(const std::string& name, const float* data);  // also refreshes the weight copy
