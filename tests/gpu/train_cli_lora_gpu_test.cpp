@@ -79,8 +79,8 @@ TEST(TrainCliLoraGpu, RefusesWhatIsNotWrittenYetNamingTheFlag) {
 }
 
 // --train-also on the GPU: the adapter names the trained norms and embeddings as the CPU model's run
-// does (modules_to_save), and --continue is bit-exact (bf16 with dropout, CUDA graphs and recompute;
-// two ranks on one GPU).
+// does (modules_to_save), --continue is bit-exact (bf16 with dropout, CUDA graphs and recompute; two
+// ranks on one GPU), and `--export-checkpoint --merge-lora` equals the run's merged export.
 TEST(TrainCliLoraGpu, TrainAlsoWritesTheCpusAdapterAndContinuesBitExactly) {
     QTRAIN_REQUIRE_GPU();
     const std::string also = " --lora-rank=8 --lora-targets=q,v --train-also=norms,embeddings";
@@ -106,6 +106,23 @@ TEST(TrainCliLoraGpu, TrainAlsoWritesTheCpusAdapterAndContinuesBitExactly) {
         expect_continue_reproduces_full_run(f, "cuda", also + extra, limit);
         SafeTensorsReader opt({f.dir / "part-ckpt/step_00000005/optimizer.safetensors"});
         EXPECT_TRUE(opt.has("base_model.model.model.norm.weight.exp_avg"));
+    }
+    {  // `--export-checkpoint --merge-lora` of its checkpoint = the run's own merged export, trained tensors included
+        Fixture f(kGpuShape);
+        ASSERT_EQ(run_command(f.base_cmd("base", "cuda") + " --steps=0 --eval-every-n-steps=0").exit_code, 0);
+        const std::string base = f.dir / "base";
+        std::string cmd = f.base_cmd("merged", "cuda");
+        const std::string scratch = " --model=" + f.model_dir + " --from-scratch";
+        ASSERT_NE(cmd.find(scratch), std::string::npos);
+        cmd.replace(cmd.find(scratch), scratch.size(), " --model=" + base);
+        auto run = run_command(cmd + " --steps=6 --eval-every-n-steps=0" + also + " --ckpt-interval=3 --merge-lora");
+        ASSERT_EQ(run.exit_code, 0) << run.output;
+        const fs::path ckpt = fs::path(f.dir / "merged-ckpt/step_00000006");
+        auto ex = run_command(train_exe() + " --export-checkpoint=" + ckpt.string() + " --merge-lora --out-dir=" +
+                              (f.dir / "exported") + " --model=" + base);
+        ASSERT_EQ(ex.exit_code, 0) << ex.output;
+        EXPECT_EQ(read_file(fs::path(f.dir / "exported") / "model.safetensors"),
+                  read_file(fs::path(f.dir / "merged") / "model.safetensors"));
     }
 }
 
