@@ -143,8 +143,8 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
         cudnn_ws = cudnn_workspace_after_index(workspace, s);
     }
     // Per chunk of c.B sequences: qkv/dqkv advance c.B*T rows of (Hq + 2*Hkv)*D elements, out/dout c.B*T
-    // rows of Hq*D, lse ([B, Hq, T], or cuDNN ragged's [B*T, Hq]) c.B*Hq*T floats. Row widths are multiples of 64 elements, so the
-    // offset pointers keep the 16-byte alignment checked above.
+    // rows of Hq*D, lse ([B, Hq, T], or cuDNN ragged's [B*T, Hq]) c.B*Hq*T floats. Row widths are
+    // multiples of 64 elements, so the offset pointers keep the 16-byte alignment checked above.
     const std::size_t es = dtype_size(dtype);
     const std::size_t rows = static_cast<std::size_t>(c.B) * c.T;
     const std::size_t qkv_step = rows * static_cast<std::size_t>(c.Hq + 2 * c.Hkv) * c.D * es;

@@ -221,9 +221,12 @@ std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 3> ragged_qkv_inputs(f
             ragged_input(g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride(), kVOff)};
 }
 
-std::unique_ptr<fe::graph::Graph> build_ragged_forward(const AttentionShape& s, cudnnHandle_t h) {
+// The ragged graphs before building. sm_version > 0 sets the target architecture before the nodes
+// are made, so the frontend can validate them on a machine without a GPU (a debugging aid).
+std::unique_ptr<fe::graph::Graph> make_ragged_forward(const AttentionShape& s, int sm_version = 0) {
     const Layout L(ragged_batch(s));
     auto g = new_graph();
+    if (sm_version > 0) g->set_sm_version(sm_version);
     auto [q, k, v] = ragged_qkv_inputs(*g, L);
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("attention_forward_ragged")
@@ -245,13 +248,13 @@ std::unique_ptr<fe::graph::Graph> build_ragged_forward(const AttentionShape& s, 
         .set_dim(ragged_stats_dim(L))
         .set_stride(ragged_stats_stride(L))
         .set_ragged_offset(ragged_offsets(*g, "stats_offsets", kStatsOff, L.B));
-    build(*g, h, "building the ragged (document-masked) forward graph");
     return g;
 }
 
-std::unique_ptr<fe::graph::Graph> build_ragged_backward(const AttentionShape& s, cudnnHandle_t h) {
+std::unique_ptr<fe::graph::Graph> make_ragged_backward(const AttentionShape& s, int sm_version = 0) {
     const Layout L(ragged_batch(s));
     auto g = new_graph();
+    if (sm_version > 0) g->set_sm_version(sm_version);
     auto [q, k, v] = ragged_qkv_inputs(*g, L);
     auto o = ragged_input(*g, "o", kO, {L.B, L.Hq, L.T, L.D}, L.out_stride(), kOOff);
     auto dout = ragged_input(*g, "dO", kdO, {L.B, L.Hq, L.T, L.D}, L.out_stride(), kdOOff);
@@ -286,6 +289,17 @@ std::unique_ptr<fe::graph::Graph> build_ragged_backward(const AttentionShape& s,
         .set_dim({L.B, L.Hkv, L.T, L.D})
         .set_stride(L.qkv_stride())
         .set_ragged_offset(ragged_offsets(*g, "dv_offsets", kdVOff, L.B));
+    return g;
+}
+
+std::unique_ptr<fe::graph::Graph> build_ragged_forward(const AttentionShape& s, cudnnHandle_t h) {
+    auto g = make_ragged_forward(s);
+    build(*g, h, "building the ragged (document-masked) forward graph");
+    return g;
+}
+
+std::unique_ptr<fe::graph::Graph> build_ragged_backward(const AttentionShape& s, cudnnHandle_t h) {
+    auto g = make_ragged_backward(s);
     build(*g, h, "building the ragged (document-masked) backward graph");
     return g;
 }
