@@ -11,8 +11,9 @@
 //                                        # at least 1, cut at the row end), flash and cuDNN's
 //                                        # variable-length path (one ragged sequence per document,
 //                                        # cuda/attention_ragged.h; its slots per row: the layout's most
-//                                        # documents in a row, or --max-docs=M); default shapes: 0.5B and
-//                                        # 1.5B at seq 2048 and 4096. TFLOP/s stay counted as plain causal (same work
+//                                        # documents in a row, or --max-docs=M; its backward in the
+//                                        # fewest chunks of rows that keep its workspace under 40 GiB);
+//                                        # default shapes: 0.5B and 1.5B at seq 2048 and 4096. TFLOP/s stay counted as plain causal (same work
 //                                        # asked of the model), so packed/plain is the tokens/s ratio;
 //                                        # "visible" is the packed pairs' share of the causal ones.
 //   attention_bench --doc-lengths=FILE [...]  # as --packed, the documents' lengths drawn (uniformly,
@@ -162,13 +163,21 @@ void bench(AttentionShape s, DType dt, AttentionBackend be, const DocLengths* do
     CUDA_CHECK(cudaMalloc(&out, n_out * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(s.B) * s.Hq * s.T * sizeof(float)));
-    const size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
+    // cuDNN packed: its deterministic backward's workspace grows with the slots (B x max_docs sequences of
+    // T); the backward runs in the fewest chunks of rows (as --attn-bwd-chunks) that keep it under 40 GiB
+    int chunks = 1;
+    size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
+    while (s.max_docs > 0 && ws_bytes > (size_t{40} << 30) && chunks < s.B) {
+        do ++chunks;
+        while (s.B % chunks != 0);
+        ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, chunks, be);
+    }
     CUDA_CHECK(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 256)));
 
     const float fwd_ms =
         median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr, nullptr, be, ws, positions); });
     const float bwd_ms = median_ms(
-        [&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, 1, be, positions); });
+        [&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, chunks, be, positions); });
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
@@ -185,7 +194,9 @@ void bench(AttentionShape s, DType dt, AttentionBackend be, const DocLengths* do
             std::printf("            (packed: documents drawn from %zu lengths, %.1f%% of the causal pairs visible)\n",
                         docs->lengths.size(), 100.0 * visible);
         std::printf("            (at most %d documents in a row%s)\n", most_docs,
-                    s.max_docs > 0 ? qtrain::cat("; cuDNN ragged batch of ", s.B, " x ", s.max_docs, " sequences").c_str()
+                    s.max_docs > 0 ? qtrain::cat("; cuDNN ragged batch of ", s.B, " x ", s.max_docs,
+                                                 " sequences, backward in ", chunks, " chunk(s) of rows")
+                                         .c_str()
                                    : "");
     }
     std::printf("%-18s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
