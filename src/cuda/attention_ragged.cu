@@ -91,8 +91,8 @@ RaggedIndex ragged_index_at(void* memory, int B, int max_docs) {
 
 void ragged_document_index(const RaggedIndex& idx, const int32_t* positions, int B, int T, int max_docs,
                            int rows_per_group, int Hq, int Hkv, int D, cudaStream_t stream) {
-    QT_CHECK(max_docs >= 1 && max_docs <= 16384, "ragged_document_index: max_docs ", max_docs,
-             " must be in 1..16384");
+    QT_CHECK(max_docs >= 1 && max_docs <= 4096, "ragged_document_index: max_docs ", max_docs,
+             " must be in 1..4096 (its document starts sit in shared memory)");
     QT_CHECK(rows_per_group >= 1 && B % rows_per_group == 0, "ragged_document_index: ", rows_per_group,
              " rows per group do not divide B=", B);
     const int64_t qkv_cols = static_cast<int64_t>(Hq + 2 * Hkv) * D, o_cols = static_cast<int64_t>(Hq) * D;

@@ -333,7 +333,7 @@ std::vector<OptionSpec> make_table() {
             "With --attention=cudnn and --document-masking: the documents a --seq-len row may hold. cuDNN runs each "
             "document as one sequence of a fixed-size ragged batch (batch size x this many), so a row with more "
             "is refused, and the backward's workspace grows with it (--attn-bwd-chunks divides it)",
-            range(1, 16384))
+            range(1, 4096))
             .model(&M::max_docs_per_row),
         // fast accumulation is less accurate (other products, not only another order of a sum): must match
         opt(kPerf, "fp8-fast-accum", &T::fp8_fast_accum, R::MustMatch,
