@@ -8,9 +8,12 @@
 //   attention_bench B T Hq Hkv D        # one shape
 //   attention_bench --packed=MEAN [...]  # document masking: each shape plain causal, then packed rows of
 //                                        # documents of random lengths (exponential, mean MEAN tokens,
-//                                        # at least 1, cut at the row end), flash only (cuDNN has no
-//                                        # document masking); default shapes: 0.5B and 1.5B at seq 2048
-//                                        # and 4096. TFLOP/s stay counted as plain causal (same work
+//                                        # at least 1, cut at the row end), flash and cuDNN's
+//                                        # variable-length path (one ragged sequence per document,
+//                                        # cuda/attention_ragged.h; its slots per row: the layout's most
+//                                        # documents in a row, or --max-docs=M; its backward in the
+//                                        # fewest chunks of rows that keep its workspace under 40 GiB);
+//                                        # default shapes: 0.5B and 1.5B at seq 2048 and 4096. TFLOP/s stay counted as plain causal (same work
 //                                        # asked of the model), so packed/plain is the tokens/s ratio;
 //                                        # "visible" is the packed pairs' share of the causal ones.
 //   attention_bench --doc-lengths=FILE [...]  # as --packed, the documents' lengths drawn (uniformly,
@@ -34,6 +37,7 @@
 #include "core/error.h"
 #include "cuda/attention.h"
 #include "cuda/attention_cudnn.h"
+#include "cuda/attention_ragged.h"
 #include "cuda/check.h"
 #include "core/rng.h"
 
@@ -135,11 +139,18 @@ std::vector<int32_t> packed_positions(const AttentionShape& s, const DocLengths&
     return pos;
 }
 
-void bench(const AttentionShape& s, DType dt, AttentionBackend be, const DocLengths* docs = nullptr) {
+// max_docs (cuDNN packed only): the ragged batch's slots per row; 0 = the layout's most documents in a row.
+void bench(AttentionShape s, DType dt, AttentionBackend be, const DocLengths* docs = nullptr, int max_docs = 0) {
     int32_t* positions = nullptr;
     double visible = 1;
+    int most_docs = 0;
     if (docs) {
         const std::vector<int32_t> pos = packed_positions(s, *docs, 1234, &visible);
+        most_docs = qtrain::cuda::max_documents_per_row(pos.data(), s.B, s.T);
+        if (be == AttentionBackend::Cudnn) {
+            s.max_docs = max_docs > 0 ? max_docs : most_docs;
+            QT_CHECK(most_docs <= s.max_docs, "--max-docs=", max_docs, ": a row holds ", most_docs, " documents");
+        }
         CUDA_CHECK(cudaMalloc(&positions, pos.size() * sizeof(int32_t)));
         CUDA_CHECK(cudaMemcpy(positions, pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     }
@@ -152,13 +163,21 @@ void bench(const AttentionShape& s, DType dt, AttentionBackend be, const DocLeng
     CUDA_CHECK(cudaMalloc(&out, n_out * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * qtrain::dtype_size(dt)));
     CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(s.B) * s.Hq * s.T * sizeof(float)));
-    const size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
+    // cuDNN packed: its deterministic backward's workspace grows with the slots (B x max_docs sequences of
+    // T); the backward runs in the fewest chunks of rows (as --attn-bwd-chunks) that keep it under 40 GiB
+    int chunks = 1;
+    size_t ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, 1, be);
+    while (s.max_docs > 0 && ws_bytes > (size_t{40} << 30) && chunks < s.B) {
+        do ++chunks;
+        while (s.B % chunks != 0);
+        ws_bytes = qtrain::attention_backward_workspace_bytes(dt, s, chunks, be);
+    }
     CUDA_CHECK(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 256)));
 
     const float fwd_ms =
         median_ms([&] { qtrain::attention_forward(dt, out, lse, qkv, s, nullptr, nullptr, be, ws, positions); });
     const float bwd_ms = median_ms(
-        [&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, 1, be, positions); });
+        [&] { qtrain::attention_backward(dt, dqkv, dout, qkv, out, lse, ws, s, nullptr, chunks, be, positions); });
     CUDA_CHECK(cudaDeviceSynchronize());
 
     const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
@@ -174,13 +193,18 @@ void bench(const AttentionShape& s, DType dt, AttentionBackend be, const DocLeng
         else
             std::printf("            (packed: documents drawn from %zu lengths, %.1f%% of the causal pairs visible)\n",
                         docs->lengths.size(), 100.0 * visible);
+        std::printf("            (at most %d documents in a row%s)\n", most_docs,
+                    s.max_docs > 0 ? qtrain::cat("; cuDNN ragged batch of ", s.B, " x ", s.max_docs,
+                                                 " sequences, backward in ", chunks, " chunk(s) of rows")
+                                         .c_str()
+                                   : "");
     }
     std::printf("%-18s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | bwd %8.3f ms %7.1f TFLOP/s"
                 " | fwd+bwd %7.1f TFLOP/s | bwd workspace %.1f MiB\n",
                 label.c_str(), s.B, s.T, s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9,
                 bwd_ms, bwd_flops / bwd_ms * 1e-9, (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9,
                 ws_bytes / 1048576.0);
-    if (be == AttentionBackend::Cudnn)  // what --plan-only assumes without a GPU
+    if (be == AttentionBackend::Cudnn && !positions)  // what --plan-only assumes without a GPU
         std::printf("            (workspace estimate without a GPU: %.1f MiB)\n",
                     qtrain::detail::cudnn_attention_backward_workspace_estimate(s) / 1048576.0);
     std::fflush(stdout);
@@ -196,12 +220,16 @@ int main(int argc, char** argv) {
         std::vector<AttentionBackend> backends{AttentionBackend::Flash, AttentionBackend::Cudnn};
         std::vector<int> nums;
         DocLengths docs;
+        int max_docs = 0;
         for (int i = 1; i < argc; ++i) {
             if (std::strncmp(argv[i], "--packed=", 9) == 0) {
                 docs.mean = std::atof(argv[i] + 9);
                 QT_CHECK(docs.mean >= 1, "--packed=", argv[i] + 9, ": the mean document length must be >= 1");
             } else if (std::strncmp(argv[i], "--doc-lengths=", 14) == 0) {
                 docs.lengths = read_lengths(argv[i] + 14);
+            } else if (std::strncmp(argv[i], "--max-docs=", 11) == 0) {
+                max_docs = std::atoi(argv[i] + 11);
+                QT_CHECK(max_docs >= 1, "--max-docs=", argv[i] + 11, ": must be >= 1");
             } else if (std::strcmp(argv[i], "--fp32") == 0)
                 dt = DType::F32;
             else if (std::strcmp(argv[i], "--flash") == 0)
@@ -229,7 +257,10 @@ int main(int argc, char** argv) {
                 {4, 1024, 28, 4, 128},   // Qwen2.5-7B, batch 4
             };
         } else {
-            std::fprintf(stderr, "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN | --doc-lengths=FILE] [B T Hq Hkv D]\n", argv[0]);
+            std::fprintf(stderr,
+                         "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN | --doc-lengths=FILE] [--max-docs=M] "
+                         "[B T Hq Hkv D]\n",
+                         argv[0]);
             return 2;
         }
         cudaDeviceProp prop{};
@@ -244,7 +275,7 @@ int main(int argc, char** argv) {
         for (const auto& s : shapes)
             for (AttentionBackend be : backends) {
                 bench(s, dt, be);
-                if (docs.on() && be == AttentionBackend::Flash) bench(s, dt, be, &docs);
+                if (docs.on()) bench(s, dt, be, &docs, max_docs);
             }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

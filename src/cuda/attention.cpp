@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "cuda/attention_cudnn.h"
+#include "cuda/attention_ragged.h"
 #include "cuda/fp8.h"
 
 namespace qtrain {
@@ -38,13 +39,21 @@ bool use_cudnn(DType dtype, AttentionBackend backend) {
     return dtype == DType::BF16 && backend == AttentionBackend::Cudnn;
 }
 
-// Document masking runs on qtrain's kernels only: cuDNN's variable-length attention takes one
-// sequence per (ragged) batch entry, a graph shape fixed at build time, not block-causal masks over
-// packed rows (docs/design.md, "GPU attention").
-void check_no_cudnn_positions(DType dtype, AttentionBackend backend, const int32_t* positions, const char* what) {
-    QT_CHECK(!positions || !use_cudnn(dtype, backend), what,
-             ": document masking (positions) is not supported by the cuDNN attention backend; use the flash "
-             "backend (--attention=flash or auto)");
+// cuDNN runs document masking as its variable-length attention, one sequence per document, with
+// shape.max_docs sequence slots per row (attention_ragged.h): it needs that count.
+void check_cudnn_positions(DType dtype, AttentionBackend backend, const AttentionShape& s, const int32_t* positions,
+                           const char* what) {
+    if (!use_cudnn(dtype, backend)) return;
+    QT_CHECK(!positions || s.max_docs > 0, what,
+             ": document masking (positions) on the cuDNN backend needs AttentionShape::max_docs > 0 (the document "
+             "slots per row of its ragged batch)");
+    QT_CHECK(positions || s.max_docs == 0, what, ": AttentionShape::max_docs=", s.max_docs,
+             " asks for cuDNN's ragged (document-masked) attention, but no positions were given");
+}
+
+// Where the ragged index sits in the cuDNN workspace (first), and where cuDNN's own part starts.
+void* cudnn_workspace_after_index(void* workspace, const AttentionShape& s) {
+    return static_cast<char*>(workspace) + cuda::ragged_index_bytes(s.B, s.max_docs);
 }
 
 }  // namespace
@@ -62,9 +71,16 @@ void attention_forward(DType dtype, void* out, float* lse, const void* qkv, cons
     check_ptr(lse, 4, "attention_forward", "lse");
     check_ptr(qkv, 16, "attention_forward", "qkv");
     QT_CHECK(!amax || dtype == DType::BF16, "attention_forward: the fused abs-max is for bf16 (FP8 training) only");
-    check_no_cudnn_positions(dtype, backend, positions, "attention_forward");
+    check_cudnn_positions(dtype, backend, s, positions, "attention_forward");
     if (positions) check_ptr(positions, 4, "attention_forward", "positions");
-    if (use_cudnn(dtype, backend)) {
+    if (use_cudnn(dtype, backend) && positions) {
+        check_ptr(workspace, 16, "attention_forward", "workspace (the cuDNN ragged index)");
+        const cuda::RaggedIndex idx = cuda::ragged_index_at(workspace, s.B, s.max_docs);
+        cuda::ragged_document_index(idx, positions, s.B, s.T, s.max_docs, s.B, s.Hq, s.Hkv, s.D, stream);
+        detail::cudnn_ragged_attention_forward(out, lse, qkv, idx, cudnn_workspace_after_index(workspace, s), s,
+                                               stream);
+        if (amax) cuda::abs_max(amax, DType::BF16, out, static_cast<int64_t>(s.B) * s.T * s.Hq * s.D, stream);
+    } else if (use_cudnn(dtype, backend)) {
         detail::cudnn_attention_forward(out, lse, qkv, workspace, s, stream);
         if (amax) cuda::abs_max(amax, DType::BF16, out, static_cast<int64_t>(s.B) * s.T * s.Hq * s.D, stream);
     } else if (dtype == DType::BF16) {
@@ -87,10 +103,16 @@ std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape
                                                AttentionBackend backend) {
     check_shape(dtype, s, "attention_backward_workspace_bytes");
     const AttentionShape c = chunk_shape(s, chunks, "attention_backward_workspace_bytes");
-    const std::size_t bytes = use_cudnn(dtype, backend)
-                                  ? std::max(detail::cudnn_attention_backward_workspace_bytes(c),
-                                             detail::cudnn_attention_forward_workspace_bytes(s))
-                                  : static_cast<std::size_t>(c.B) * c.Hq * c.T * sizeof(float);
+    std::size_t bytes = 0;
+    if (use_cudnn(dtype, backend) && s.max_docs > 0)  // document masking: the ragged index first
+        bytes = cuda::ragged_index_bytes(s.B, s.max_docs) +
+                std::max(detail::cudnn_ragged_attention_backward_workspace_bytes(c),
+                         detail::cudnn_ragged_attention_forward_workspace_bytes(s));
+    else if (use_cudnn(dtype, backend))
+        bytes = std::max(detail::cudnn_attention_backward_workspace_bytes(c),
+                         detail::cudnn_attention_forward_workspace_bytes(s));
+    else
+        bytes = static_cast<std::size_t>(c.B) * c.Hq * c.T * sizeof(float);
     return (bytes + 255) / 256 * 256;
 }
 
@@ -98,7 +120,7 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
                         const float* lse, void* workspace, const AttentionShape& s, cudaStream_t stream, int chunks,
                         AttentionBackend backend, const int32_t* positions) {
     check_shape(dtype, s, "attention_backward");
-    check_no_cudnn_positions(dtype, backend, positions, "attention_backward");
+    check_cudnn_positions(dtype, backend, s, positions, "attention_backward");
     if (positions) check_ptr(positions, 4, "attention_backward", "positions");
     const AttentionShape c = chunk_shape(s, chunks, "attention_backward");
     check_ptr(dqkv, 16, "attention_backward", "dqkv");
@@ -109,9 +131,20 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
     if (!use_cudnn(dtype, backend))  // the cuDNN backend checks its own (it may need none)
         check_ptr(workspace, 16, "attention_backward", "workspace");
     float* delta = static_cast<float*>(workspace);
+    // cuDNN with positions: the index of every chunk (groups of c.B rows, offsets from each chunk's
+    // base), written once before the chunks run; cuDNN's own workspace follows it.
+    const bool ragged = use_cudnn(dtype, backend) && positions;
+    cuda::RaggedIndex idx;
+    void* cudnn_ws = workspace;
+    if (ragged) {
+        check_ptr(workspace, 16, "attention_backward", "workspace (the cuDNN ragged index)");
+        idx = cuda::ragged_index_at(workspace, s.B, s.max_docs);
+        cuda::ragged_document_index(idx, positions, s.B, s.T, s.max_docs, c.B, s.Hq, s.Hkv, s.D, stream);
+        cudnn_ws = cudnn_workspace_after_index(workspace, s);
+    }
     // Per chunk of c.B sequences: qkv/dqkv advance c.B*T rows of (Hq + 2*Hkv)*D elements, out/dout c.B*T
-    // rows of Hq*D, lse ([B, Hq, T]) c.B*Hq*T floats. Row widths are multiples of 64 elements, so the
-    // offset pointers keep the 16-byte alignment checked above.
+    // rows of Hq*D, lse ([B, Hq, T], or cuDNN ragged's [B*T, Hq]) c.B*Hq*T floats. Row widths are
+    // multiples of 64 elements, so the offset pointers keep the 16-byte alignment checked above.
     const std::size_t es = dtype_size(dtype);
     const std::size_t rows = static_cast<std::size_t>(c.B) * c.T;
     const std::size_t qkv_step = rows * static_cast<std::size_t>(c.Hq + 2 * c.Hkv) * c.D * es;
@@ -124,7 +157,10 @@ void attention_backward(DType dtype, void* dqkv, const void* dout, const void* q
         const char* out_i = static_cast<const char*>(out) + i * out_step;
         const float* lse_i = lse + i * lse_step;
         const int32_t* pos_i = positions ? positions + i * rows : nullptr;  // c.B*T tokens per chunk
-        if (use_cudnn(dtype, backend))
+        if (ragged)
+            detail::cudnn_ragged_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, idx.group(i, c.B, s.max_docs),
+                                                    cudnn_ws, c, stream);
+        else if (use_cudnn(dtype, backend))
             detail::cudnn_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, workspace, c, stream);
         else if (dtype == DType::BF16)
             detail::flash_attention_backward(dqkv_i, dout_i, qkv_i, out_i, lse_i, delta, c, stream, pos_i);

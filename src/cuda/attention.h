@@ -12,8 +12,10 @@
 // contiguous runs). Query t then sees keys t - positions[b*T + t] <= s <= t only: attention never
 // crosses a document boundary. nullptr: plain causal (and the plain kernels, bit for bit). The
 // kernels trust the form (0 <= positions[t] <= t, each run 0, 1, 2, ...): the caller checks it
-// (CudaModel::upload_batch). Flash and the fp32 kernels only; the cuDNN backend refuses positions
-// (attention_choice.cpp picks Flash for --document-masking).
+// (CudaModel::upload_batch). Flash and the fp32 kernels mask per row; the cuDNN backend runs each
+// document as one sequence of cuDNN's ragged batch (attention_ragged.h), up to shape.max_docs per row
+// (which it needs > 0; the caller checks each row's count), and then writes lse token-major,
+// [B*T, Hq], which only its own backward reads.
 //
 // Implementations behind one API:
 //   BF16, AttentionBackend::Flash: our flash attention (tensor cores, mma.sync), bf16 in/out, fp32
@@ -43,6 +45,9 @@ namespace qtrain {
 
 struct AttentionShape {
     int B, T, Hq, Hkv, D;
+    // cuDNN with positions only: document slots per row of its ragged batch (attention_ragged.h);
+    // 0 otherwise. The flash and fp32 kernels ignore it.
+    int max_docs = 0;
 };
 
 // Which kernels run bf16 attention (fp32 always runs the CUDA-core kernels).
@@ -57,7 +62,8 @@ bool attention_backend_available(AttentionBackend backend, std::string* why = nu
 // zeroed by the launcher, integer atomicMax on the |x| bit patterns as fp8.h's abs_max; Cudnn: one
 // abs_max pass over out after the attention).
 // workspace: Cudnn only (Flash needs none), sized by attention_backward_workspace_bytes.
-// positions: document masking (see the top), or nullptr.
+// positions: document masking (see the top), or nullptr. Cudnn with positions: shape.max_docs > 0,
+// and the workspace also holds the ragged index.
 void attention_forward(DType dtype, void* out, float* lse, const void* qkv, const AttentionShape& shape,
                        cudaStream_t stream, float* amax = nullptr,
                        AttentionBackend backend = AttentionBackend::Flash, void* workspace = nullptr,
@@ -67,7 +73,9 @@ void attention_forward(DType dtype, void* out, float* lse, const void* qkv, cons
 // attention_backward). Flash: rowsum(dout * out) per query row, fp32: B/chunks * Hq * T floats.
 // Cudnn: the larger of what cuDNN's deterministic backward asks for on B/chunks sequences and what
 // its forward asks for on all B (one buffer serves both; building the graphs to ask needs the GPU,
-// see cudnn_attention_backward_workspace_bytes for the estimate without one).
+// see cudnn_attention_backward_workspace_bytes for the estimate without one). Cudnn with
+// shape.max_docs > 0 (document masking): the ragged graphs' (B*max_docs sequences of up to T tokens)
+// plus the ragged index.
 std::size_t attention_backward_workspace_bytes(DType dtype, const AttentionShape& shape, int chunks = 1,
                                                AttentionBackend backend = AttentionBackend::Flash);
 

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/attention.h"
+#include "cuda/attention_ragged.h"
 
 namespace qtrain::detail {
 
@@ -48,5 +49,21 @@ std::size_t cudnn_attention_backward_workspace_estimate(const AttentionShape& s)
 // dqkv written in full; workspace of at least cudnn_attention_backward_workspace_bytes(s) bytes.
 void cudnn_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                               void* workspace, const AttentionShape& s, cudaStream_t stream);
+
+// Document masking (positions) on cuDNN: variable-length SDPA with a padding mask, seq_len_q/kv and
+// ragged offsets on q, k, v, o, lse (and dO, dq, dk, dv), one sequence per document: s.B*s.max_docs
+// sequences of up to s.T tokens, causal within each (attention_ragged.h gives the index and why the
+// count is fixed). idx: the index of exactly these s.B rows (a group of attention_ragged.h), already
+// written on `stream`. lse is token-major [s.B*s.T, s.Hq]. Graphs are cached per shape including
+// max_docs, so the documents of a micro-batch change nothing but the index's values.
+void cudnn_ragged_attention_forward(void* out, float* lse, const void* qkv, const cuda::RaggedIndex& idx,
+                                    void* workspace, const AttentionShape& s, cudaStream_t stream);
+void cudnn_ragged_attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                                     const cuda::RaggedIndex& idx, void* workspace, const AttentionShape& s,
+                                     cudaStream_t stream);
+// Workspaces of the ragged graphs (as the plain ones: cuDNN's figure with a GPU, else the estimate
+// for s.B*s.max_docs sequences of s.T tokens).
+std::size_t cudnn_ragged_attention_forward_workspace_bytes(const AttentionShape& s);
+std::size_t cudnn_ragged_attention_backward_workspace_bytes(const AttentionShape& s);
 
 }  // namespace qtrain::detail

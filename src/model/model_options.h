@@ -66,6 +66,9 @@ struct ModelOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     AttentionImpl attention = AttentionImpl::Auto;
+    // cuDNN attention with document masking: document slots per row of its ragged batch
+    // (cuda/attention_ragged.h); a row with more documents is refused. Unused otherwise.
+    int max_docs_per_row = 32;
     Fp8FastAccum fp8_fast_accum = Fp8FastAccum::Off;
     bool gemm_autotune = false;  // time cuBLASLt's candidate algorithms per shape (cuda/gemm.h)
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory

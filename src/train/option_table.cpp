@@ -329,6 +329,12 @@ std::vector<OptionSpec> make_table() {
                               : o.attention == "cudnn" ? AttentionImpl::Cudnn
                                                        : AttentionImpl::Auto;
             }),
+        opt(kPerf, "max-docs-per-row", &T::max_docs_per_row, R::MayChange,
+            "With --attention=cudnn and --document-masking: the documents a --seq-len row may hold. cuDNN runs each "
+            "document as one sequence of a fixed-size ragged batch (batch size x this many), so a row with more "
+            "is refused, and the backward's workspace grows with it (--attn-bwd-chunks divides it)",
+            range(1, 4096))
+            .model(&M::max_docs_per_row),
         // fast accumulation is less accurate (other products, not only another order of a sum): must match
         opt(kPerf, "fp8-fast-accum", &T::fp8_fast_accum, R::MustMatch,
             "FP8 GEMMs that use cuBLASLt's fast accumulation (partial sums kept at tensor-core precision, not promoted "

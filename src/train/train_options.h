@@ -57,6 +57,7 @@ struct TrainOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     std::string attention = "auto";
+    int max_docs_per_row = 32;      // --attention=cudnn with --document-masking (cuda/attention_ragged.h)
     std::string fp8_fast_accum = "off";
     bool gemm_autotune = false;
     std::string memory_limit;       // e.g. 24GiB; "" = no limit beyond the device

@@ -7,7 +7,8 @@
 // document per row (plain causal through the masked kernels), head dims 64 and 128, GQA ratios 1-7.
 // Also: positions 0..T-1 give bit for bit the plain causal result (positions == nullptr); two runs
 // and the chunked backward are bit-identical; a packed row equals each of its documents run alone on
-// the GPU (a check that does not go through the CPU reference); the cuDNN backend refuses positions.
+// the GPU (a check that does not go through the CPU reference). The cuDNN backend with positions:
+// attention_doc_cudnn_test.cpp.
 // Every output buffer starts as NaN with a NaN guard zone behind it, so a forgotten or stray write fails.
 #include <gtest/gtest.h>
 
@@ -276,19 +277,6 @@ TEST_P(AttentionDocMasking, PackedRowEqualsEachDocumentAlone) {
 INSTANTIATE_TEST_SUITE_P(Layouts, AttentionDocMasking,
                          ::testing::Combine(::testing::Values(DType::F32, DType::BF16), ::testing::ValuesIn(kCases)),
                          case_name);
-
-// Argument checks run on the host before the device is touched, so these run anywhere.
-TEST(AttentionDocMaskingArgs, CudnnBackendRefusesPositions) {
-    alignas(16) float dummy[16] = {};
-    const int32_t pos[8] = {0, 1, 2, 0, 1, 0, 1, 2};
-    const AttentionShape s{1, 8, 2, 2, 64};
-    EXPECT_ERROR(attention_forward(DType::BF16, dummy, dummy, dummy, s, nullptr, nullptr, AttentionBackend::Cudnn,
-                                   nullptr, pos),
-                 "document masking (positions) is not supported by the cuDNN attention backend");
-    EXPECT_ERROR(attention_backward(DType::BF16, dummy, dummy, dummy, dummy, dummy, dummy, s, nullptr, 1,
-                                    AttentionBackend::Cudnn, pos),
-                 "document masking (positions) is not supported by the cuDNN attention backend");
-}
 
 // The test layouts are what they claim (a bad layout would make every comparison above vacuous).
 TEST(AttentionDocMaskingArgs, LayoutsAreWellFormed) {

@@ -247,11 +247,14 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaModelDocMasking,
 // micro-batches with different document layouts, replayed, give the eager model's losses bit for bit;
 // and the backward's recompute (--recompute-block: RoPE and attention again, with the positions)
 // gives the kept activations' bits.
-TEST(CudaModelDocMaskingGraphs, ReplayedAndRecomputedStepsReadEachMicroBatchsPositions) {
-    QTRAIN_REQUIRE_GPU();
+// The same with cuDNN's variable-length attention (--attention=cudnn): its ragged index is written
+// from those positions by a kernel inside the captured step.
+void expect_graphs_read_each_micro_batch(AttentionImpl attention) {
     const ModelConfig cfg = qwen3_case();
     auto run = [&](bool graphs, bool recompute) {
         ModelOptions o = gpu_options(DType::BF16, kB, kT, true);
+        o.attention = attention;
+        o.max_docs_per_row = 3;  // kDocs' rows hold 3
         o.use_cuda_graphs = graphs;
         o.recompute_block = recompute;
         CudaModel m(cfg, o);
@@ -283,6 +286,50 @@ TEST(CudaModelDocMaskingGraphs, ReplayedAndRecomputedStepsReadEachMicroBatchsPos
     }
 }
 
+TEST(CudaModelDocMaskingGraphs, ReplayedAndRecomputedStepsReadEachMicroBatchsPositions) {
+    QTRAIN_REQUIRE_GPU();
+    expect_graphs_read_each_micro_batch(AttentionImpl::Flash);
+}
+
+TEST(CudaModelDocMaskingGraphs, CudnnRaggedReplayedAndRecomputedStepsReadEachMicroBatchsPositions) {
+    QTRAIN_REQUIRE_GPU();
+    std::string why;
+    if (!attention_backend_available(AttentionBackend::Cudnn, &why)) GTEST_SKIP() << why;
+    expect_graphs_read_each_micro_batch(AttentionImpl::Cudnn);
+}
+
+// cuDNN's variable-length attention in the model gives flash's loss and gradients (bf16, the
+// tolerances of PackedBatchMatchesTheCpuModel), and a row with more documents than
+// --max-docs-per-row is refused on the host.
+TEST(CudaModelDocMaskingCudnn, MatchesFlashAndRefusesTooManyDocuments) {
+    QTRAIN_REQUIRE_GPU();
+    std::string why;
+    if (!attention_backend_available(AttentionBackend::Cudnn, &why)) GTEST_SKIP() << why;
+    const ModelConfig cfg = qwen2_case();
+    ModelOptions fo = gpu_options(DType::BF16, kB, kT, true), co = fo;
+    co.attention = AttentionImpl::Cudnn;
+    co.max_docs_per_row = 5;  // 2 spare slots per row
+    CudaModel flash(cfg, fo), cudnn(cfg, co);
+    ASSERT_EQ(describe_attention_backend(cfg, co).rfind("cudnn (variable-length", 0), 0u)
+        << describe_attention_backend(cfg, co);
+    const auto weights = random_weights(flash, 51);
+    set_weights(flash, weights);
+    set_weights(cudnn, weights);
+    const Packed p = make_packed(cfg.vocab_size, 61);
+    const float fe = flash.evaluate(p.batch()), ce = cudnn.evaluate(p.batch());
+    EXPECT_NEAR(ce, fe, 2e-2 * fe) << "eval loss";
+    flash.forward_backward(p.batch(), 1.0f);
+    cudnn.forward_backward(p.batch(), 1.0f);
+    for (const ParamSpec& s : flash.layout().specs) {
+        const auto g = cudnn.download(s.name, CudaModel::Which::Grad);
+        const auto ref = flash.download(s.name, CudaModel::Which::Grad);
+        EXPECT_GT(cosine(g, ref), 0.99) << s.name;
+    }
+    Packed many = p;  // row 0: six documents of 8
+    for (int t = 0; t < kT; ++t) many.pos[t] = t % 8;
+    EXPECT_ERROR(cudnn.evaluate(many.batch()), "a row of this micro-batch holds 6 documents, more than --max-docs-per-row=5");
+}
+
 TEST(CudaModelDocMaskingErrors, BatchAndModelMustAgree) {
     QTRAIN_REQUIRE_GPU();
     const ModelConfig cfg = qwen2_case();
@@ -303,16 +350,30 @@ TEST(CudaModelDocMaskingErrors, BatchAndModelMustAgree) {
     EXPECT_ERROR(doc.evaluate(bad.batch()), "Batch::positions at row 1, token 0 is 3");
 }
 
-// Host only (no GPU needed): the attention choice and the memory plan.
-TEST(CudaModelDocMaskingPlan, AttentionChoiceIsFlashAndCudnnIsRefused) {
+// Host only (no GPU needed): the attention choice and the memory plan. With document masking auto
+// stays flash; --attention=cudnn is cuDNN's variable-length path where cuDNN runs (without a GPU:
+// where the build has it), and otherwise an error with the reason.
+TEST(CudaModelDocMaskingPlan, AutoIsFlashAndExplicitCudnnIsVariableLength) {
     const ModelConfig cfg = qwen2_case();
     ModelOptions o = gpu_options(DType::BF16, kB, kT, true);
     o.attention = AttentionImpl::Auto;
     EXPECT_EQ(choose_attention_backend(cfg, o), AttentionBackend::Flash);
-    EXPECT_NE(describe_attention_backend(cfg, o).find("document masking"), std::string::npos)
+    EXPECT_NE(describe_attention_backend(cfg, o).find("document masking runs on qtrain's flash kernels"),
+              std::string::npos)
         << describe_attention_backend(cfg, o);
     o.attention = AttentionImpl::Cudnn;
-    EXPECT_ERROR(choose_attention_backend(cfg, o), "--attention=cudnn cannot run --document-masking");
+    AttentionBackend b = AttentionBackend::Flash;
+    try {
+        b = choose_attention_backend(cfg, o);
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--attention=cudnn: "), std::string::npos) << e.what();
+        return;
+    }
+    EXPECT_EQ(b, AttentionBackend::Cudnn);
+    EXPECT_NE(describe_attention_backend(cfg, o).find("up to 32 per row"), std::string::npos)
+        << describe_attention_backend(cfg, o);
+    EXPECT_EQ(attention_shape(cfg, o, kB, kT, b).max_docs, 32);
+    EXPECT_EQ(attention_shape(cfg, o, kB, kT, AttentionBackend::Flash).max_docs, 0);
 }
 
 TEST(CudaModelDocMaskingPlan, PlanCountsThePositionsBuffer) {

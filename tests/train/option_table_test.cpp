@@ -48,7 +48,8 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
         "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
-        "attention", "gemm-autotune", "lora-from", "merge-lora"};
+        "attention", "gemm-autotune", "lora-from", "merge-lora",
+        "max-docs-per-row"};  // added since (issue 31: cuDNN's ragged attention)
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
     const Names kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
     EXPECT_EQ(with_rule(ResumeRule::MayChange), kMayChange);
@@ -165,7 +166,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
         "document-masking",  // added since (issue 31); its auto is resolved on the train files
         "lora-rank", "lora-from", "merge-lora",  // issue 33: ModelOptions::lora
-        "lm-head-dtype"};                        // issue 32: ModelOptions::fp8_lm_head
+        "lm-head-dtype",                         // issue 32: ModelOptions::fp8_lm_head
+        "max-docs-per-row"};                     // issue 31: cuDNN's ragged attention
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);
@@ -176,7 +178,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         {"gradient-dtype", "e5m2"}, {"opt-m-dtype", "bf16"},    {"opt-v-dtype", "bf16"},   {"master-dtype", "bf16"},
         {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
         {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"},
-        {"document-masking", "on"}, {"lora-rank", "4"},        {"lm-head-dtype", "e4m3"}};
+        {"document-masking", "on"}, {"lora-rank", "4"},        {"lm-head-dtype", "e4m3"},
+        {"max-docs-per-row", "8"}};
     const ModelOptions base = TrainOptions().model_options("cuda");
     for (const OptionSpec& spec : train_option_table()) {
         const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);

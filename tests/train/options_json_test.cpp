@@ -21,7 +21,7 @@ namespace {
 
 // TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table),
 // with the flags added since (--document-masking, --loss-normalization, --packing: issue 31; --lora-*,
-// --train-also: issue 33; --lm-head-dtype: issue 32).
+// --train-also: issue 33; --lm-head-dtype: issue 32; --max-docs-per-row: issue 31's cuDNN path).
 const char* const kOldDefaultJson =
     R"({"adam-epsilon":9.99999993922529e-09,"attention":"auto","attn-bwd-chunks":1,"batch-size":4,)"
     R"("beta-1":0.8999999761581421,"beta-2":0.949999988079071,"checkpoint-dir":"ckpt","ckpt-interval":0,)"
@@ -32,7 +32,7 @@ const char* const kOldDefaultJson =
     R"("learning-rate":9.999999747378752e-06,"lm-head-dtype":"bf16","lmhead-chunks":1,"log-file":"","lora-alpha":8.0,"lora-dropout":0.0,)"
     R"("lora-from":"","lora-init":"kaiming","lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
     R"("lr-schedule":"cosine",)"
-    R"("master-dtype":"fp32","matmul-dtype":"","memcpy-all-gather":false,"memory-limit":"","merge-lora":false,)"
+    R"("master-dtype":"fp32","matmul-dtype":"","max-docs-per-row":32,"memcpy-all-gather":false,"memory-limit":"","merge-lora":false,)"
     R"("model":"",)"
     R"("model-dtype":"","offload-double-buffer":false,"offload-gradients":false,"offload-master":false,)"
     R"("offload-opt-m":false,"offload-opt-v":false,"offload-quants":false,"offload-residual":false,)"
@@ -51,7 +51,7 @@ const std::set<std::string> kOldKeys = {
     "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "from-scratch",
     "gemm-autotune", "gpu-ids", "gpus", "grad-accumulation", "grad-clip", "gradient-dtype", "host-memory-limit",
     "learning-rate", "lm-head-dtype", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-from", "lora-init", "lora-rank",
-    "lora-targets", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype",
+    "lora-targets", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype", "max-docs-per-row",
     "memcpy-all-gather", "memory-limit", "merge-lora", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",
     "opt-v-dtype", "out-dir", "overwrite", "packing", "param-grad-dtype", "persistent-quants", "plan-only",

@@ -92,7 +92,8 @@ void CpuModel::check_options(const ModelOptions& o) {
                                                 {&ModelOptions::gemm_autotune, o.gemm_autotune},
                                                 {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
                                                 {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
-                                                {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1}};
+                                                {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1},
+                                                {&ModelOptions::max_docs_per_row, o.max_docs_per_row != 32}};
     for (const auto& [key, on] : flags)
         QT_CHECK(!on, flag(key), " is not supported on ", flag(RunFlag::Device),
                  "=cpu (a GPU setting; the CPU reference model has no use for it)");

@@ -32,14 +32,14 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
         return AttentionBackend::Flash;  // fp32 attention has one implementation; nothing fell back
     }
     // Packed rows need block-causal masks over each row's documents: qtrain's kernels do that (a
-    // per-row key bound from Batch::positions); cuDNN's variable-length SDPA would need one ragged
-    // sequence per document, a graph shape that changes with every micro-batch (docs/design.md).
-    if (o.document_masking) {
-        QT_CHECK(!explicit_cudnn, flag(&ModelOptions::attention), "=cudnn cannot run ",
-                 flag(&ModelOptions::document_masking),
-                 " (cuDNN has no block-causal mask over packed documents here); use ", flag(&ModelOptions::attention),
-                 "=flash or auto, or drop ", flag(&ModelOptions::document_masking));
-        if (why_not_cudnn) *why_not_cudnn = "document masking runs on qtrain's flash kernels";
+    // per-row key bound from Batch::positions). cuDNN does it as its variable-length SDPA, one ragged
+    // sequence per document in --max-docs-per-row slots per row (cuda/attention_ragged.h): only when
+    // asked for (--attention=cudnn) until it is measured against flash on real documents
+    // (docs/perf-notes.md); auto keeps flash.
+    if (o.document_masking && !explicit_cudnn) {
+        if (why_not_cudnn)
+            *why_not_cudnn = cat("document masking runs on qtrain's flash kernels; ", flag(&ModelOptions::attention),
+                                 "=cudnn runs cuDNN's variable-length attention");
         return AttentionBackend::Flash;
     }
     bool ok = false;
@@ -49,7 +49,7 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
     } else if (attention_backend_available(AttentionBackend::Cudnn, &why)) {
         // Build the graphs for this shape now: a shape cuDNN refuses fails here, with cuDNN's reason.
         try {
-            const AttentionShape s{o.batch_size, o.seq_len, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+            const AttentionShape s = attention_shape(c, o, o.batch_size, o.seq_len, AttentionBackend::Cudnn);
             (void)attention_backward_workspace_bytes(DType::BF16, s, o.attn_bwd_chunks, AttentionBackend::Cudnn);
             ok = true;
         } catch (const std::exception& e) {  // qtrain::Error, or whatever the cuDNN frontend throws
@@ -64,6 +64,16 @@ AttentionBackend choose(const ModelConfig& c, const ModelOptions& o, std::string
 
 }  // namespace
 
+AttentionShape attention_shape(const ModelConfig& c, const ModelOptions& o, int B, int T, AttentionBackend backend) {
+    AttentionShape s{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim};
+    if (o.document_masking && backend == AttentionBackend::Cudnn) {
+        QT_CHECK(o.max_docs_per_row >= 1, flag(&ModelOptions::max_docs_per_row), " must be >= 1, got ",
+                 o.max_docs_per_row);
+        s.max_docs = o.max_docs_per_row;
+    }
+    return s;
+}
+
 AttentionBackend choose_attention_backend(const ModelConfig& c, const ModelOptions& o) {
     return choose(c, o, nullptr);
 }
@@ -71,7 +81,10 @@ AttentionBackend choose_attention_backend(const ModelConfig& c, const ModelOptio
 std::string describe_attention_backend(const ModelConfig& c, const ModelOptions& o) {
     std::string why;
     const AttentionBackend b = choose(c, o, &why);
-    if (b == AttentionBackend::Cudnn) return "cudnn";
+    if (b == AttentionBackend::Cudnn)
+        return o.document_masking ? cat("cudnn (variable-length: one sequence per document, up to ", o.max_docs_per_row,
+                                        " per row, ", flag(&ModelOptions::max_docs_per_row), ")")
+                                  : std::string("cudnn");
     return why.empty() ? "flash" : "flash (cuDNN: " + why + ")";
 }
 

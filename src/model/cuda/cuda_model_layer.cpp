@@ -5,6 +5,7 @@
 #include "model/cuda/cuda_model.h"
 
 #include "cuda/attention.h"
+#include "model/cuda/attention_choice.h"
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
 
@@ -20,7 +21,7 @@ CudaModel::BlockDims CudaModel::block_dims(int B, int T) const {
             c.q_dim() + 2 * c.kv_dim(),
             c.intermediate_size,
             static_cast<float>(c.rms_norm_eps),
-            AttentionShape{B, T, c.num_attention_heads, c.num_key_value_heads, c.head_dim}};
+            attention_shape(c, opt_, B, T, attention_)};
 }
 
 void CudaModel::forward_step(int l, const LayerStep& s, StepRun how, const BlockDims& d) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/flag_names.h"
+#include "cuda/attention_ragged.h"
 #include "cuda/check.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
@@ -43,6 +44,13 @@ void CudaModel::upload_batch(const Batch& batch, bool with_embedding_plan, float
     QT_CHECK(batch.positions || !opt_.document_masking, "GPU model: built with ", flag(&ModelOptions::document_masking),
              ", but the batch carries no document positions (Batch::positions)");
     if (batch.positions) check_document_positions(batch.positions, B, T);
+    if (batch.positions && attention_ == AttentionBackend::Cudnn) {  // cuDNN's ragged batch has fixed slots
+        const int docs = cuda::max_documents_per_row(batch.positions, B, T);
+        QT_CHECK(docs <= opt_.max_docs_per_row, "GPU model: a row of this micro-batch holds ", docs,
+                 " documents, more than ", flag(&ModelOptions::max_docs_per_row), "=", opt_.max_docs_per_row,
+                 " (cuDNN's variable-length attention has that many slots per row); raise it, or use ",
+                 flag(&ModelOptions::attention), "=flash");
+    }
     const int N = B * T;
     // the previous upload out of the staging buffer must be done before it is overwritten
     CUDA_CHECK(cudaEventSynchronize(staging_free_));

@@ -239,10 +239,10 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.norm_out = ws.take_n<float>(4);
     b.loss_acc = ws.take_n<float>(4);
     b.cos_sin = ws.take_n<float>(static_cast<std::size_t>(opt.seq_len) * c.head_dim);
-    const AttentionShape shape{opt.batch_size, opt.seq_len, c.num_attention_heads, c.num_key_value_heads,
-                                     c.head_dim};
-    b.attn_workspace_bytes =  // for B/chunks sequences
-        attention_backward_workspace_bytes(A, shape, opt.attn_bwd_chunks, choose_attention_backend(c, opt));
+    const AttentionBackend attention = choose_attention_backend(c, opt);
+    const AttentionShape shape = attention_shape(c, opt, opt.batch_size, opt.seq_len, attention);
+    b.attn_workspace_bytes =  // for B/chunks sequences (cuDNN with document masking: + its ragged index)
+        attention_backward_workspace_bytes(A, shape, opt.attn_bwd_chunks, attention);
     b.attn_workspace = b.attn_workspace_bytes ? ws.take(b.attn_workspace_bytes) : nullptr;
     b.inputs = ws.take_n<int32_t>(N);
     b.targets = ws.take_n<int32_t>(N);
