@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/gemm.h"
+#include "model/flag_names.h"
 
 namespace qtrain {
 
@@ -184,8 +185,9 @@ void LoraAdapters::update(const cuda::AdamWArgs& args, const float* clip) {
 }
 
 void LoraAdapters::bind_base(void* weights, std::vector<int64_t> offsets) {
-    QT_CHECK(offsets.size() == layout_.trained_base.size(), "GPU model: internal error (--train-also: ",
-             offsets.size(), " base offsets for ", layout_.trained_base.size(), " tensors)");
+    QT_CHECK(offsets.size() == layout_.trained_base.size(), "GPU model: internal error (",
+             flag(&LoraOptions::train_also), ": ", offsets.size(), " base offsets for ", layout_.trained_base.size(),
+             " tensors)");
     base_ = weights;
     base_offsets_ = std::move(offsets);
 }
@@ -224,7 +226,7 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
             std::memcpy(to, raw.data(), raw.size());
             continue;
         }
-        QT_CHECK(act_ == DType::BF16, "GPU model: --train-also needs fp32 or bf16 weights");
+        QT_CHECK(act_ == DType::BF16, "GPU model: ", flag(&LoraOptions::train_also), " needs fp32 or bf16 weights");
         for (int64_t j = 0; j < n; ++j) {
             uint16_t b;
             std::memcpy(&b, raw.data() + j * es, sizeof b);
