@@ -72,6 +72,10 @@ bool fp8_weights_gathered(const ModelOptions& o) {
     return weights_sharded_over_ranks(o) && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
 }
 
+bool fp8_base_only(const ModelOptions& o) {
+    return o.lora.enabled() && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+}
+
 bool weights_on_host(const ModelOptions& o) {
     return o.shard_weights && (o.gpus <= 1 || o.offload_master);
 }
@@ -126,7 +130,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.master = frozen ? nullptr
                : opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned)
                                                 : nullptr;
-    b.weights = frozen                            ? weights.take_typed(Pp, A)
+    b.weights = fp8_base_only(opt)                ? weights.take_typed(layout.compact_total(), A)  // no matrices
+                : frozen                          ? weights.take_typed(Pp, A)
                 : (A == DType::F32)               ? static_cast<void*>(b.master)
                 : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
                                                   : weights.take_typed(Pp, A);

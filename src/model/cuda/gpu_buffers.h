@@ -241,6 +241,12 @@ bool weights_on_host(const ModelOptions& opt);
 // matrices once per step with the whole matrices' scales, and the layers are gathered as FP8 bytes
 // (half the traffic of bf16; the backward needs no bf16 matrix with FP8 gradients).
 bool fp8_weights_gathered(const ModelOptions& opt);
+// LoRA on an FP8 base with FP8 gradients (--lora-rank, --matmul-dtype=e4m3, --gradient-dtype=e4m3|e5m2):
+// no GEMM reads the base's bf16 matrices (the forward and the input gradient read the e4m3 copies; a
+// frozen base has no dW), so the device keeps only those copies: `weights` holds the norms, biases,
+// embedding and LM head (GpuParamLayout::compact_index), and the load quantises each matrix from a
+// staging buffer. With bf16 gradients the input-gradient GEMM reads the bf16 matrices, which stay.
+bool fp8_base_only(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
