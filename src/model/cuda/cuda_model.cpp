@@ -500,7 +500,15 @@ void CudaModel::make_base_staging(StagingBuffer& s) const {
         const MatrixShape g = matrix(0, static_cast<Matrix>(m));
         largest = std::max(largest, g.rows * g.cols);
     }
-    CUDA_CHECK(cudaMalloc(&s.p, largest * dtype_size(opt_.model_dtype)));
+    const std::size_t bytes = largest * dtype_size(opt_.model_dtype);
+    for (const Arena& a : arenas_)
+        if (a.category == "Activations" && a.base && !a.pinned_host && a.allocated >= bytes) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // (nothing queued still reads them)
+            s.p = a.base;
+            return;
+        }
+    CUDA_CHECK(cudaMalloc(&s.p, bytes));
+    s.owned = true;
 }
 
 std::vector<float> CudaModel::base_values_from_source(const ParamSpec& s) const {

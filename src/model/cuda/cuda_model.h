@@ -197,10 +197,13 @@ private:
     // is there (q|k|v and gate|up are adjacent in the layout's order, which the loads follow).
     void set_base_tensor(std::size_t i, const float* host, void* staging);
     // A device buffer for the largest fused layer matrix in the model dtype while the FP8 base loads
-    // (null otherwise); freed by its owner.
+    // (null otherwise): the start of the activations arena, which no load reads and every pass
+    // writes before it reads, when that is large enough (so the load needs no memory beyond the
+    // plan), else its own allocation, freed with it.
     struct StagingBuffer {
         void* p = nullptr;
-        ~StagingBuffer() { if (p) cudaFree(p); }
+        bool owned = false;
+        ~StagingBuffer() { if (owned) cudaFree(p); }
     };
     void make_base_staging(StagingBuffer& s) const;
     // Whether flat element off is in a layer's matrix the device keeps in e4m3 only (fp8_base_only).
