@@ -137,11 +137,20 @@ static const void* fp8_weight(const GpuParamLayout& layout, const int (&slot_lay
     return static_cast<const char*>(slots[l & 1]) + (off - layout.layer_begin(l));
 }
 
+// LoRA's FP8 base without bf16 matrices (fp8_base_only): its copies span the layers only.
+static const void* fp8_layer_weight(const GpuParamLayout& layout, const void* copies, int64_t off) {
+    QT_CHECK(layout.layer_of(off) >= 0, "weights: internal error (the FP8 base has e4m3 copies of the layers only, "
+             "not of element ", off, ")");
+    return static_cast<const char*>(copies) + (off - layout.layer_begin(0));
+}
+
 const void* Weights::q(int64_t off) const {
+    if (fp8_only_) return fp8_layer_weight(layout_, buf_.wq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wq, buf_.quant_slots, off);
 }
 
 const void* Weights::qT(int64_t off) const {
+    if (fp8_only_) return fp8_layer_weight(layout_, buf_.wTq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
 }
 
@@ -319,8 +328,7 @@ void Weights::quantize_matrix(int l, Matrix m, const void* w) {
     QT_CHECK(fp8_only_, "weights: internal error (quantize_matrix outside the FP8 base without bf16 matrices)");
     auto t_ = timer_.scope("fp8 quantize", compute_);
     const int64_t off = layer_matrix(layout_, config_, l, m).offset;
-    quantize_one(l, m, w, static_cast<char*>(buf_.wq) + off, buf_.wTq ? static_cast<char*>(buf_.wTq) + off : nullptr,
-                 compute_, false);
+    quantize_one(l, m, w, const_cast<void*>(q(off)), buf_.wTq ? const_cast<void*>(qT(off)) : nullptr, compute_, false);
 }
 
 void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {

@@ -75,7 +75,8 @@ public:
     const void* qT(int64_t off) const;
     // --lm-head-dtype=e4m3: the LM head's FP8 copies (row-major [V, h]; transposed [h, V], only with
     // FP8 gradients) and its inverse scale, made by quantize() from the head (the embedding when
-    // tied): in wq / wTq at its flat offset, or (streamed: the head is resident) in their own buffers.
+    // tied): in wq / wTq at its flat offset, or (streamed: the head is resident; LoRA's FP8 base
+    // without bf16 matrices, whose wq / wTq span the layers only) in their own buffers.
     const void* lm_head_q() const;
     const void* lm_head_qT() const;
     float* lm_head_inv_scale() const;
