@@ -137,8 +137,9 @@ void CudaModel::check_options(const ModelOptions& o) {
 
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
-// base), resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced,
-// ZeRO-1); the flags that move or keep state the frozen base does not have are refused by name.
+// base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
+// resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced, ZeRO-1); the
+// flags that move or keep state the frozen base does not have are refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
     // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
