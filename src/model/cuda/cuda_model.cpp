@@ -258,8 +258,10 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     if (lora_) {
         std::vector<int64_t> offsets;
         for (const std::string& name : lora_->layout().trained_base) {
-            offsets.push_back(layout_.offset_of(name));
-            trained_grads_[offsets.back()] = lora_->trained_grad(name);
+            const int64_t off = layout_.offset_of(name);
+            trained_grads_[off] = lora_->trained_grad(name);
+            // (the FP8 base without bf16 matrices: where the weights buffer holds it, fp8_base_only)
+            offsets.push_back(weights_->matrices_fp8_only() ? layout_.compact_index(off) : off);
         }
         lora_->bind_base(buf_.weights, std::move(offsets));
     }
@@ -591,7 +593,9 @@ std::vector<float> CudaModel::fetch_values(const void* base, DType t, int64_t of
 }
 
 std::vector<float> CudaModel::download_weights(int64_t off, int64_t n) const {
-    if (!weights_->sharded()) return fetch_values(buf_.weights, opt_.model_dtype, off, n);
+    if (!weights_->sharded())  // (the FP8 base without bf16 matrices: a non-matrix tensor's place among the others)
+        return fetch_values(buf_.weights, opt_.model_dtype,
+                            weights_->matrices_fp8_only() ? layout_.compact_index(off) : off, n);
     // ZeRO-3: gathered from the owners into a device buffer (collective)
     void* tmp = nullptr;
     CUDA_CHECK(cudaMalloc(&tmp, std::max<int64_t>(1, n) * dtype_size(opt_.model_dtype)));
