@@ -412,3 +412,45 @@ TEST(CudaLoraFp8Base, MeasuredDeviceMemoryFallsByThePlannedAmount) {
         EXPECT_LT(m_saving, m_bf16);
     }
 }
+
+// --train-also=norms,embeddings on the FP8 base without bf16 matrices: the trained tensors live in the
+// compact weights buffer (LoraAdapters::bind_base gets their places there), so what the forward reads
+// after two steps is what they were trained to: a model that trains only the adapters, given those
+// values (norms, embedding, head) and the same adapters, evaluates to the same bits; and reading a
+// trained tensor back gives its master rounded to bf16. Untied Qwen2 and tied Qwen3.
+TEST(CudaLoraFp8Base, TrainedNormsAndEmbeddingsReachTheForward) {
+    QTRAIN_REQUIRE_GPU();
+    for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
+        const ModelConfig cfg = make();
+        SCOPED_TRACE(cfg.model_type);
+        const int B = 2, T = 48;
+        LoraOptions also = lora_options(0.0f);
+        also.train_also = kTrainNorms | kTrainEmbeddings;
+        CudaModel trained(cfg, options(DType::E4M3, DType::E5M2, B, T, also));
+        CudaModel plain(cfg, options(DType::E4M3, DType::E5M2, B, T, lora_options(0.0f)));
+        trained.init_random(13);
+        plain.init_random(13);
+        for (int step = 1; step <= 2; ++step) {
+            const Tokens d = random_tokens(B, T, cfg.vocab_size, 40 + step, Masked::Every11thFrom3);
+            trained.forward_backward(d.batch(B, T), 1.0f);
+            trained.optimizer_step({1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+        }
+        const CpuModel names(cfg, CpuModel::fp32_options(B, T));
+        int moved = 0;
+        for (const auto& p : names.params()) {
+            // (the frozen layer matrices and biases: the same seed's on both)
+            if (p.kind == ParamKind::Bias || (p.kind == ParamKind::Matrix && p.layer >= 0)) continue;
+            const std::vector<float> w = trained.download(p.name, CudaModel::Which::Weights);
+            std::vector<float> m = trained.download(p.name, CudaModel::Which::Master);
+            for (float& x : m) x = bf16_to_float(float_to_bf16(x));
+            EXPECT_EQ(w, m) << p.name;
+            if (w != plain.download(p.name, CudaModel::Which::Weights)) ++moved;
+            plain.upload_master(p.name, w.data());
+        }
+        EXPECT_GT(moved, 0) << "no trained tensor moved";
+        for (const ParamSpec& s : plain.lora()->host().specs())
+            plain.upload_master(s.name, trained.download(s.name, CudaModel::Which::Master).data());
+        const Tokens e = random_tokens(B, T, cfg.vocab_size, 77, Masked::Every11thFrom3);
+        EXPECT_EQ(trained.evaluate(e.batch(B, T)), plain.evaluate(e.batch(B, T)));
+    }
+}
