@@ -390,8 +390,10 @@ std::vector<OptionSpec> make_table() {
             "--device=cuda with the base resident in the model dtype (no --shard-weights yet); with --gpus=N every "
             "rank holds the base and the adapters and their gradient is all-reduced (--zero-level=1). "
             "With --matmul-dtype=e4m3 the base is FP8: its matrices quantised to e4m3 once after the load, its GEMMs "
-            "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs; the bf16 base is kept "
-            "(the plan shows both) and --merge-lora merges into it",
+            "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs. With "
+            "--gradient-dtype=e4m3|e5m2 the GPU keeps only the e4m3 copies of the layer matrices (a memory saving: "
+            "the plan shows it); with bf16 gradients it keeps the bf16 base too (its input-gradient GEMMs read it). "
+            "--merge-lora merges into the bf16 base, read from --model",
             non_negative())
             .model([](const OptionSpec&, const T& o, const std::string&, M& m) {
                 m.lora.rank = o.lora_rank;

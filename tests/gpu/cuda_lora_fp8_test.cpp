@@ -4,7 +4,8 @@
 // with the criteria of CudaModelFp8.LossAndGradientsTrackTheFp32Reference applied to the adapter
 // gradients; fresh adapters give the full FP8 model's logits to the bit (so the base runs the FP8
 // path); recompute and CUDA graphs change no bit; a resumed run continues bit for bit; --merge-lora
-// merges into the bf16 base, not the e4m3 copies.
+// merges into the bf16 base, not the e4m3 copies. (With FP8 gradients these runs keep no bf16 base
+// matrix on the GPU, fp8_base_only: what that changes is tested in cuda_lora_fp8_base_memory_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>

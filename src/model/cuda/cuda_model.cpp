@@ -137,8 +137,9 @@ void CudaModel::check_options(const ModelOptions& o) {
 
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
-// base), resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced,
-// ZeRO-1); the flags that move or keep state the frozen base does not have are refused by name.
+// base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
+// resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced, ZeRO-1); the
+// flags that move or keep state the frozen base does not have are refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
     // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
@@ -257,8 +258,10 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     if (lora_) {
         std::vector<int64_t> offsets;
         for (const std::string& name : lora_->layout().trained_base) {
-            offsets.push_back(layout_.offset_of(name));
-            trained_grads_[offsets.back()] = lora_->trained_grad(name);
+            const int64_t off = layout_.offset_of(name);
+            trained_grads_[off] = lora_->trained_grad(name);
+            // (the FP8 base without bf16 matrices: where the weights buffer holds it, fp8_base_only)
+            offsets.push_back(weights_->matrices_fp8_only() ? layout_.compact_index(off) : off);
         }
         lora_->bind_base(buf_.weights, std::move(offsets));
     }
@@ -269,7 +272,9 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     const int64_t padded = weights_->sharded() ? blocks.size : blocks.padded_total();  // ZeRO-3: one block
     const int64_t master_n = buf_.master == buf_.weights ? padded : opt_.gpus > 1 ? optimizer_->elements() : layout_.total;
     if (buf_.master) zero(buf_.master, master_n * sizeof(float));
-    if (buf_.weights != buf_.master) zero(buf_.weights, padded * dtype_size(opt_.model_dtype));
+    // (the FP8 base without bf16 matrices: the norms, biases, embedding and head only)
+    const int64_t weights_n = weights_->matrices_fp8_only() ? layout_.compact_total() : padded;
+    if (buf_.weights != buf_.master) zero(buf_.weights, weights_n * dtype_size(opt_.model_dtype));
     zero(optimizer_->m(), optimizer_->elements() * dtype_size(opt_.opt_m_dtype));
     zero(optimizer_->v(), optimizer_->elements() * dtype_size(opt_.opt_v_dtype));
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, 4 * sizeof(float), stream_));
@@ -423,8 +428,11 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
         return;
     }
     // --master-dtype=bf16 (bf16 weights), or a frozen LoRA base: the model-dtype weights are all there is
+    // (the FP8 base without bf16 matrices: at the tensor's place among the others, set_base_tensor)
     const DType t = opt_.model_dtype;
-    store_values(static_cast<char*>(buf_.weights) + off * dtype_size(t), t, host, n);
+    QT_CHECK(!fp8_only_matrix(off), "GPU model: internal error (a matrix of the FP8 base stored in bf16)");
+    const int64_t at = weights_->matrices_fp8_only() ? layout_.compact_index(off) : off;
+    store_values(static_cast<char*>(buf_.weights) + at * dtype_size(t), t, host, n);
 }
 
 // Offloaded (pinned host) destinations are written by all cores directly: a cudaMemcpy between two
@@ -468,6 +476,57 @@ void CudaModel::refresh_weights() {
 // weights in and out
 // ---------------------------------------------------------------------------------------------
 
+void CudaModel::set_base_tensor(std::size_t i, const float* host, void* staging) {
+    const int64_t off = layout_.offsets[i], n = layout_.specs[i].numel();
+    if (!fp8_only_matrix(off)) return upload_parameters(off, host, n);
+    const int l = layout_.layer_of(off);
+    for (int mi = 0; mi < 4; ++mi) {
+        const Matrix m = static_cast<Matrix>(mi);
+        const MatrixShape g = matrix(l, m);
+        const int64_t end = g.offset + g.rows * g.cols;
+        if (off < g.offset || off >= end) continue;
+        // rounded to the model dtype as upload_parameters rounds, so the abs-max and codes are those
+        // of quantising the bf16 base (store_values waits for its copy: the previous quantisation,
+        // queued on the same stream, has read the staging buffer by then)
+        store_values(static_cast<char*>(staging) + (off - g.offset) * dtype_size(opt_.model_dtype), opt_.model_dtype,
+                     host, n);
+        if (off + n == end) weights_->quantize_matrix(l, m, staging);
+        return;
+    }
+    QT_CHECK(false, "GPU model: internal error (", layout_.specs[i].name, " is in no matrix of layer ", l, ")");
+}
+
+void CudaModel::make_base_staging(StagingBuffer& s) const {
+    if (!weights_->matrices_fp8_only()) return;
+    int64_t largest = 0;
+    for (int m = 0; m < 4; ++m) {
+        const MatrixShape g = matrix(0, static_cast<Matrix>(m));
+        largest = std::max(largest, g.rows * g.cols);
+    }
+    const std::size_t bytes = largest * dtype_size(opt_.model_dtype);
+    for (const Arena& a : arenas_)
+        if (a.category == "Activations" && a.base && !a.pinned_host && a.allocated >= bytes) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // (nothing queued still reads them)
+            s.p = a.base;
+            return;
+        }
+    CUDA_CHECK(cudaMalloc(&s.p, bytes));
+    s.owned = true;
+}
+
+std::vector<float> CudaModel::base_values_from_source(const ParamSpec& s) const {
+    QT_CHECK(base_loaded_, "GPU model: '", s.name, "' is a matrix of the FP8 base, which keeps only its e4m3 copy on "
+             "the GPU and reads its bf16 values from where it was loaded; nothing has been loaded yet");
+    std::vector<float> v(s.numel());
+    if (!base_dir_.empty()) SafeTensorsReader::open_dir(base_dir_).read_finite_f32(s.name, s.shape, v.data());
+    else init_parameter(s, config_, base_seed_, v.data());
+    if (opt_.model_dtype == DType::BF16) {  // as the bf16 base would hold it (store_values rounds to nearest)
+#pragma omp parallel for schedule(static) if (s.numel() > (1 << 16))
+        for (int64_t i = 0; i < s.numel(); ++i) v[i] = bf16_to_float(float_to_bf16(v[i]));
+    }
+    return v;
+}
+
 void CudaModel::init_random(uint64_t seed) {
     // One buffer for the largest tensor, not value-initialised: init_parameter sets every element, and
     // its first touch then happens on all cores.
@@ -476,12 +535,15 @@ void CudaModel::init_random(uint64_t seed) {
     std::unique_ptr<float[]> host(new float[largest]);
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
+    StagingBuffer staging;  // (the FP8 base without bf16 matrices)
+    make_base_staging(staging);
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
         init_parameter(s, config_, seed, host.get());
-        upload_parameters(layout_.offsets[i], host.get(), s.numel());
+        set_base_tensor(i, host.get(), staging.p);
         report_progress("initialising", done += s.numel(), total);
     }
+    base_dir_.clear(), base_seed_ = seed, base_loaded_ = true;
     zero(optimizer_->m(), optimizer_->elements() * dtype_size(opt_.opt_m_dtype));
     zero(optimizer_->v(), optimizer_->elements() * dtype_size(opt_.opt_v_dtype));
     refresh_weights();
@@ -502,13 +564,16 @@ void CudaModel::load_hf(const std::string& model_dir) {
     std::vector<float> host;
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
+    StagingBuffer staging;  // (the FP8 base without bf16 matrices)
+    make_base_staging(staging);
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const ParamSpec& s = layout_.specs[i];
         host.resize(s.numel());
         reader.read_finite_f32(s.name, s.shape, host.data());
-        upload_parameters(layout_.offsets[i], host.data(), s.numel());
+        set_base_tensor(i, host.data(), staging.p);
         report_progress("loading", done += s.numel(), total);
     }
+    base_dir_ = model_dir, base_loaded_ = true;
     refresh_weights();
     start_adapters();
     sync();
@@ -528,7 +593,9 @@ std::vector<float> CudaModel::fetch_values(const void* base, DType t, int64_t of
 }
 
 std::vector<float> CudaModel::download_weights(int64_t off, int64_t n) const {
-    if (!weights_->sharded()) return fetch_values(buf_.weights, opt_.model_dtype, off, n);
+    if (!weights_->sharded())  // (the FP8 base without bf16 matrices: a non-matrix tensor's place among the others)
+        return fetch_values(buf_.weights, opt_.model_dtype,
+                            weights_->matrices_fp8_only() ? layout_.compact_index(off) : off, n);
     // ZeRO-3: gathered from the owners into a device buffer (collective)
     void* tmp = nullptr;
     CUDA_CHECK(cudaMalloc(&tmp, std::max<int64_t>(1, n) * dtype_size(opt_.model_dtype)));
@@ -559,6 +626,7 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
              "' is frozen under LoRA (", flag(&LoraOptions::rank), "): it has no gradient or Adam moments");
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name), n = s.numel();
+    if (fp8_only_matrix(off)) return base_values_from_source(s);  // (Master or Weights: the bf16 base's values)
     sync();
     QT_CHECK(!(which == Which::Master && master_is_block()) &&
                  !((which == Which::AdamM || which == Which::AdamV) && moments_are_block()) &&
@@ -590,6 +658,27 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
     return {};
 }
 
+std::vector<uint8_t> CudaModel::download_fp8_matrix(int l, Matrix m, bool transposed) const {
+    QT_CHECK(fp8_ && !weights_->streamed() && (!transposed || fp8_grads_),
+             "GPU model: no resident FP8 copy of that kind (", flag(&ModelOptions::matmul_dtype), "=e4m3 without ",
+             flag(&ModelOptions::shard_weights), "; transposed: with FP8 gradients)");
+    const MatrixShape g = matrix(l, m);
+    std::vector<uint8_t> out(g.rows * g.cols);
+    sync();
+    CUDA_CHECK(cudaMemcpy(out.data(), transposed ? weights_->qT(g.offset) : weights_->q(g.offset), out.size(),
+                          cudaMemcpyDeviceToHost));
+    return out;
+}
+
+std::pair<float, float> CudaModel::fp8_matrix_scale(int l, Matrix m) const {
+    QT_CHECK(fp8_, "GPU model: no FP8 scales without ", flag(&ModelOptions::matmul_dtype), "=e4m3");
+    float amax = 0.0f, inv = 0.0f;
+    sync();
+    CUDA_CHECK(cudaMemcpy(&amax, weights_->amax(l, m), sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&inv, weights_->inv_scale(l, m), sizeof(float), cudaMemcpyDeviceToHost));
+    return {amax, inv};
+}
+
 void CudaModel::upload_master(const std::string& name, const float* data) {
     if (lora_ && lora_->host().has(name)) {  // an adapter: through the host mirror (moments kept)
         lora_->download_to_host();
@@ -600,6 +689,11 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
     }
     const ParamSpec& s = layout_.spec_of(name);
     const int64_t off = layout_.offset_of(name);
+    QT_CHECK(!fp8_only_matrix(off), "GPU model: '", name, "' is a matrix of the FP8 base (", flag(&LoraOptions::rank),
+             " with ", flag(&ModelOptions::matmul_dtype), "=e4m3 and ", flag(&ModelOptions::gradient_dtype), "=",
+             dtype_name(opt_.gradient_dtype), "), which the GPU keeps only as its e4m3 copy, quantised once by the load "
+             "(--model or --from-scratch): it cannot be set afterwards (with ", flag(&ModelOptions::gradient_dtype),
+             "=bf16 the bf16 base is kept and can)");
     upload_parameters(off, data, s.numel());
     refresh_weights();
     if (lora_ && trained_grads_.count(off)) {  // a --train-also tensor: its master follows (moments kept)

@@ -5,9 +5,11 @@
 // (optimizer_step, evaluate).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -95,6 +97,10 @@ public:
     // Forward pass of `batch`; returns the logits [B*T, V] as fp32 (for comparisons with HF).
     std::vector<float> logits(const Batch& batch);
     const GpuParamLayout& layout() const { return layout_; }
+    // FP8 runs with resident weights: matrix m of layer l as the GEMMs read it, its e4m3 codes
+    // (row-major; transposed, only with FP8 gradients) and {abs-max, inverse scale}.
+    std::vector<uint8_t> download_fp8_matrix(int l, Matrix m, bool transposed) const;
+    std::pair<float, float> fp8_matrix_scale(int l, Matrix m) const;
 
 private:
     // Copies the batch (and, for training, the embedding-gradient grouping) to the device with the
@@ -185,6 +191,29 @@ private:
     // Copies host data in, ordered on stream_ and finished on return (the source may be reused).
     void upload(void* dst, const void* src, std::size_t bytes);
     void upload_parameters(int64_t off, const float* host, int64_t n);
+    // The load's one way in for base tensor i (init_random, load_hf): upload_parameters, or for a
+    // layer matrix of the FP8 base without bf16 matrices (fp8_base_only) its model-dtype values into
+    // `staging` at the tensor's place in its fused matrix, which is quantised once its last tensor
+    // is there (q|k|v and gate|up are adjacent in the layout's order, which the loads follow).
+    void set_base_tensor(std::size_t i, const float* host, void* staging);
+    // A device buffer for the largest fused layer matrix in the model dtype while the FP8 base loads
+    // (null otherwise): the start of the activations arena, which no load reads and every pass
+    // writes before it reads, when that is large enough (so the load needs no memory beyond the
+    // plan), else its own allocation, freed with it.
+    struct StagingBuffer {
+        void* p = nullptr;
+        bool owned = false;
+        ~StagingBuffer() { if (owned) cudaFree(p); }
+    };
+    void make_base_staging(StagingBuffer& s) const;
+    // Whether flat element off is in a layer's matrix the device keeps in e4m3 only (fp8_base_only).
+    bool fp8_only_matrix(int64_t off) const {
+        return weights_->matrices_fp8_only() && layout_.layer_of(off) >= 0 && layout_.in_matrix(off);
+    }
+    // Such a tensor's model-dtype values (as fp32) from where the load read them, on the host: --model's
+    // files (load_hf) or the seed's initialisation (init_random); the download and the merged export
+    // read the original base this way.
+    std::vector<float> base_values_from_source(const ParamSpec& s) const;
     // dst[0, n) = host values stored as t (fp32 or bf16 rounded to nearest), device or pinned memory.
     void store_values(void* dst, DType t, const float* host, int64_t n);
     // n values of the array at base (dtype t), from element off, as fp32 on the host.
@@ -238,6 +267,11 @@ private:
     comm::Communicator* comm_ = nullptr;  // data parallel (set_communicator); null: one GPU, plain path
     int zero_level_ = 1;
     ParamShard shard_;  // this rank's block (the whole space at world 1)
+    // Where the frozen base came from (fp8_base_only: what base_values_from_source reads again): the
+    // HF directory of load_hf, else the seed of init_random.
+    std::string base_dir_;
+    uint64_t base_seed_ = 0;
+    bool base_loaded_ = false;
 };
 
 }  // namespace qtrain

@@ -72,6 +72,10 @@ bool fp8_weights_gathered(const ModelOptions& o) {
     return weights_sharded_over_ranks(o) && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
 }
 
+bool fp8_base_only(const ModelOptions& o) {
+    return o.lora.enabled() && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+}
+
 bool weights_on_host(const ModelOptions& o) {
     return o.shard_weights && (o.gpus <= 1 || o.offload_master);
 }
@@ -126,7 +130,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.master = frozen ? nullptr
                : opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned)
                                                 : nullptr;
-    b.weights = frozen                            ? weights.take_typed(Pp, A)
+    b.weights = fp8_base_only(opt)                ? weights.take_typed(layout.compact_total(), A)  // no matrices
+                : frozen                          ? weights.take_typed(Pp, A)
                 : (A == DType::F32)               ? static_cast<void*>(b.master)
                 : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
                                                   : weights.take_typed(Pp, A);
@@ -286,12 +291,16 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                 b.quant_block = quants.take(shard.size);
                 b.rank_amax = quants.take_n<float>(static_cast<std::size_t>(world) * 4 * L);
             }
+        } else if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
+            const int64_t layers_n = layout.layers_end() - layout.layer_begin(0);
+            b.wq = quants.take(layers_n);
+            if (fp8_grads) b.wTq = quants.take(layers_n);
         } else {
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);
         }
         const bool head = opt.fp8_lm_head;  // --lm-head-dtype=e4m3 (gpu_buffers.h)
-        if (head && opt.shard_weights) {  // the resident head's FP8 copies (resident weights: in wq / wTq)
+        if (head && (opt.shard_weights || fp8_base_only(opt))) {  // the resident head's FP8 copies (resident weights: in wq / wTq)
             b.lm_wq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
             if (fp8_grads) b.lm_wTq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
         }

@@ -155,8 +155,9 @@ struct GpuBuffers {
     float* weight_amax = nullptr;  // 4 slots per layer (16 bytes each), contiguous: AdamW fills them
     void *xq = nullptr, *xTq = nullptr, *dyq = nullptr, *dyTq = nullptr;
     // --lm-head-dtype=e4m3: with FP8 gradients, one LM-head chunk's d(logits) quantised ([rows, V]) and
-    // transposed ([V, rows]); with streamed weights (--shard-weights), the head's FP8 copies ([V, h] and,
-    // with FP8 gradients, [h, V]; resident weights keep them in wq / wTq at the head's flat offset).
+    // transposed ([V, rows]); with streamed weights (--shard-weights) or LoRA's FP8 base without bf16
+    // matrices (fp8_base_only), the head's FP8 copies ([V, h] and, with FP8 gradients, [h, V]; other
+    // resident weights keep them in wq / wTq at the head's flat offset).
     // The final norm's output is quantised into xq (and a chunk of it, transposed, into xTq).
     void *lm_dyq = nullptr, *lm_dyTq = nullptr;
     void *lm_wq = nullptr, *lm_wTq = nullptr;
@@ -241,6 +242,14 @@ bool weights_on_host(const ModelOptions& opt);
 // matrices once per step with the whole matrices' scales, and the layers are gathered as FP8 bytes
 // (half the traffic of bf16; the backward needs no bf16 matrix with FP8 gradients).
 bool fp8_weights_gathered(const ModelOptions& opt);
+// LoRA on an FP8 base with FP8 gradients (--lora-rank, --matmul-dtype=e4m3, --gradient-dtype=e4m3|e5m2):
+// no GEMM reads the base's bf16 matrices (the forward and the input gradient read the e4m3 copies; a
+// frozen base has no dW), so the device keeps only those copies: `weights` holds the norms, biases,
+// embedding and LM head (GpuParamLayout::compact_index), and the load quantises each matrix from a
+// staging buffer; wq / wTq span the layers only (element layer_begin(0) first), the FP8 head has its
+// own copies (lm_wq / lm_wTq). With bf16 gradients the input-gradient GEMM reads the bf16 matrices,
+// which stay.
+bool fp8_base_only(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,

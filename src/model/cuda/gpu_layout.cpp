@@ -16,6 +16,24 @@ int64_t GpuParamLayout::resident_index(int64_t off, bool with_embedding) const {
     return off < begin ? off : (with_embedding ? begin : 0) + (off - layers_end());
 }
 
+int64_t GpuParamLayout::compact_index(int64_t off) const {
+    const int64_t head = layer_begin(0);
+    const int l = layer_of(off);
+    if (l < 0) return off < head ? off : head + static_cast<int64_t>(layers.size()) * small_span + (off - layers_end());
+    const int64_t rel = off - layer_begin(l) + head;  // in layer 0's coordinates, as small_runs0
+    int64_t before = 0;
+    for (const Range& r : small_runs0) {
+        if (rel >= r.begin && rel < r.end) return head + l * small_span + before + (rel - r.begin);
+        before += r.end - r.begin;
+    }
+    throw_error(cat("GPU layout: internal error (element ", off, " of layer ", l,
+                    " is in a matrix, which the FP8 base keeps in e4m3 only)"));
+}
+
+int64_t GpuParamLayout::compact_total() const {
+    return total - static_cast<int64_t>(layers.size()) * (layer_span - small_span);
+}
+
 std::vector<GpuParamLayout::Range> GpuParamLayout::layer_runs(int l, bool matrices) const {
     std::vector<Range> runs = matrices ? matrix_runs0 : small_runs0;
     const int64_t shift = layer_begin(l) - layer_begin(0);
@@ -104,6 +122,7 @@ GpuParamLayout make_gpu_layout(const ModelConfig& cfg) {
         if (!runs.empty() && runs.back().end == begin) runs.back().end = end;
         else runs.push_back({begin, end});
     }
+    for (const auto& r : L.small_runs0) L.small_span += r.end - r.begin;
     L.lm_head = cfg.tie_word_embeddings ? L.embed : place("lm_head.weight", true);
     L.total = align_up(cursor);
     QT_CHECK(L.specs.size() == canon.size(), "GPU layout: internal error (", L.specs.size(), " of ", canon.size(),

@@ -58,6 +58,16 @@ struct GpuParamLayout {
     // holds the embedding (first) only when `with_embedding`, then the final norm and the LM head.
     int64_t resident_index(int64_t off, bool with_embedding) const;
 
+    // LoRA on an FP8 base that keeps no bf16 matrices (fp8_base_only, gpu_buffers.h): the model-dtype
+    // weights buffer holds every tensor but the layers' matrices, in flat order: the elements before
+    // layer_begin(0), then each layer's non-matrix runs (small_span elements per layer: its norms and
+    // biases, padding included, so every tensor keeps its 64-element alignment), then the elements
+    // from layers_end(). compact_index(off) is flat element off's index there (off not in a matrix:
+    // throws naming the offset); compact_total() the buffer's elements.
+    int64_t small_span = 0;
+    int64_t compact_index(int64_t off) const;
+    int64_t compact_total() const;
+
     int64_t offset_of(const std::string& name) const;  // throws naming the tensor
     const ParamSpec& spec_of(const std::string& name) const;
 

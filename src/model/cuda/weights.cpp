@@ -45,6 +45,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       streamed_(o.shard_weights),
       sharded_(weights_sharded_over_ranks(o)),
       fp8_gather_(fp8_weights_gathered(o)),
+      fp8_only_(fp8_base_only(o)),
       embed_on_host_(embedding_weights_on_host(config, o)),
       persist_quants_(streamed_quants_persist(o)),
       compute_(compute) {
@@ -111,6 +112,7 @@ void Weights::gather_range(int64_t lo, int64_t hi, void* dst, cudaStream_t strea
 
 const void* Weights::at(int64_t off) const {
     const std::size_t es = dtype_size(type_);
+    if (fp8_only_) return static_cast<const char*>(flat_) + layout_.compact_index(off) * es;  // (not a matrix)
     if (!streamed_) return static_cast<const char*>(flat_) + off * es;
     const int l = layout_.layer_of(off);
     if (l < 0) {
@@ -135,11 +137,20 @@ static const void* fp8_weight(const GpuParamLayout& layout, const int (&slot_lay
     return static_cast<const char*>(slots[l & 1]) + (off - layout.layer_begin(l));
 }
 
+// LoRA's FP8 base without bf16 matrices (fp8_base_only): its copies span the layers only.
+static const void* fp8_layer_weight(const GpuParamLayout& layout, const void* copies, int64_t off) {
+    QT_CHECK(layout.layer_of(off) >= 0, "weights: internal error (the FP8 base has e4m3 copies of the layers only, "
+             "not of element ", off, ")");
+    return static_cast<const char*>(copies) + (off - layout.layer_begin(0));
+}
+
 const void* Weights::q(int64_t off) const {
+    if (fp8_only_) return fp8_layer_weight(layout_, buf_.wq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wq, buf_.quant_slots, off);
 }
 
 const void* Weights::qT(int64_t off) const {
+    if (fp8_only_) return fp8_layer_weight(layout_, buf_.wTq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
 }
 
@@ -240,7 +251,8 @@ void Weights::changed() {
 
 void Weights::quantize(bool amax_ready) {
     if (fp8_head_) quantize_lm_head();
-    if (!fp8_ || streamed_) return;  // streamed layers are quantised as they arrive (gather)
+    // streamed layers are quantised as they arrive (gather); the FP8 base's once by the load
+    if (!fp8_ || streamed_ || fp8_only_) return;
     auto t_ = timer_.scope("fp8 quantize", compute_);
     for (int l = 0; l < layers_; ++l) {
         const int64_t b = layout_.layer_begin(l);
@@ -297,18 +309,26 @@ void Weights::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT
     const int64_t begin = layout_.layer_begin(l);
     for (int mi = 0; mi < 4; ++mi) {
         const Matrix m = static_cast<Matrix>(mi);
-        const MatrixShape g = layer_matrix(layout_, config_, l, m);
-        const int64_t rel = g.offset - begin;
-        const void* w = static_cast<const char*>(w_layer) + rel * es;
-        if (!amax_ready) cuda::abs_max(amax(l, m), type_, w, g.rows * g.cols, stream);
-        if (fp8_grads_) {  // row-major copy and transpose in one pass
-            cuda::quantize_fp8_transpose(static_cast<char*>(qT_layer) + rel, DType::E4M3, w, type_, g.rows, g.cols,
-                                         amax(l, m), inv_scale(l, m), stream, static_cast<char*>(q_layer) + rel);
-        } else {
-            cuda::quantize_fp8(static_cast<char*>(q_layer) + rel, DType::E4M3, w, type_, g.rows * g.cols, amax(l, m),
-                               inv_scale(l, m), stream);
-        }
+        const int64_t rel = layer_matrix(layout_, config_, l, m).offset - begin;
+        quantize_one(l, m, static_cast<const char*>(w_layer) + rel * es, static_cast<char*>(q_layer) + rel,
+                     qT_layer ? static_cast<char*>(qT_layer) + rel : nullptr, stream, amax_ready);
     }
+}
+
+void Weights::quantize_one(int l, Matrix m, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready) {
+    const MatrixShape g = layer_matrix(layout_, config_, l, m);
+    if (!amax_ready) cuda::abs_max(amax(l, m), type_, w, g.rows * g.cols, stream);
+    if (fp8_grads_)  // row-major copy and transpose in one pass
+        cuda::quantize_fp8_transpose(qT, DType::E4M3, w, type_, g.rows, g.cols, amax(l, m), inv_scale(l, m), stream, q);
+    else
+        cuda::quantize_fp8(q, DType::E4M3, w, type_, g.rows * g.cols, amax(l, m), inv_scale(l, m), stream);
+}
+
+void Weights::quantize_matrix(int l, Matrix m, const void* w) {
+    QT_CHECK(fp8_only_, "weights: internal error (quantize_matrix outside the FP8 base without bf16 matrices)");
+    auto t_ = timer_.scope("fp8 quantize", compute_);
+    const int64_t off = layer_matrix(layout_, config_, l, m).offset;
+    quantize_one(l, m, w, const_cast<void*>(q(off)), buf_.wTq ? const_cast<void*>(qT(off)) : nullptr, compute_, false);
 }
 
 void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {

@@ -75,7 +75,8 @@ public:
     const void* qT(int64_t off) const;
     // --lm-head-dtype=e4m3: the LM head's FP8 copies (row-major [V, h]; transposed [h, V], only with
     // FP8 gradients) and its inverse scale, made by quantize() from the head (the embedding when
-    // tied): in wq / wTq at its flat offset, or (streamed: the head is resident) in their own buffers.
+    // tied): in wq / wTq at its flat offset, or (streamed: the head is resident; LoRA's FP8 base
+    // without bf16 matrices, whose wq / wTq span the layers only) in their own buffers.
     const void* lm_head_q() const;
     const void* lm_head_qT() const;
     float* lm_head_inv_scale() const;
@@ -104,12 +105,20 @@ public:
     // here in every mode (it is resident when streamed; under ZeRO-3 every rank quantises it after
     // changed() has broadcast it), its abs-max taken here.
     void quantize(bool amax_ready = false);
+    // The FP8 base without bf16 matrices (fp8_base_only): `flat` holds no layer matrix (at() of one
+    // throws), quantize() leaves the layers alone, and the load quantises each matrix m of layer l
+    // once from its model-dtype values w ([rows, cols] on the device, e.g. a staging buffer) with
+    // quantize_matrix, on the compute stream: the kernels and scales quantize() would use.
+    bool matrices_fp8_only() const { return fp8_only_; }
+    void quantize_matrix(int l, Matrix m, const void* w);
     void sync() const;  // waits for the copy stream
 
 private:
     // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
     // copies, laid out like the weights, one byte per element), on `stream`.
     void quantize_layer(int l, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready = false);
+    // Its one matrix m from w (that matrix's first weight) into q / qT (that matrix's first byte).
+    void quantize_one(int l, Matrix m, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready);
     // qT = the transposes of the four matrices already quantised in q: what quantize_layer writes to
     // qT, bit for bit.
     void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
@@ -138,6 +147,7 @@ private:
     bool streamed_ = false;            // --shard-weights (one GPU: from host memory; ZeRO-3: from the owners)
     bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
     bool fp8_gather_ = false;          // the layers' matrices gathered as FP8 codes (fp8_weights_gathered)
+    bool fp8_only_ = false;            // LoRA's FP8 base keeps no bf16 matrices (fp8_base_only)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
