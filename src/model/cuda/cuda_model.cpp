@@ -692,7 +692,7 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
     QT_CHECK(!fp8_only_matrix(off), "GPU model: '", name, "' is a matrix of the FP8 base (", flag(&LoraOptions::rank),
              " with ", flag(&ModelOptions::matmul_dtype), "=e4m3 and ", flag(&ModelOptions::gradient_dtype), "=",
              dtype_name(opt_.gradient_dtype), "), which the GPU keeps only as its e4m3 copy, quantised once by the load "
-             "(--model or --from-scratch): it cannot be set afterwards (with ", flag(&ModelOptions::gradient_dtype),
+             "(of the base's files or its seed): it cannot be set afterwards (with ", flag(&ModelOptions::gradient_dtype),
              "=bf16 the bf16 base is kept and can)");
     upload_parameters(off, data, s.numel());
     refresh_weights();
