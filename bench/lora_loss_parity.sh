@@ -16,7 +16,7 @@
 # usage: BUILD_DIR=build-gpu bench/lora_loss_parity.sh KJV_DIR CHAT_TRAIN.bin [CHAT_EVAL.bin]
 #   KJV_DIR: train*.bin and eval.bin of scripts/demo.sh; CHAT_TRAIN: tokenize --chat's train.bin (Qwen2.5 tokens)
 #   DEVICE=cuda|cpu (default: cuda when nvidia-smi sees a GPU). WORK (default /tmp/qtrain-lora-parity).
-#   REUSE_BASE=1 keeps an existing $WORK/base. STEPS, SEQ, BATCH, LR, WARMUP: the fine-tune (defaults below);
+#   REUSE_BASE=1 keeps an existing $WORK/base; EVAL_DOCS=N evaluates only the first N eval documents (CPU tests). STEPS, SEQ, BATCH, LR, WARMUP: the fine-tune (defaults below);
 #   PRE_STEPS, BASE_CONFIG: the pretraining. PYTHON (default python3) needs torch, transformers, peft, safetensors.
 # On the H200 with the defaults (demo-gpu, 600 pretraining steps, 200 fine-tuning steps of 8 x 2048): a few
 # minutes, not yet timed. The CPU run here (tiny config, DEVICE=cpu, see docs/benchmarks.md) is the end-to-end test.
@@ -82,4 +82,4 @@ echo "== HF + peft: the same"
 
 # 5. held-out loss of both (and of the start), through transformers + peft
 "$PY" bench/lora_loss_parity.py eval "$WORK/base" "$EVAL" --seq-len="$SEQ" --device "$DEVICE" \
-  start="$WORK/start" qtrain="$WORK/qtrain" peft="$WORK/peft" --qtrain-log "$WORK/qtrain.jsonl" --torch-log "$WORK/peft.jsonl"
+  --max-pieces="${EVAL_DOCS:-0}" start="$WORK/start" qtrain="$WORK/qtrain" peft="$WORK/peft" --qtrain-log "$WORK/qtrain.jsonl" --torch-log "$WORK/peft.jsonl"
