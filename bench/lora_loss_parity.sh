@@ -32,11 +32,11 @@ if [ -z "${DEVICE:-}" ]; then
 fi
 if [ "$DEVICE" = cuda ]; then
   BASE_CONFIG=${BASE_CONFIG:-configs/demo-gpu}; DTYPE=bf16
-  PRE=(--batch-size=16 --seq-len=512 --steps=${PRE_STEPS:-600} --learning-rate=1e-3 --warmup=50 --model-dtype=bf16)
+  PRE=(--batch-size=16 --seq-len=512 --steps="${PRE_STEPS:-600}" --learning-rate=1e-3 --warmup=50 --model-dtype=bf16)
   STEPS=${STEPS:-200}; SEQ=${SEQ:-2048}; BATCH=${BATCH:-8}
 else
   BASE_CONFIG=${BASE_CONFIG:-configs/demo-cpu}; DTYPE=fp32
-  PRE=(--batch-size=8 --seq-len=128 --steps=${PRE_STEPS:-200} --learning-rate=2e-3 --warmup=20 --lmhead-chunks=8)
+  PRE=(--batch-size=8 --seq-len=128 --steps="${PRE_STEPS:-200}" --learning-rate=2e-3 --warmup=20 --lmhead-chunks=8)
   STEPS=${STEPS:-20}; SEQ=${SEQ:-512}; BATCH=${BATCH:-2}
 fi
 LR=${LR:-2e-4}; WARMUP=${WARMUP:-$(( STEPS / 10 ))}
