@@ -5,15 +5,48 @@
 # master and moments (LoRA on the GPU refuses bf16 moments), so the bench's bf16 --opt-*-dtype are overridden.
 # usage: BUILD_DIR=... bench/lora_bench.sh [MODEL] [BATCH] [TORCH_BATCH]   ONLY=qtrain | ONLY=torch runs one side;
 #   QTRAIN_FLAGS="--recompute-block ..." adds qtrain flags, TORCH_FLAGS="--checkpointing" PyTorch's
+# VARIANT picks qtrain's base and memory (issue 33's rows; BATCH=auto takes the largest batch `--plan-only`
+# finds under the variant's limit, as the plan prints it):
+#   bf16      bf16 base, resident (the default)
+#   fp8       FP8 base: --matmul-dtype=e4m3 --gradient-dtype=e5m2 (only the e4m3 copies of the layer matrices)
+#   bf16-24g  bf16 base under --memory-limit=24GiB with --recompute-block
+#   fp8-24g   FP8 base under --memory-limit=24GiB with --recompute-block
+# The plan (--plan-only, this build, seq 2048, rank 16, fp32 adapter moments, CUDA graphs; plan, NOT measured):
+#   model          bf16 (<=130GiB)  fp8 (<=130GiB)  bf16-24g        fp8-24g
+#   Qwen2.5-7B     batch 11         batch 11        batch 4         batch 4   (batch 1: 17,174 / 17,360 MiB)
+#   Llama-3.1-8B   batch 11         batch 11        batch 4         batch 4
+#   Qwen3-8B       batch 10         batch 10        batch 4         batch 3
+#   Qwen2.5-14B    batch 6          batch 6         does not fit    does not fit (batch 1: 32,100 MiB, of which
+#                  25,202 MiB are the FP8 base's e4m3 copies (Quants); the LoRA GPU model refuses --shard-weights,
+#                  so no 24 GiB figure for 14B, nor any for 32B, until a streamed base exists)
+# The FP8 base is no smaller than the bf16 one in these plans (7B batch 1: Weights 2,080 + Quants 12,447 MiB
+# against 14,526 MiB of bf16 weights): the e4m3 copies are about twice one e4m3 matrix set per layer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-7B}; BATCH=${2:-4}; TORCH_BATCH=${3:-$BATCH}
 export SEQ=${SEQ:-2048}
 v=151643; [[ $MODEL == Llama* ]] && v=128000
+case "${VARIANT:-bf16}" in
+  bf16) VFLAGS=""; LIMIT=130GiB ;;
+  fp8) VFLAGS="--matmul-dtype=e4m3 --gradient-dtype=e5m2"; LIMIT=130GiB ;;
+  bf16-24g) VFLAGS="--memory-limit=24GiB --recompute-block"; LIMIT=24GiB ;;
+  fp8-24g) VFLAGS="--memory-limit=24GiB --recompute-block --matmul-dtype=e4m3 --gradient-dtype=e5m2"; LIMIT=24GiB ;;
+  *) echo "VARIANT=${VARIANT}: expected bf16, fp8, bf16-24g or fp8-24g" >&2; exit 2 ;;
+esac
+if [ "$BATCH" = auto ]; then  # the largest batch the plan fits under LIMIT (the H200 rows: 130 GiB of its 139)
+  # shellcheck disable=SC2086
+  BATCH=$("${BUILD_DIR:-build-gpu}/train" --model="$MODEL" --from-scratch --device=cuda --train-file=/dev/null \
+    --seq-len="$SEQ" --batch-size=1 --steps=10 --model-dtype=bf16 --lora-rank=16 --lora-alpha=32 --opt-m-dtype=fp32 \
+    --opt-v-dtype=fp32 --use-cuda-graphs --plan-only $VFLAGS --memory-limit=$LIMIT ${QTRAIN_FLAGS:-} 2>&1 \
+    | sed -n 's/.*--batch-size up to \([0-9]*\) fits.*/\1/p' || true)
+  [ -n "$BATCH" ] || { echo "no batch fits $LIMIT with VARIANT=${VARIANT:-bf16}" >&2; exit 1; }
+  echo "# $MODEL VARIANT=${VARIANT:-bf16}: batch $BATCH (the plan's largest under $LIMIT)"
+  [ "$TORCH_BATCH" = auto ] && TORCH_BATCH=$BATCH
+fi
 case "${ONLY:-all}" in all|qtrain)
   # shellcheck disable=SC2086
   VOCAB=$v bench/bench_qtrain.sh "$MODEL" "$BATCH" --lora-rank=16 --lora-alpha=32 --opt-m-dtype=fp32 --opt-v-dtype=fp32 \
-    --use-cuda-graphs ${QTRAIN_FLAGS:-} ;;
+    --use-cuda-graphs $VFLAGS ${QTRAIN_FLAGS:-} ;;
 esac
 case "${ONLY:-all}" in all|torch)
   # shellcheck disable=SC2086
