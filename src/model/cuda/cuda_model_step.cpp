@@ -429,7 +429,7 @@ StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
 }
 
 void CudaModel::zero_gradients() {
-    if (!lora_) IModel::zero_gradients();  // (the full model's gradient buffers: not yet)
+    if (!lora_) return IModel::zero_gradients();  // (the full model's gradient buffers: not yet; it throws)
     lora_->zero_grads();
     CUDA_CHECK(cudaMemsetAsync(buf_.loss_acc, 0, sizeof(float), stream_));  // the step loss (global_loss)
     sync();
