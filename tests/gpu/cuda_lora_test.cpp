@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "gpu_model_fixture.h"
+#include "cuda_lora_bit_identical.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -182,43 +183,6 @@ TEST(CudaLora, LogitsEqualTheMergedBase) {
     EXPECT_LT(rel_max_error(a, b), 1e-4);
 }
 
-namespace {
-
-// Two GPU LoRA models that must agree bit for bit (bf16, dropout on, every target) after three
-// steps of two micro-batches: losses, norms, adapter masters and moments.
-void expect_bit_identical(const ModelOptions& a_opts, const ModelOptions& b_opts, const ModelConfig& cfg) {
-    const int B = a_opts.batch_size, T = a_opts.seq_len;
-    CudaModel a(cfg, a_opts), b(cfg, b_opts);
-    a.init_random(9);
-    b.init_random(9);
-    Rng rng(3);
-    for (const ParamSpec& s : a.lora()->host().specs()) {  // non-zero B on both
-        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        a.upload_master(s.name, v.data());
-        b.upload_master(s.name, v.data());
-    }
-    for (int step = 1; step <= 3; ++step) {
-        for (int micro = 0; micro < 2; ++micro) {
-            const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
-            a.forward_backward(d.batch(B, T), 0.5f);
-            b.forward_backward(d.batch(B, T), 0.5f);
-        }
-        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
-        const StepStats sa = a.optimizer_step(op), sb = b.optimizer_step(op);
-        EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
-        EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
-    }
-    for (const ParamSpec& s : a.lora()->host().specs())
-        for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
-            EXPECT_EQ(a.download(s.name, w), b.download(s.name, w)) << s.name;
-    const Tokens e = random_tokens(B, T, cfg.vocab_size, 999, Masked::Every11thFrom3);
-    EXPECT_EQ(a.evaluate(e.batch(B, T)), b.evaluate(e.batch(B, T)));
-}
-
-}  // namespace
-
 TEST(CudaLora, RecomputeIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
@@ -227,8 +191,8 @@ TEST(CudaLora, RecomputeIsBitIdentical) {
         ModelOptions block = plain, att = plain;
         block.recompute_block = true;
         att.recompute_att = att.recompute_swiglu = att.recompute_norm = true;
-        expect_bit_identical(plain, block, cfg);
-        expect_bit_identical(plain, att, cfg);
+        test::expect_lora_steps_bit_identical(plain, block, cfg);
+        test::expect_lora_steps_bit_identical(plain, att, cfg);
     }
 }
 
@@ -238,9 +202,9 @@ TEST(CudaLora, CudaGraphsAreBitIdenticalToEager) {
     const ModelOptions eager = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
     ModelOptions graphs = eager;
     graphs.use_cuda_graphs = true;
-    expect_bit_identical(eager, graphs, cfg);
+    test::expect_lora_steps_bit_identical(eager, graphs, cfg);
     graphs.recompute_block = true;  // and with the recompute inside the graph
-    expect_bit_identical(eager, graphs, cfg);
+    test::expect_lora_steps_bit_identical(eager, graphs, cfg);
 }
 
 // The checkpoint holds the adapters and their moments in the CPU model's files (the CPU model reads

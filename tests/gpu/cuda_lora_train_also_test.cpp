@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu_model_fixture.h"
+#include "cuda_lora_bit_identical.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -196,43 +197,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaLoraTrainAlsoVsCpu,
                                     (std::get<1>(info.param) == DType::F32 ? "fp32" : "bf16");
                          });
 
-namespace {
-
-// Two GPU models that must agree bit for bit after three steps of two micro-batches: losses, norms,
-// every adapter's and trained tensor's master and moments, and the evaluation after.
-void expect_bit_identical(const ModelOptions& a_opts, const ModelOptions& b_opts, const ModelConfig& cfg) {
-    const int B = a_opts.batch_size, T = a_opts.seq_len;
-    CudaModel a(cfg, a_opts), b(cfg, b_opts);
-    a.init_random(9);
-    b.init_random(9);
-    Rng rng(3);
-    for (const ParamSpec& s : a.lora()->host().specs()) {
-        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        a.upload_master(s.name, v.data());
-        b.upload_master(s.name, v.data());
-    }
-    for (int step = 1; step <= 3; ++step) {
-        for (int micro = 0; micro < 2; ++micro) {
-            const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
-            a.forward_backward(d.batch(B, T), 0.5f);
-            b.forward_backward(d.batch(B, T), 0.5f);
-        }
-        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
-        const StepStats sa = a.optimizer_step(op), sb = b.optimizer_step(op);
-        EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
-        EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
-    }
-    for (const ParamSpec& s : a.lora()->host().specs())
-        for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
-            EXPECT_EQ(a.download(s.name, w), b.download(s.name, w)) << s.name;
-    const Tokens e = random_tokens(B, T, cfg.vocab_size, 999, Masked::Every11thFrom3);
-    EXPECT_EQ(a.evaluate(e.batch(B, T)), b.evaluate(e.batch(B, T)));
-}
-
-}  // namespace
-
 TEST(CudaLoraTrainAlso, RecomputeAndCudaGraphsAreBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
@@ -242,9 +206,9 @@ TEST(CudaLoraTrainAlso, RecomputeAndCudaGraphsAreBitIdentical) {
         block.recompute_block = true;
         att.recompute_att = att.recompute_swiglu = att.recompute_norm = true;
         graphs.use_cuda_graphs = graphs.recompute_block = true;
-        expect_bit_identical(plain, block, cfg);
-        expect_bit_identical(plain, att, cfg);
-        expect_bit_identical(plain, graphs, cfg);
+        test::expect_lora_steps_bit_identical(plain, block, cfg);
+        test::expect_lora_steps_bit_identical(plain, att, cfg);
+        test::expect_lora_steps_bit_identical(plain, graphs, cfg);
     }
 }
 
