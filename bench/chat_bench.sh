@@ -7,6 +7,9 @@
 # One JSON line per run; useful_tokens_per_s leaves padding out.
 # usage: CHAT_TOK=train.bin BUILD_DIR=... bench/chat_bench.sh [MODEL] [SEQ] [BATCH] [HF_CONVERSATIONS]
 #   ONLY=qtrain | ONLY=masking | ONLY=torch runs one part
+#   RAGGED_DOCS=M adds, to the masking part, qtrain packed with cuDNN's variable-length attention
+#   (--attention=cudnn --document-masking=on --max-docs-per-row=M; M at least the most documents of one row;
+#   RAGGED_EXTRA=flags for that run only, e.g. --attn-bwd-chunks=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; SEQ=${2:-2048}; BATCH=${3:-16}; CONV=${4:-16}
@@ -19,6 +22,10 @@ case "${ONLY:-all}" in all|qtrain)
 esac
 case "${ONLY:-all}" in all|qtrain|masking)
   [ "${ONLY:-all}" = masking ] && run --document-masking=on
+  if [ -n "${RAGGED_DOCS:-}" ]; then
+    # shellcheck disable=SC2086  # RAGGED_EXTRA: more flags, e.g. --attn-bwd-chunks=2
+    run --document-masking=on --attention=cudnn --max-docs-per-row="$RAGGED_DOCS" ${RAGGED_EXTRA:-} || echo "# the cuDNN ragged run failed"
+  fi
   run --document-masking=off --loss-normalization=tokens ;;
 esac
 case "${ONLY:-all}" in all|torch)
