@@ -21,8 +21,9 @@
 // (half of bf16's) with the small bf16 tensors; quantising is elementwise with one scale per
 // matrix, so the codes are those of quantising the gathered layer, bit for bit.
 //
-// Layer code reads parameters through at / q (flat offsets) and transposed (layer, matrix) after get(l). Its memory
-// is bound by bind_gpu_buffers (so the plan counts it); its stream, events and slot state are its own.
+// Layer code reads parameters through at / q (flat offsets) and transposed (layer, matrix) after
+// get(l) of the layer. Its memory is bound by bind_gpu_buffers (so the plan counts it); its stream,
+// events and slot state are its own.
 #pragma once
 
 #include <cstdint>
