@@ -13,14 +13,13 @@
 #   fp8-24g   FP8 base under --memory-limit=24GiB with --recompute-block
 # The plan (--plan-only, this build, seq 2048, rank 16, fp32 adapter moments, CUDA graphs; plan, NOT measured):
 #   model          bf16 (<=130GiB)  fp8 (<=130GiB)  bf16-24g        fp8-24g
-#   Qwen2.5-7B     batch 11         batch 11        batch 4         batch 4   (batch 1: 17,174 / 17,360 MiB)
-#   Llama-3.1-8B   batch 11         batch 11        batch 4         batch 4
-#   Qwen3-8B       batch 10         batch 10        batch 4         batch 3
-#   Qwen2.5-14B    batch 6          batch 6         does not fit    does not fit (batch 1: 32,100 MiB, of which
-#                  25,202 MiB are the FP8 base's e4m3 copies (Quants); the LoRA GPU model refuses --shard-weights,
-#                  so no 24 GiB figure for 14B, nor any for 32B, until a streamed base exists)
-# The FP8 base is no smaller than the bf16 one in these plans (7B batch 1: Weights 2,080 + Quants 12,447 MiB
-# against 14,526 MiB of bf16 weights): the e4m3 copies are about twice one e4m3 matrix set per layer.
+#   Qwen2.5-7B     batch 11         batch 12        batch 4         batch 7   (batch 1: 17,174 / 11,266 MiB)
+#   Llama-3.1-8B   batch 11         batch 12        batch 4         batch 7
+#   Qwen3-8B       batch 10         batch 11        batch 4         batch 6
+#   Qwen2.5-14B    batch 6          batch 7         does not fit    batch 2   (batch 1: 19,634 MiB)
+# The FP8 base keeps one e4m3 copy of the layer matrices (7B: Weights 2,080 + Quants 6,223 + a 130 MiB transpose
+# scratch, against 14,526 MiB of bf16 weights): the backward transposes each matrix just in time (2026-12-04;
+# the fp8 columns before it were 11 / 11 / 10 / 6 and 4 / 4 / 3 / does not fit, with two e4m3 copies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-7B}; BATCH=${2:-4}; TORCH_BATCH=${3:-$BATCH}

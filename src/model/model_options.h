@@ -74,6 +74,11 @@ struct ModelOptions {
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
     // LoRA adapters on a frozen base (--lora-*; model/lora.h); rank 0 = full training
     LoraOptions lora;
+    // Test-only (no flag sets it): LoRA's FP8 base without bf16 matrices (fp8_base_only,
+    // model/cuda/gpu_buffers.h) keeps every layer matrix's transposed e4m3 copy for the whole run, as
+    // it did before the backward transposed each matrix just in time into one scratch buffer, so a
+    // GPU test can run both and compare them bit for bit (tests/gpu/cuda_lora_fp8_transpose_test.cpp).
+    bool fp8_base_keep_transposed = false;
 
     bool operator==(const ModelOptions&) const = default;
 };

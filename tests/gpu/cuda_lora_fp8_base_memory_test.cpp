@@ -1,13 +1,15 @@
 // The FP8 base as a memory saving (issue 33; --lora-rank with --matmul-dtype=e4m3 and
 // --gradient-dtype=e4m3|e5m2, fp8_base_only in gpu_buffers.h): the GPU keeps the base's layer matrices
 // only as their e4m3 copies, the model-dtype weights buffer holds the norms, biases, embedding and
-// LM head (GpuParamLayout::compact_index). The plan (no GPU needed) drops exactly the matrices' bf16
-// bytes; on the GPU the load's codes and scales are byte for byte what quantising the resident bf16
-// base gives (the full FP8 model's, and the bf16-gradient FP8 base's, which keeps it); the base's
-// matrices read back and the merged export come from where the base was loaded (--model's files or
-// the seed); and the measured device memory falls by what the plan says.
+// LM head (GpuParamLayout::compact_index), and their transposes only one at a time, in a scratch matrix
+// (fp8_base_transposes_in_backward). The plan (no GPU needed) drops exactly the matrices' bf16 bytes
+// and the transposed copies; on the GPU the load's codes and scales are byte for byte what quantising
+// the resident bf16 base gives (the full FP8 model's, and the bf16-gradient FP8 base's, which keeps
+// it); the base's matrices read back and the merged export come from where the base was loaded
+// (--model's files or the seed); and the measured device memory falls by what the plan says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "gpu_model_fixture.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/layer_matrices.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -118,9 +121,10 @@ TEST(GpuLayoutCompact, IndexesEveryNonMatrixElementOnceInOrder) {
 // matrix, so its "Weights" are the bf16 base's less exactly the 28 layers' q,k,v,o,gate,up,down in bf16
 // (233,046,016 elements a layer, no padding at these widths: 13,050,576,896 bytes); with bf16
 // gradients (whose input-gradient GEMMs read the bf16 matrices) the bf16 base stays. Nothing else
-// moves but the e4m3 copies, which span the layers only (the full FP8 run's span the embedding and
-// head too, one byte an element each: 2.2 GB for 7B's two copies); the activations and adapters are
-// the bf16 base's.
+// moves but the e4m3 codes: one copy of the layers only (the full FP8 run's two span the embedding and
+// head too, one byte an element each), and the transposes the input gradient reads made one matrix at
+// a time in "Transpose scratch" (gate|up's [2I, h] = 135,790,592 bytes, the largest); the activations
+// and adapters are the bf16 base's.
 TEST(LoraFp8BasePlan, Qwen25_7BRank16DropsTheMatricesBf16Bytes) {
     const ModelConfig cfg = preset_config("Qwen2.5-7B");
     LoraOptions lora = lora_options(0.0f);
@@ -133,6 +137,7 @@ TEST(LoraFp8BasePlan, Qwen25_7BRank16DropsTheMatricesBf16Bytes) {
         SCOPED_TRACE(dtype_name(grad));
         const ModelOptions o = options(DType::E4M3, grad, B, T, lora);
         ASSERT_TRUE(fp8_base_only(o));
+        ASSERT_TRUE(fp8_base_transposes_in_backward(o));
         const MemoryPlan fp8 = gpu_memory_plan(cfg, o, "cuda");
         const MemoryPlan full = gpu_memory_plan(cfg, options(DType::E4M3, grad, B, T, LoraOptions{}), "cuda");
         const GpuParamLayout ly = make_gpu_layout(cfg);
@@ -140,23 +145,73 @@ TEST(LoraFp8BasePlan, Qwen25_7BRank16DropsTheMatricesBf16Bytes) {
         EXPECT_EQ(category_bytes(bf16, "Weights") - category_bytes(fp8, "Weights"), int64_t{13050576896});
         EXPECT_EQ(category_bytes(fp8, "Weights"), ly.compact_total() * 2);
         EXPECT_EQ(category_bytes(kept, "Weights"), category_bytes(bf16, "Weights"));
-        // the e4m3 copies (row-major and transposed) span the layers only, not the embedding and head
+        // one e4m3 copy (row-major), of the layers only, not the embedding and head; one scratch matrix
         const int64_t layers_n = ly.layers_end() - ly.layer_begin(0);
-        EXPECT_EQ(category_bytes(fp8, "Quants"), (layers_n + 255) / 256 * 256 + layers_n);
+        const int64_t scratch = 2 * int64_t{18944} * 3584;
+        EXPECT_EQ(category_bytes(fp8, "Quants"), layers_n);
+        EXPECT_EQ(category_bytes(fp8, "Transpose scratch"), scratch);
         EXPECT_EQ(category_bytes(full, "Quants") - category_bytes(fp8, "Quants"),
-                  (ly.total + 255) / 256 * 256 + ly.total - (layers_n + 255) / 256 * 256 - layers_n);
+                  (ly.total + 255) / 256 * 256 + ly.total - layers_n);
+        for (const MemoryPlan* p : {&bf16, &kept, &full}) EXPECT_EQ(category_bytes(*p, "Transpose scratch"), -1);
         for (const char* same : {"Activations", "LoRA adapters", "LoRA activations"})
             EXPECT_EQ(category_bytes(fp8, same), category_bytes(bf16, same)) << same;
         for (const char* none : {"Master", "Gradients", "Adam M", "Adam V"}) EXPECT_EQ(category_bytes(fp8, none), 0);
         // the whole plan: the bf16-gradient FP8 base's (whose one e4m3 copy spans every element) less the
-        // matrices' bf16 bytes, with the copies of the layers only, plus dy quantised twice (Workspace)
+        // matrices' bf16 bytes, with the copy of the layers only and the scratch, plus dy quantised twice
+        // (Workspace)
         const int64_t workspace = category_bytes(fp8, "Workspace") - category_bytes(kept, "Workspace");
         EXPECT_EQ(category_bytes(kept, "Quants"), ly.total);
         EXPECT_EQ(static_cast<int64_t>(kept.total_device()) - static_cast<int64_t>(fp8.total_device()),
-                  int64_t{13050576896} + ly.total - category_bytes(fp8, "Quants") - workspace);
+                  int64_t{13050576896} + ly.total - layers_n - scratch - workspace);
+        // the layout before the just-in-time transposes (the test-only fp8_base_keep_transposed): a
+        // second, transposed, copy of the layers in "Quants" and no scratch; all else the same
+        ModelOptions keep_t = o;
+        keep_t.fp8_base_keep_transposed = true;
+        ASSERT_FALSE(fp8_base_transposes_in_backward(keep_t));
+        const MemoryPlan old = gpu_memory_plan(cfg, keep_t, "cuda");
+        EXPECT_EQ(category_bytes(old, "Quants"), (layers_n + 255) / 256 * 256 + layers_n);
+        EXPECT_EQ(category_bytes(old, "Transpose scratch"), -1);
+        EXPECT_EQ(static_cast<int64_t>(old.total_device()) - static_cast<int64_t>(fp8.total_device()),
+                  (layers_n + 255) / 256 * 256 - scratch);
+        EXPECT_GT(layers_n, 6 * (int64_t{1} << 30));  // (6.1 GiB saved)
     }
     EXPECT_FALSE(fp8_base_only(options(DType::E4M3, DType::BF16, B, T, lora)));
+    EXPECT_FALSE(fp8_base_transposes_in_backward(options(DType::E4M3, DType::BF16, B, T, lora)));
     EXPECT_FALSE(fp8_base_only(options(DType::E4M3, DType::E5M2, B, T, LoraOptions{})));
+    EXPECT_FALSE(fp8_base_transposes_in_backward(options(DType::E4M3, DType::E5M2, B, T, LoraOptions{})));
+}
+
+// The transpose scratch is exactly the largest of a layer's four matrices ([out, in]: q|k|v, o, gate|up,
+// down) for every family and size, so each matrix's transpose fits; "Quants" is the layers' e4m3 copy
+// alone. Qwen2.5-14B (rank 16, seq 2048): gate|up's 2 x 13824 x 5120 bytes, and 14B's plan is the
+// kept-transpose layout's less the layers' second copy (12.3 GiB) plus the scratch.
+TEST(LoraFp8BasePlan, TransposeScratchIsTheLargestMatrix) {
+    LoraOptions lora = lora_options(0.0f);
+    lora.rank = 16;
+    for (const ModelConfig& cfg : {qwen2_case(), qwen3_case(), llama_case(), mid_qwen3(), preset_config("Qwen2.5-0.5B"),
+                                   preset_config("Qwen3-0.6B"), preset_config("Qwen2.5-14B")}) {
+        SCOPED_TRACE(cfg.model_type + " " + std::to_string(cfg.hidden_size));
+        const GpuParamLayout ly = make_gpu_layout(cfg);
+        const ModelOptions o = options(DType::E4M3, DType::E5M2, 1, 2048, lora);
+        const MemoryPlan p = gpu_memory_plan(cfg, o, "cuda");
+        const int64_t h = cfg.hidden_size, I = cfg.intermediate_size, qkvd = cfg.q_dim() + 2 * cfg.kv_dim();
+        const int64_t sizes[4] = {qkvd * h, h * cfg.q_dim(), 2 * I * h, h * I};
+        int64_t largest = 0;
+        for (int m = 0; m < 4; ++m) {
+            const MatrixShape g = layer_matrix(ly, cfg, 0, static_cast<Matrix>(m));
+            EXPECT_EQ(g.rows * g.cols, sizes[m]) << "matrix " << m;
+            largest = std::max(largest, sizes[m]);
+        }
+        EXPECT_EQ(category_bytes(p, "Transpose scratch"), largest);
+        const int64_t layers_n = ly.layers_end() - ly.layer_begin(0);
+        EXPECT_EQ(category_bytes(p, "Quants"), layers_n);
+        ModelOptions keep_t = o;
+        keep_t.fp8_base_keep_transposed = true;
+        const MemoryPlan old = gpu_memory_plan(cfg, keep_t, "cuda");
+        EXPECT_EQ(static_cast<int64_t>(old.total_device()) - static_cast<int64_t>(p.total_device()),
+                  (layers_n + 255) / 256 * 256 - largest);
+        if (cfg.hidden_size == 5120) EXPECT_EQ(largest, 2 * int64_t{13824} * 5120);  // 14B
+    }
 }
 
 namespace {
@@ -378,7 +433,9 @@ int64_t measured_device_bytes(const ModelConfig& cfg, const ModelOptions& o) {
 // Measured: the FP8 base without its bf16 matrices takes less device memory than the FP8 base that
 // keeps them (bf16 gradients) and than the bf16 base, by what the plans say (within 16 MiB:
 // cudaMalloc's 2 MiB granularity over the arenas), and the saving is at least the matrices' bf16
-// bytes less the FP8 gradients' own buffers. Mid-sized configs of each family (~120 MB of matrices).
+// bytes less the FP8 gradients' own buffers; and less than the layout that kept every transposed e4m3
+// copy, by the layers' e4m3 bytes less the transpose scratch. Mid-sized configs of each family (~120
+// MB of matrices).
 TEST(CudaLoraFp8Base, MeasuredDeviceMemoryFallsByThePlannedAmount) {
     QTRAIN_REQUIRE_GPU();
     const int B = 2, T = 64;
@@ -407,9 +464,21 @@ TEST(CudaLoraFp8Base, MeasuredDeviceMemoryFallsByThePlannedAmount) {
         const GpuParamLayout ly = make_gpu_layout(cfg);
         const int64_t matrices_bf16 = 2 * cfg.num_hidden_layers * matrix_elements_per_layer(ly);
         EXPECT_GT(matrices_bf16, int64_t{100} << 20);
-        // FP8 gradients' own buffers: the transposed copy (one byte a layer element) and dy quantised twice
-        EXPECT_GT(m_kept - m_saving, matrices_bf16 - (ly.layers_end() - ly.layer_begin(0)) - slack);
+        // FP8 gradients' own buffers: the transpose scratch (the largest matrix, gate|up) and dy
+        // quantised twice (within the slack here)
+        const int64_t scratch = 2 * cfg.intermediate_size * cfg.hidden_size;
+        EXPECT_GT(m_kept - m_saving, matrices_bf16 - scratch - slack);
         EXPECT_LT(m_saving, m_bf16);
+        // the layout that kept every transposed copy takes the layers' e4m3 bytes more, less the scratch
+        ModelOptions keep_t = saving;
+        keep_t.fp8_base_keep_transposed = true;
+        measured_device_bytes(cfg, keep_t);
+        const int64_t m_keep_t = measured_device_bytes(cfg, keep_t);
+        const int64_t layers_n = ly.layers_end() - ly.layer_begin(0);
+        EXPECT_NEAR(static_cast<double>(m_keep_t - m_saving), static_cast<double>(planned(keep_t) - planned(saving)),
+                    static_cast<double>(slack));
+        EXPECT_GT(m_keep_t - m_saving, layers_n - scratch - slack);
+        EXPECT_GT(layers_n - scratch, 2 * slack);  // (the difference stands out of the slack)
     }
 }
 

@@ -574,7 +574,8 @@ TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
 
 // The plan is what is allocated: the device memory the model takes (constructor plus a first
 // training step, which loads the kernels and lets cuBLASLt set up) is within 1% of the plan, for
-// plain bf16, FP8 with recompute, and with the optimizer state offloaded (which must not count).
+// plain bf16, FP8 with recompute, and with the optimizer state offloaded (which must not count), ...,
+// and LoRA's FP8 base (its transpose scratch, and the kept-transposes layout).
 TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
     QTRAIN_REQUIRE_GPU();
     ModelConfig cfg = preset_config("Qwen2.5-0.5B");
@@ -613,6 +614,21 @@ TEST(CudaModel, PlanMatchesTheDeviceMemoryReallyUsed) {
              o.matmul_dtype = DType::E4M3;
              o.gradient_dtype = DType::E5M2;
              o.fp8_lm_head = o.shard_weights = true;
+         }},
+        {"LoRA on an FP8 base, transposed just in time into one scratch matrix", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.opt_m_dtype = o.opt_v_dtype = DType::F32;  // (the adapters' moments are fp32)
+             o.lora.rank = 16;
+             o.lora.alpha = 32.0f;
+         }},
+        {"LoRA on an FP8 base, kept transposes (test-only layout)", [](ModelOptions& o) {
+             o.matmul_dtype = DType::E4M3;
+             o.gradient_dtype = DType::E5M2;
+             o.opt_m_dtype = o.opt_v_dtype = DType::F32;
+             o.lora.rank = 16;
+             o.lora.alpha = 32.0f;
+             o.fp8_base_keep_transposed = true;
          }},
     };
     CUDA_CHECK(cudaFree(nullptr));  // the context exists before the first measurement

@@ -13,9 +13,12 @@
 // Every comparison prints its error figures, pass or fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <random>
+#include <utility>
 
 #include "core/fp8_reference.h"
 #include "core/rng.h"
@@ -303,6 +306,46 @@ TEST(Fp8Kernels, TransposeBytesExact) {
     }
     DeviceBuffer g(24 * 16);
     EXPECT_ERROR(cuda::transpose_fp8(g.get(), g.get(), 24, 12, nullptr), "multiples of 16");
+}
+
+// transpose_fp8 as LoRA's FP8 base uses it (Weights::transposed): one matrix at a time into one scratch
+// buffer sized for the largest, from a row-major copy at a 64-byte (not 256-byte) offset. Fresh random
+// bytes (seed printed) on shapes that are odd multiples of 16 (so never of the 64-byte tile) and a few
+// drawn at random: the matrix's bytes are the host transpose, the scratch beyond them untouched, and
+// transposing back gives the input.
+TEST(Fp8Kernels, TransposeIntoScratchOnOddMultiplesOf16) {
+    QTRAIN_REQUIRE_GPU();
+    const uint64_t seed = std::random_device{}();
+    SCOPED_TRACE(cat("seed ", seed));
+    Rng rng(seed);
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 16}, {16, 1040}, {1040, 16}, {48, 80}, {208, 336},
+                                                       {336, 208}, {4112, 48}, {80, 2832}};
+    for (int i = 0; i < 6; ++i)
+        shapes.push_back({16 * (2 * static_cast<int64_t>(rng.below(60)) + 1), 16 * (2 * static_cast<int64_t>(rng.below(60)) + 1)});
+    int64_t cap = 0;
+    for (auto [r, c] : shapes) cap = std::max(cap, r * c);
+    const int64_t lead = 64;  // (a tensor offset of the layout: 64-byte aligned, not 256)
+    DeviceBuffer gx(lead + cap), scratch(cap), back(cap);
+    constexpr uint8_t kGuard = 0x5A;
+    for (auto [rows, cols] : shapes) {
+        SCOPED_TRACE(cat(rows, "x", cols));
+        const int64_t n = rows * cols;
+        std::vector<uint8_t> x(n), want(n);
+        for (auto& b : x) b = static_cast<uint8_t>(rng.below(256));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) want[c * rows + r] = x[r * cols + c];
+        char* in = static_cast<char*>(gx.get()) + lead;
+        CUDA_CHECK(cudaMemcpy(in, x.data(), n, cudaMemcpyHostToDevice));
+        scratch.fill_bytes(kGuard);
+        cuda::transpose_fp8(scratch.get(), in, rows, cols, nullptr);
+        sync_device();
+        const std::vector<uint8_t> got = to_host<uint8_t>(scratch.get(), cap);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "the transposed bytes";
+        EXPECT_EQ(std::count(got.begin() + n, got.end(), kGuard), cap - n) << "bytes past the matrix were written";
+        cuda::transpose_fp8(back.get(), scratch.get(), cols, rows, nullptr);
+        sync_device();
+        EXPECT_EQ(to_host<uint8_t>(back.get(), n), x) << "transposed back";
+    }
 }
 
 // The FP8 path of the SwiGLU backward (swiglu_backward for the amax only, then the fused

@@ -117,9 +117,9 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
 }
 
 // The FP8 base (--matmul-dtype=e4m3 under LoRA): the plan shows one byte per base element in
-// "Quants" (the e4m3 copy the forward reads; with FP8 gradients a second, transposed, for the input
-// gradient), no master / gradients / moments, and none of the full FP8 run's transposed inputs (no
-// dW). With bf16 gradients the bf16 base stays in "Weights" (the input-gradient GEMMs read it); with
+// "Quants" (the e4m3 copy the forward reads; with FP8 gradients of the layers only, whose transposes
+// the backward makes one matrix at a time in "Transpose scratch", the largest matrix's bytes), no
+// master / gradients / moments, and none of the full FP8 run's transposed inputs (no dW). With bf16 gradients the bf16 base stays in "Weights" (the input-gradient GEMMs read it); with
 // FP8 gradients its layer matrices are gone from there (the norms, biases, embedding and head stay).
 TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
 #ifndef QTRAIN_HAVE_CUDA
@@ -141,23 +141,28 @@ TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
         const std::string g = std::string("--gradient-dtype=") + grad;
         const MemoryPlan fp8 = plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", g}), "cuda");
         const MemoryPlan full = plan_model(cfg, with({"--matmul-dtype=e4m3", g}), "cuda");
-        const int64_t copies = std::string(grad) == "bf16" ? 1 : 2;
+        const bool fp8_grads = std::string(grad) != "bf16";
         // bf16 gradients: the full FP8 run's e4m3 copy, one byte per element (and padding); FP8
-        // gradients: two copies of the layers only (the embedding and head are not FP8 base matrices)
+        // gradients: one copy of the layers only (the embedding and head are not FP8 base matrices),
+        // and one scratch matrix for the transposes (0.5B's largest: gate|up, [2I, h])
         const int64_t layers = cfg.num_parameters() - cfg.vocab_size * cfg.hidden_size - cfg.hidden_size;  // (tied)
-        if (copies == 1) EXPECT_EQ(bytes(fp8, "Quants"), bytes(full, "Quants"));
-        else EXPECT_LT(bytes(fp8, "Quants"), bytes(full, "Quants"));
-        EXPECT_GE(bytes(fp8, "Quants"), copies * (copies == 1 ? cfg.num_parameters() : layers));
-        EXPECT_LT(bytes(fp8, "Quants"), copies * (copies == 1 ? cfg.num_parameters() : layers) + (copies << 20));
+        const int64_t kept = fp8_grads ? layers : cfg.num_parameters();
+        if (!fp8_grads) EXPECT_EQ(bytes(fp8, "Quants"), bytes(full, "Quants"));
+        else EXPECT_LT(bytes(fp8, "Quants"), bytes(full, "Quants") / 2);
+        EXPECT_GE(bytes(fp8, "Quants"), kept);
+        EXPECT_LT(bytes(fp8, "Quants"), kept + (1 << 20));
+        EXPECT_EQ(bytes(fp8, "Transpose scratch"),
+                  fp8_grads ? 2 * cfg.intermediate_size * cfg.hidden_size : int64_t{-1});
+        EXPECT_EQ(bytes(full, "Transpose scratch"), -1);  // (the full FP8 run keeps its transposes)
         EXPECT_EQ(bytes(bf16, "Quants"), -1);
-        if (copies == 1) EXPECT_EQ(bytes(fp8, "Weights"), bytes(bf16, "Weights"));
+        if (!fp8_grads) EXPECT_EQ(bytes(fp8, "Weights"), bytes(bf16, "Weights"));
         else EXPECT_LT(bytes(fp8, "Weights"), bytes(bf16, "Weights") / 2);  // (0.5B: the tied embedding is big)
         for (const char* frozen : {"Master", "Gradients", "Adam M", "Adam V"}) EXPECT_EQ(bytes(fp8, frozen), 0) << frozen;
         EXPECT_EQ(bytes(fp8, "LoRA adapters"), bytes(bf16, "LoRA adapters"));
         // the full FP8 run with FP8 gradients keeps x^T of every matrix input for dW; the FP8 base keeps
         // none: the activations are the bf16 base's (the inputs per layer, for the adapters' backward)
         EXPECT_EQ(bytes(fp8, "Activations"), bytes(bf16, "Activations"));
-        if (copies == 2) EXPECT_NE(bytes(full, "Activations"), bytes(bf16, "Activations"));
+        if (fp8_grads) EXPECT_NE(bytes(full, "Activations"), bytes(bf16, "Activations"));
     }
     // what stays refused names the flag
     EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", "--shard-weights"}), "cuda"),

@@ -39,6 +39,7 @@ TEST(TrainCliLoraFp8, CudaPlanShowsTheE4m3Copies) {
                             " --plan-only --model-dtype=bf16 --lora-rank=4 --matmul-dtype=e4m3 --gradient-dtype=e5m2");
     EXPECT_EQ(plan.exit_code, 0) << plan.output;
     EXPECT_TRUE(Contains(plan.output, "Quants")) << plan.output;
+    EXPECT_TRUE(Contains(plan.output, "Transpose scratch")) << plan.output;  // (W^T one matrix at a time)
     EXPECT_TRUE(Contains(plan.output, "LoRA adapters")) << plan.output;
 #endif
 }

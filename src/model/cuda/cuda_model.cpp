@@ -664,9 +664,10 @@ std::vector<uint8_t> CudaModel::download_fp8_matrix(int l, Matrix m, bool transp
              flag(&ModelOptions::shard_weights), "; transposed: with FP8 gradients)");
     const MatrixShape g = matrix(l, m);
     std::vector<uint8_t> out(g.rows * g.cols);
+    // (transposed, the FP8 base without kept transposes makes the copy the backward would read)
+    const void* src = transposed ? weights_->transposed(l, m) : weights_->q(g.offset);
     sync();
-    CUDA_CHECK(cudaMemcpy(out.data(), transposed ? weights_->qT(g.offset) : weights_->q(g.offset), out.size(),
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out.data(), src, out.size(), cudaMemcpyDeviceToHost));
     return out;
 }
 

@@ -94,9 +94,11 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
             xT = buf_.xTq;
         }
     }
+    // W^T: kept, or for the FP8 base transposed now into its scratch (weights.h; timed apart from the GEMM)
+    const void* wT = weights_->transposed(l, m);
     {
         auto t_ = timer_.scope("gemm bwd dx", stream_);
-        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, weights_->qT(off),
+        gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, wT,
                                          DType::E4M3, weights_->inv_scale(l, m), N, in, out,
                                          stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
     }

@@ -5,6 +5,7 @@
 
 #include "cuda/attention.h"
 #include "model/cuda/attention_choice.h"
+#include "model/cuda/layer_matrices.h"
 #include "cuda/kernels.h"
 
 namespace qtrain {
@@ -34,6 +35,7 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"Persistent quants", opt.offload_quants, nullptr, 0});  // streamed FP8 layers' copies
     a.push_back(Arena{"LoRA adapters", false, nullptr, 0});     // --lora-rank: the adapters and their state
     a.push_back(Arena{"LoRA activations", false, nullptr, 0});  // x A^T of every adapter, and scratch
+    a.push_back(Arena{"Transpose scratch", false, nullptr, 0});  // the FP8 base's W^T, one matrix at a time
     return a;
 }
 
@@ -76,6 +78,8 @@ bool fp8_base_only(const ModelOptions& o) {
     return o.lora.enabled() && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
 }
 
+bool fp8_base_transposes_in_backward(const ModelOptions& o) { return fp8_base_only(o) && !o.fp8_base_keep_transposed; }
+
 bool weights_on_host(const ModelOptions& o) {
     return o.shard_weights && (o.gpus <= 1 || o.offload_master);
 }
@@ -111,6 +115,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& quant_store = arenas[13];
     Arena& lora_state = arenas[14];
     Arena& lora_act = arenas[15];
+    Arena& transpose_scratch = arenas[16];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -294,7 +299,16 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         } else if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
             const int64_t layers_n = layout.layers_end() - layout.layer_begin(0);
             b.wq = quants.take(layers_n);
-            if (fp8_grads) b.wTq = quants.take(layers_n);
+            if (fp8_base_transposes_in_backward(opt)) {  // W^T one matrix at a time, made by the backward
+                int64_t largest = 0;
+                for (int m = 0; m < 4; ++m) {
+                    const MatrixShape g = layer_matrix(layout, c, 0, static_cast<Matrix>(m));
+                    largest = std::max(largest, g.rows * g.cols);
+                }
+                b.wT_scratch = transpose_scratch.take(largest);
+            } else if (fp8_grads) {
+                b.wTq = quants.take(layers_n);  // (the test-only fp8_base_keep_transposed)
+            }
         } else {
             b.wq = quants.take(P);
             if (fp8_grads) b.wTq = quants.take(P);
@@ -335,7 +349,7 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
         if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
                             a.category == "Residuals" || a.category == "Optimizer staging" ||
                             a.category == "Persistent quants" || a.category == "LoRA adapters" ||
-                            a.category == "LoRA activations"))
+                            a.category == "LoRA activations" || a.category == "Transpose scratch"))
             continue;  // no FP8, no streaming, no residual offload, ...
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));

@@ -161,6 +161,10 @@ struct GpuBuffers {
     // The final norm's output is quantised into xq (and a chunk of it, transposed, into xTq).
     void *lm_dyq = nullptr, *lm_dyTq = nullptr;
     void *lm_wq = nullptr, *lm_wTq = nullptr;
+    // LoRA's FP8 base without bf16 matrices (fp8_base_transposes_in_backward): no wTq; the backward's
+    // input-gradient GEMM reads one matrix's transposed codes at a time from here ([in, out], the
+    // largest layer matrix's bytes), which Weights::transposed writes from wq just before it.
+    void* wT_scratch = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
     // memory (under ZeRO-3 the rank's block, weights_sharded_over_ranks, and the embedding is always
@@ -246,14 +250,23 @@ bool fp8_weights_gathered(const ModelOptions& opt);
 // no GEMM reads the base's bf16 matrices (the forward and the input gradient read the e4m3 copies; a
 // frozen base has no dW), so the device keeps only those copies: `weights` holds the norms, biases,
 // embedding and LM head (GpuParamLayout::compact_index), and the load quantises each matrix from a
-// staging buffer; wq / wTq span the layers only (element layer_begin(0) first), the FP8 head has its
+// staging buffer; wq spans the layers only (element layer_begin(0) first) and their transposes are made
+// one matrix at a time by the backward (fp8_base_transposes_in_backward, below); the FP8 head has its
 // own copies (lm_wq / lm_wTq). With bf16 gradients the input-gradient GEMM reads the bf16 matrices,
 // which stay.
 bool fp8_base_only(const ModelOptions& opt);
+// The FP8 base keeps only the row-major e4m3 copies (wq): the input-gradient GEMM, which needs W^T
+// K-major (Hopper's FP8 GEMMs take both operands K-major), reads each matrix transposed just in time
+// into one scratch buffer the size of the largest layer matrix (wT_scratch, its own category
+// "Transpose scratch"), instead of a second copy of every matrix (half the e4m3 bytes: 6.1 GiB for
+// Qwen2.5-7B). A transpose moves the bytes as they are, so the GEMM reads the same operand as the
+// kept copy. fp8_base_only unless the test-only ModelOptions::fp8_base_keep_transposed is set.
+bool fp8_base_transposes_in_backward(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
-// Persistent quants, LoRA adapters, LoRA activations). With null arena bases it only measures.
+// Persistent quants, LoRA adapters, LoRA activations, Transpose scratch). With null arena bases it
+// only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);
 std::vector<Arena> make_arenas(const ModelOptions& opt);

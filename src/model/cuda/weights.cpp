@@ -46,6 +46,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       sharded_(weights_sharded_over_ranks(o)),
       fp8_gather_(fp8_weights_gathered(o)),
       fp8_only_(fp8_base_only(o)),
+      jit_transpose_(fp8_base_transposes_in_backward(o)),
       embed_on_host_(embedding_weights_on_host(config, o)),
       persist_quants_(streamed_quants_persist(o)),
       compute_(compute) {
@@ -150,8 +151,18 @@ const void* Weights::q(int64_t off) const {
 }
 
 const void* Weights::qT(int64_t off) const {
+    QT_CHECK(!jit_transpose_, "weights: internal error (the FP8 base keeps no transposed copies; transposed() "
+             "makes one)");
     if (fp8_only_) return fp8_layer_weight(layout_, buf_.wTq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
+}
+
+const void* Weights::transposed(int l, Matrix m) const {
+    const MatrixShape g = layer_matrix(layout_, config_, l, m);
+    if (!jit_transpose_) return qT(g.offset);
+    auto t_ = timer_.scope("fp8 base transpose", compute_);
+    cuda::transpose_fp8(buf_.wT_scratch, q(g.offset), g.rows, g.cols, compute_);
+    return buf_.wT_scratch;
 }
 
 const void* Weights::lm_head_q() const {
@@ -328,7 +339,10 @@ void Weights::quantize_matrix(int l, Matrix m, const void* w) {
     QT_CHECK(fp8_only_, "weights: internal error (quantize_matrix outside the FP8 base without bf16 matrices)");
     auto t_ = timer_.scope("fp8 quantize", compute_);
     const int64_t off = layer_matrix(layout_, config_, l, m).offset;
-    quantize_one(l, m, w, const_cast<void*>(q(off)), buf_.wTq ? const_cast<void*>(qT(off)) : nullptr, compute_, false);
+    // (without kept transposes the transposed codes go to the scratch and are dropped: the same kernel
+    // as with them, so the row-major codes are the same bytes)
+    void* qt = jit_transpose_ ? buf_.wT_scratch : const_cast<void*>(qT(off));
+    quantize_one(l, m, w, const_cast<void*>(q(off)), qt, compute_, false);
 }
 
 void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {

@@ -21,8 +21,9 @@
 // (half of bf16's) with the small bf16 tensors; quantising is elementwise with one scale per
 // matrix, so the codes are those of quantising the gathered layer, bit for bit.
 //
-// Layer code reads parameters through at / q / qT (flat offsets) after get(l) of the layer. Its memory
-// is bound by bind_gpu_buffers (so the plan counts it); its stream, events and slot state are its own.
+// Layer code reads parameters through at / q (flat offsets) and transposed (layer, matrix) after
+// get(l) of the layer. Its memory is bound by bind_gpu_buffers (so the plan counts it); its stream,
+// events and slot state are its own.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,12 @@ public:
     const void* at(int64_t off) const;
     const void* q(int64_t off) const;
     const void* qT(int64_t off) const;
+    // The transposed FP8 copy ([in, out]) of layer l's matrix m, which the input-gradient GEMM reads:
+    // qT of the matrix, or, for LoRA's FP8 base without kept transposes
+    // (fp8_base_transposes_in_backward), its row-major copy transposed now into the one scratch
+    // buffer (buf_.wT_scratch) on the compute stream, valid until the next call. The bytes are the
+    // kept copy's either way (quantising is per tensor, transposing moves bytes as they are).
+    const void* transposed(int l, Matrix m) const;
     // --lm-head-dtype=e4m3: the LM head's FP8 copies (row-major [V, h]; transposed [h, V], only with
     // FP8 gradients) and its inverse scale, made by quantize() from the head (the embedding when
     // tied): in wq / wTq at its flat offset, or (streamed: the head is resident; LoRA's FP8 base
@@ -148,6 +155,7 @@ private:
     bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
     bool fp8_gather_ = false;          // the layers' matrices gathered as FP8 codes (fp8_weights_gathered)
     bool fp8_only_ = false;            // LoRA's FP8 base keeps no bf16 matrices (fp8_base_only)
+    bool jit_transpose_ = false;       // ... nor transposed e4m3 copies (fp8_base_transposes_in_backward)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
