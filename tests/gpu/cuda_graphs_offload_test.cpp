@@ -118,6 +118,13 @@ TEST(CudaGraphsOffload, PlanAcceptsTheOffloadsAndNamesWhatItRefuses) {
     o.use_cuda_graphs = o.recompute_block = true;
     o.offload_residual = o.offload_gradients = true;
     EXPECT_NO_THROW(CudaModel::plan(cfg, o));
+    for (bool fp8 : {false, true})  // (and every combination the GPU test above trains)
+        for (const Combo& c : kCombos) {
+            ModelOptions g = graph_options(fp8, 2, 64);
+            c.apply(g);
+            g.use_cuda_graphs = true;
+            EXPECT_NO_THROW(CudaModel::plan(small_config({"tiny", 97, 128, 96, 4, 2, 1, false}), g)) << c.name;
+        }
     ModelOptions streamed = o;
     streamed.shard_weights = true;
     EXPECT_ERROR(CudaModel::plan(cfg, streamed), "--use-cuda-graphs", "--shard-weights", "decides on the host");
