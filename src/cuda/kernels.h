@@ -160,6 +160,10 @@ void fill_zero(void* p, std::size_t bytes, cudaStream_t s);
 // dst[i] += src[i] (fp32, n a multiple of 4, 16-byte aligned): the offloaded gradients of a layer
 // accumulated from its device staging slot (dst in mapped pinned host memory).
 void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
+// add_f32, or where *copy (device memory) is nonzero dst[i] = src[i], bit for bit a copy: the first
+// micro-batch's flush of an offloaded gradient under CUDA graphs, where a replayed graph must read
+// the choice on the device.
+void add_f32_or_copy(float* dst, const float* src, int64_t n, const int32_t* copy, cudaStream_t s);
 // --param-grad-dtype=bf16: dst[i] = round(src[i]) (overwrite) or round(float(dst[i]) + src[i]), bf16 dst
 // (mapped pinned host memory), rounded stochastically so that many small contributions are not lost.
 // The random bits are a function of (seed, index_base + i, the value rounded): deterministic and
@@ -167,6 +171,9 @@ void add_f32(float* dst, const float* src, int64_t n, cudaStream_t s);
 // n a multiple of 4, dst 8-byte and src 16-byte aligned.
 void accumulate_bf16(void* dst, const float* src, int64_t n, bool overwrite, uint64_t index_base, uint32_t seed,
                      cudaStream_t s);
+// accumulate_bf16 with `overwrite` read on the device from *overwrite (nonzero: overwrite), for CUDA graphs.
+void accumulate_bf16_or_overwrite(void* dst, const float* src, int64_t n, const int32_t* overwrite, uint64_t index_base,
+                                  uint32_t seed, cudaStream_t s);
 
 // ---- lora_dropout.cu ----
 // LoRA dropout (core/lora_dropout.h's mask of (seed, *pass, slot) over the n elements): out = x * mask

@@ -313,7 +313,10 @@ std::vector<OptionSpec> make_table() {
 
         // Performance and memory
         opt(kPerf, "use-cuda-graphs", &T::use_cuda_graphs, R::MayChange,
-            "Capture the steady-state step in a CUDA graph").model(&M::use_cuda_graphs),
+            "Capture the steady-state step in a CUDA graph (bit-identical; also with --offload-residual and, on one "
+            "GPU, --offload-gradients; not with --shard-weights, whose streaming decides its copies on the host per "
+            "micro-batch)")
+            .model(&M::use_cuda_graphs),
         opt(kPerf, "lmhead-chunks", &T::lmhead_chunks, R::MayChange,
             "Compute the LM head + loss in this many chunks of tokens").model(&M::lmhead_chunks),
         opt(kPerf, "attn-bwd-chunks", &T::attn_bwd_chunks, R::MayChange,

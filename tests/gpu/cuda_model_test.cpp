@@ -903,8 +903,8 @@ TEST(ResidualOffloadPlan, TwoResidualSlotsOnTheDeviceAndEveryLayerPinned) {
     const std::size_t L = static_cast<std::size_t>(cfg.num_hidden_layers);
     EXPECT_EQ(kept.total_device() - offloaded.total_device(), (L - 2) * residual);
     EXPECT_EQ(offloaded.total_pinned() - kept.total_pinned(), L * residual);
-    o.use_cuda_graphs = true;
-    EXPECT_ERROR(CudaModel::plan(cfg, o), "--use-cuda-graphs", "--offload-residual");
+    o.use_cuda_graphs = true;  // (captured with the step since issue 32: the same plan)
+    EXPECT_EQ(CudaModel::plan(cfg, o).total_device(), offloaded.total_device());
 }
 
 // Streaming shrinks the device plan to the resident parameters and two layer slots.

@@ -105,10 +105,18 @@ void CudaModel::check_options(const ModelOptions& o) {
              flag(&ModelOptions::model_dtype), "=bf16 (it streams the bf16 weights from host memory)");
     QT_CHECK(!o.shard_gradients || o.offload_gradients || o.gpus > 1, flag(&ModelOptions::shard_gradients),
              " on one GPU streams the gradients to host memory: add ", flag(&ModelOptions::offload_gradients));
-    QT_CHECK(!o.use_cuda_graphs || (!o.shard_weights && !o.offload_gradients && !o.offload_residual),
-             flag(&ModelOptions::use_cuda_graphs), " cannot be combined with ", flag(&ModelOptions::shard_weights),
-             ", ", flag(&ModelOptions::offload_gradients), " or ", flag(&ModelOptions::offload_residual),
-             " yet (the streamed step decides its copies on the host)");
+    // CUDA graphs replay one captured micro-batch: whatever the step decides on the host must be the
+    // same in every micro-batch (or read on the device). The residual offload's copies and the
+    // offloaded gradients' flushes are (residual_offload.h, gradients.h); weight streaming's are not.
+    QT_CHECK(!o.use_cuda_graphs || !o.shard_weights, flag(&ModelOptions::use_cuda_graphs), " cannot be combined with ",
+             flag(&ModelOptions::shard_weights),
+             " yet: weight streaming decides on the host, per micro-batch, which layers to copy in (a layer the "
+             "previous backward left in its slot is not copied again until an update empties the slots, and "
+             "persistent FP8 copies are made on first use), so a captured graph would replay one micro-batch's "
+             "copies in every other; drop one of the two");
+    QT_CHECK(!o.use_cuda_graphs || !o.offload_gradients || o.gpus == 1, flag(&ModelOptions::use_cuda_graphs), " with ",
+             flag(&ModelOptions::offload_gradients), " needs ", flag(&ModelOptions::gpus), "=1 (under CUDA graphs the ",
+             "gradient is reduced over the ranks after the backward, which NCCL cannot do in host memory)");
     QT_CHECK(o.attn_bwd_chunks >= 1 && o.batch_size % o.attn_bwd_chunks == 0, flag(&ModelOptions::attn_bwd_chunks), "=",
              o.attn_bwd_chunks, " must divide ", flag(&ModelOptions::batch_size), "=", o.batch_size,
              " (the attention backward runs over the micro-batch in that many equal chunks of sequences)");

@@ -107,6 +107,8 @@ private:
     // micro-batch's loss and logit-gradient scales.
     void upload_batch(const Batch& batch, bool with_embedding_plan, float loss_scale, float grad_dscale);
     void forward_backward_ops(int B, int T);  // forward, LM head + loss, backward (graph-capturable)
+    // CUDA graphs: the compute stream waits for the roles' side streams (cuda_model_step.cpp)
+    void join_side_streams();
     void forward_backward_pass(const Batch& batch, float grad_scale);  // forward_backward but LoRA's pass count
     // for_backward: a training forward, which also keeps the FP8 transposed matrix inputs (xT)
     void forward(int B, int T, bool for_backward = false);

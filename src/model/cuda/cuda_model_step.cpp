@@ -293,6 +293,18 @@ void CudaModel::forward_backward_ops(int B, int T) {
     forward(B, T, true);
     lm_head(B * T, buf_.loss_acc, true);
     backward(B, T);
+    // CUDA graphs: the pass ends with the roles' side streams joined (a capture must), eager or not
+    if (opt_.use_cuda_graphs) join_side_streams();
+}
+
+// The residual offload's copies and the offloaded gradients' flushes run on the roles' own streams;
+// here the compute stream waits for everything queued on them and their events are settled
+// (cuda/pass_event.h). Under CUDA graphs: before each captured pass or replay (eager), so the graph's
+// copies do not race with earlier ones and the capture waits on no event recorded outside it, and at
+// the end of each pass (inside the capture), which a capture must end with.
+void CudaModel::join_side_streams() {
+    residuals_->join();
+    grads_->join();
 }
 
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
@@ -327,10 +339,13 @@ void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
         forward_backward_ops(B, T);
         return;
     }
+    join_side_streams();  // (outside the capture: see there)
     if (!graph_exec_) {
         // Capture once. Every pointer and shape is fixed by the plan, and everything that changes
-        // per micro-batch (tokens, the embedding grouping, the scales) is read from device memory
-        // that upload_batch refreshes before each launch.
+        // per micro-batch (tokens, the embedding grouping, the scales, whether the offloaded
+        // gradient's flushes copy or add) is read from device memory that upload_batch (and the
+        // gradient role) refresh before each launch. The side streams' work is forked into the
+        // capture by events and joined back at its end (join_side_streams).
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         try {
             forward_backward_ops(B, T);
@@ -344,6 +359,7 @@ void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
         CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
     }
     CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    grads_->backward_replayed();  // (the host-side bookkeeping that ran only at capture)
 }
 
 StepStats CudaModel::optimizer_step(const OptimizerParams& p) {

@@ -143,7 +143,9 @@ struct GpuBuffers {
     // inputs | targets | unique | offsets | emb positions | scalars (4) | doc positions (document masking)
     int32_t* host_staging = nullptr;
     // per-micro-batch scalars on the device, read by the kernels (so a CUDA graph can replay the
-    // step): [0] loss scale, [1] gradient scale of the logits (floats), [2] distinct tokens (int32)
+    // step): [0] loss scale, [1] gradient scale of the logits (floats), [2] distinct tokens (int32);
+    // [3] (int32, --offload-gradients under CUDA graphs) nonzero while the host gradient holds nothing
+    // of this step: the captured flushes copy instead of adding (gradients.h)
     float* step_scalars = nullptr;
 
     // FP8 (--matmul-dtype=e4m3): quantised weights at the flat parameter offsets (1 byte per

@@ -29,8 +29,11 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       compute_(compute) {
     if (!streamed_) return;
     stream_ = cuda::Stream::non_blocking();
-    for (int s = 0; s < 2; ++s) ready_[s] = cuda::Event::ordering(), free_[s] = cuda::Event::ordering();
+    for (int s = 0; s < 2; ++s) ready_[s] = cuda::PassEvent::ordering(), free_[s] = cuda::PassEvent::ordering();
     done_ = cuda::Event::ordering();
+    joined_ = cuda::Event::ordering();
+    // (ZeRO-2's per-layer reductions are not used under graphs: gradients_reduced_per_layer)
+    if (o.use_cuda_graphs && !per_layer_) fresh_flag_ = reinterpret_cast<int32_t*>(b.step_scalars + 3);
 }
 
 Gradients::~Gradients() {
@@ -92,37 +95,55 @@ bool Gradients::on_device_until_update(int64_t off) const {
 void Gradients::begin_layer(int l) {
     if (!streamed_) return;
     const int s = l & 1;
-    CUDA_CHECK(cudaStreamWaitEvent(compute_, free_[s], 0));
+    free_[s].wait(compute_);
     CUDA_CHECK(cudaMemsetAsync(slots_[s], 0, layout_.layer_span * sizeof(float), compute_));
 }
 
 void Gradients::flush_layer(int l) {
     if (!streamed_) return;
     const int s = l & 1;
-    CUDA_CHECK(cudaEventRecord(ready_[s], compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_[s], 0));
+    ready_[s].record(compute_);
+    ready_[s].wait(stream_);
     const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
     if (per_layer_) {
         reduce_to_owners(slots_[s], begin, n, stream_);
-        CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+        free_[s].record(stream_);
         return;
     }
     if (type_ == DType::BF16) {
-        cuda::accumulate_bf16(static_cast<uint16_t*>(flat_) + begin, slots_[s], n, host_fresh_,
-                              static_cast<uint64_t>(begin), seed_, stream_);
-        CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+        if (fresh_flag_)  // (CUDA graphs: copy or add decided on the device)
+            cuda::accumulate_bf16_or_overwrite(static_cast<uint16_t*>(flat_) + begin, slots_[s], n, fresh_flag_,
+                                               static_cast<uint64_t>(begin), seed_, stream_);
+        else
+            cuda::accumulate_bf16(static_cast<uint16_t*>(flat_) + begin, slots_[s], n, host_fresh_,
+                                  static_cast<uint64_t>(begin), seed_, stream_);
+        free_[s].record(stream_);
         return;
     }
     float* dst = static_cast<float*>(flat_) + begin;
-    if (host_fresh_)
+    if (fresh_flag_)
+        cuda::add_f32_or_copy(dst, slots_[s], n, fresh_flag_, stream_);
+    else if (host_fresh_)
         CUDA_CHECK(cudaMemcpyAsync(dst, slots_[s], n * sizeof(float), cudaMemcpyDefault, stream_));
     else
         cuda::add_f32(dst, slots_[s], n, stream_);
-    CUDA_CHECK(cudaEventRecord(free_[s], stream_));
+    free_[s].record(stream_);
 }
 
 void Gradients::end_backward() {
     host_fresh_ = false;  // this backward's layer flushes (all queued by now) wrote every layer element
+    // (CUDA graphs: behind the flushes that read it, on their stream)
+    if (fresh_flag_) CUDA_CHECK(cudaMemsetAsync(fresh_flag_, 0, sizeof(int32_t), stream_));
+}
+
+void Gradients::set_fresh_flag() {
+    if (fresh_flag_) CUDA_CHECK(cudaMemsetAsync(fresh_flag_, 1, sizeof(int32_t), compute_));  // (nonzero)
+}
+
+void Gradients::join() {
+    if (!streamed_) return;
+    cuda::join_into(compute_, stream_, joined_);
+    for (int s = 0; s < 2; ++s) ready_[s].settle(), free_[s].settle();
 }
 
 void Gradients::prepare_update() {
@@ -154,12 +175,14 @@ void Gradients::finish_update() {
     if (!streamed_ || per_layer_) zero_flat();  // (ZeRO-2: every flush adds into the block)
     if (!streamed_) return;
     host_fresh_ = true;  // the next backward copies instead of adding
+    set_fresh_flag();
     zero_resident();
 }
 
 void Gradients::clear() {
     zero_flat();
     host_fresh_ = true;
+    set_fresh_flag();
     zero_resident();
 }
 

@@ -22,6 +22,13 @@
 // gradient accumulates as on one GPU and reduce_over_ranks sums it after the backward, by one
 // all-reduce in place (ZeRO-1) or one reduce-scatter into the rank's block (ZeRO-2). So every data-
 // parallel reduction of the gradient is this role's, whatever the ZeRO level.
+//
+// CUDA graphs (--use-cuda-graphs with --offload-gradients, one GPU): the flushes are captured as a
+// branch of the step's graph, forked and joined by the same events (join(), cuda/pass_event.h). The
+// one choice that changes between micro-batches -- copy into the host copy (the first after an
+// update) or add to it -- is then read on the device from a flag (GpuBuffers::step_scalars[3]) that
+// finish_update / clear set and the end of each backward clears, so one captured backward replays
+// correctly; the copy is a kernel's then (the same bits as the copy engine's).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +38,7 @@
 #include "comm/communicator.h"
 #include "core/dtype.h"
 #include "cuda/op_timer.h"
+#include "cuda/pass_event.h"
 #include "cuda/stream.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
@@ -86,8 +94,14 @@ public:
     // Zero everything (initialisation, loading a checkpoint).
     void clear();
     void sync() const;  // waits for the role's stream
+    // The compute stream waits for every flush queued so far, and the events are settled
+    // (cuda/pass_event.h): CUDA graphs, before a pass (outside a capture) and at its end (inside).
+    void join();
+    // A captured backward was replayed: the host-side bookkeeping its end_backward did at capture.
+    void backward_replayed() { host_fresh_ = false; }
 
 private:
+    void set_fresh_flag();  // CUDA graphs: the next backward's flushes copy (on the compute stream)
     void zero_resident();
     void zero_flat();
     // Sums src[0, n) — the gradient of flat elements [begin, begin + n) — over the ranks into the
@@ -111,8 +125,12 @@ private:
     uint32_t seed_ = 0;
     cudaStream_t compute_ = nullptr;
     cuda::Stream stream_;
-    cuda::Event ready_[2], free_[2], done_;
+    cuda::PassEvent ready_[2], free_[2];
+    cuda::Event done_, joined_;
     bool host_fresh_ = true;
+    // CUDA graphs: the flushes read "the host copy holds nothing of this step" from this device flag
+    // (nonzero: fresh) instead of host_fresh_; null without graphs or offload.
+    int32_t* fresh_flag_ = nullptr;
 };
 
 }  // namespace qtrain

@@ -10,7 +10,8 @@ ResidualOffload::ResidualOffload(void* host, void* const slots[2], std::size_t l
     if (!enabled()) return;
     stream_ = cuda::Stream::non_blocking();
     for (int s = 0; s < 2; ++s)
-        for (cuda::Event* e : {&written_[s], &saved_[s], &free_[s], &loaded_[s]}) *e = cuda::Event::ordering();
+        for (cuda::PassEvent* e : {&written_[s], &saved_[s], &free_[s], &loaded_[s]}) *e = cuda::PassEvent::ordering();
+    joined_ = cuda::Event::ordering();
 }
 
 ResidualOffload::~ResidualOffload() {
@@ -19,16 +20,16 @@ ResidualOffload::~ResidualOffload() {
 
 void ResidualOffload::before_write(int l) {
     if (!enabled()) return;
-    CUDA_CHECK(cudaStreamWaitEvent(compute_, saved_[l & 1], 0));
+    saved_[l & 1].wait(compute_);
 }
 
 void ResidualOffload::written(int l) {
     if (!enabled()) return;
     const int s = l & 1;
-    CUDA_CHECK(cudaEventRecord(written_[s], compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, written_[s], 0));
+    written_[s].record(compute_);
+    written_[s].wait(stream_);
     CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host_) + l * bytes_, slots_[s], bytes_, cudaMemcpyDefault, stream_));
-    CUDA_CHECK(cudaEventRecord(saved_[s], stream_));
+    saved_[s].record(stream_);
     slot_layer_[s] = l;
 }
 
@@ -37,18 +38,25 @@ void ResidualOffload::load(int l) {
     const int s = l & 1;
     if (slot_layer_[s] == l) return;  // still there (the two layers at the turn)
     // everything queued so far on the compute stream is all that reads the slot's current layer
-    CUDA_CHECK(cudaEventRecord(free_[s], compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, free_[s], 0));
+    free_[s].record(compute_);
+    free_[s].wait(stream_);
     CUDA_CHECK(cudaMemcpyAsync(slots_[s], static_cast<const char*>(host_) + l * bytes_, bytes_, cudaMemcpyDefault,
                                stream_));
-    CUDA_CHECK(cudaEventRecord(loaded_[s], stream_));
+    loaded_[s].record(stream_);
     slot_layer_[s] = l;
 }
 
 void ResidualOffload::get(int l) {
     if (!enabled()) return;
     QT_CHECK(slot_layer_[l & 1] == l, "residual offload: internal error (layer ", l, " is not in its slot)");
-    CUDA_CHECK(cudaStreamWaitEvent(compute_, loaded_[l & 1], 0));
+    loaded_[l & 1].wait(compute_);
+}
+
+void ResidualOffload::join() {
+    if (!enabled()) return;
+    cuda::join_into(compute_, stream_, joined_);
+    for (int s = 0; s < 2; ++s)
+        for (cuda::PassEvent* e : {&written_[s], &saved_[s], &free_[s], &loaded_[s]}) e->settle();
 }
 
 }  // namespace qtrain

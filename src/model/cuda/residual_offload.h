@@ -5,12 +5,17 @@
 // layers at the turn are still in their slots). Four events per slot order it: written (compute →
 // copy out), saved (copy out → the slot may be overwritten), free (the slot's occupant is dead → copy
 // in), loaded (copy in → compute). Copies only, so bit-identical. Disabled, every call is a no-op.
+// Under CUDA graphs the model calls join() before each pass and at its end (cuda/pass_event.h): the
+// copies are then captured as a branch of the step's graph, forked and joined by the same events, and
+// the slot bookkeeping below is the same in every pass (the forward writes every layer), so one
+// captured pass replays correctly.
 #pragma once
 
 #include <cstddef>
 
 #include <cuda_runtime.h>
 
+#include "cuda/pass_event.h"
 #include "cuda/stream.h"
 
 namespace qtrain {
@@ -35,6 +40,9 @@ public:
     void load(int l);
     // The compute stream waits for layer l's copy into its slot.
     void get(int l);
+    // The compute stream waits for every copy queued so far, and the events are settled
+    // (cuda/pass_event.h): CUDA graphs, before a pass (outside a capture) and at its end (inside).
+    void join();
 
 private:
     void* host_ = nullptr;
@@ -42,7 +50,8 @@ private:
     std::size_t bytes_ = 0;
     cudaStream_t compute_ = nullptr;
     cuda::Stream stream_;
-    cuda::Event written_[2], saved_[2], free_[2], loaded_[2];
+    cuda::PassEvent written_[2], saved_[2], free_[2], loaded_[2];
+    cuda::Event joined_;
     int slot_layer_[2] = {-1, -1};  // the layer whose input residual each slot holds
 };
 
