@@ -144,8 +144,16 @@ void expect_close(const Result& gpu, const Result& ref, bool compare_lse, const 
     const Tolerances tol = tolerances(DType::BF16);
     EXPECT_TRUE(AllClose(label + " out", gpu.out, ref.out, tol.out.rtol, tol.out.atol, tol.out.min_cosine));
     if (compare_lse) EXPECT_TRUE(AllClose(label + " lse", gpu.lse, ref.lse, tol.lse.rtol, tol.lse.atol, tol.lse.min_cosine));
-    EXPECT_TRUE(AllClose(label + " dq", gpu.d.q, ref.d.q, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine));
-    EXPECT_TRUE(AllClose(label + " dk", gpu.d.k, ref.d.k, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine));
+    // dq and dk of documents of one token are exactly zero (a softmax over one score has no gradient):
+    // two GPU kernels leave different rounding noise there (~1e-7), whose cosine means nothing, so a
+    // reference below the absolute tolerance everywhere is compared by that tolerance alone
+    const auto grad_cosine = [&](const std::vector<float>& r) {
+        float most = 0.0f;
+        for (float x : r) most = std::max(most, std::abs(x));
+        return most < tol.grad.atol ? 0.0 : static_cast<double>(tol.grad.min_cosine);  // 0: no cosine check
+    };
+    EXPECT_TRUE(AllClose(label + " dq", gpu.d.q, ref.d.q, tol.grad.rtol, tol.grad.atol, grad_cosine(ref.d.q)));
+    EXPECT_TRUE(AllClose(label + " dk", gpu.d.k, ref.d.k, tol.grad.rtol, tol.grad.atol, grad_cosine(ref.d.k)));
     EXPECT_TRUE(AllClose(label + " dv", gpu.d.v, ref.d.v, tol.grad.rtol, tol.grad.atol, tol.grad.min_cosine));
 }
 

@@ -269,8 +269,7 @@ TEST(CudaLoraDataParallelGpu, ZeroTwoAndThreeAreRefused) {
     o.gpus = 2;
     o.shard_gradients = true;
     EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-gradients", "--zero-level=1");
-    o.shard_gradients = false;
-    o.shard_weights = true;
+    o.shard_weights = true;  // ZeRO-3 proper: with 2 ranks, sharded weights need sharded gradients too
     // --shard-weights streams bf16 weights: an fp32 model is refused for that before LoRA is looked at
     o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::BF16;
     EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-weights", "--zero-level=1");
