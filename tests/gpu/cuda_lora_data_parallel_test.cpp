@@ -270,7 +270,7 @@ TEST(CudaLoraDataParallelGpu, ZeroTwoAndThreeAreRefused) {
     o.shard_gradients = true;
     EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-gradients", "--zero-level=1");
     o.shard_weights = true;  // ZeRO-3 proper: with 2 ranks, sharded weights need sharded gradients too
-    // --shard-weights streams bf16 weights: an fp32 model is refused for that before LoRA is looked at
+    // (ZeRO-3 of the frozen base: refused by the LoRA checks, which come before the full model's)
     o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::BF16;
     EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-weights", "--zero-level=1");
 }

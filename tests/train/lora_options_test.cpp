@@ -164,9 +164,115 @@ TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
         EXPECT_EQ(bytes(fp8, "Activations"), bytes(bf16, "Activations"));
         if (fp8_grads) EXPECT_NE(bytes(full, "Activations"), bytes(bf16, "Activations"));
     }
-    // what stays refused names the flag
+    // what stays refused names the flag: streaming the FP8 base with bf16 gradients (CudaPlanShowsTheStreamedFp8Base)
     EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", "--shard-weights"}), "cuda"),
-                 "--lora-rank=8", "--shard-weights", "not yet supported on --device=cuda");
+                 "--lora-rank=8", "--shard-weights", "not yet supported on --device=cuda", "--gradient-dtype=e4m3|e5m2");
+#endif
+}
+
+// The FP8 base streamed from host memory (--shard-weights under LoRA with FP8 gradients, one GPU): the
+// layers' e4m3 codes move from "Quants" to the pinned "Streamed base" (the same bytes), and the device
+// keeps two layer slots ("Weight slots", one layer span of codes each) instead; the model-dtype tensors
+// (norms, biases, embedding, head), the transpose scratch, the activations and the adapters do not
+// change. Untied models keep their embedding resident too (the full model's streaming reads its rows
+// from the host). The remaining refusals name their flags.
+TEST(LoraOptions, CudaPlanShowsTheStreamedFp8Base) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    auto device = [](const MemoryPlan& p, const std::string& category) {
+        for (const auto& e : p.entries)
+            if (e.category == category) return static_cast<int64_t>(e.device_bytes);
+        return int64_t{-1};
+    };
+    auto pinned = [](const MemoryPlan& p, const std::string& category) {
+        for (const auto& e : p.entries)
+            if (e.category == category) return static_cast<int64_t>(e.pinned_bytes);
+        return int64_t{-1};
+    };
+    for (const char* preset : {"Qwen2.5-0.5B", "Qwen3-0.6B", "Llama-3.1-8B"}) {  // (tied, tied, untied)
+        for (const char* grad : {"e4m3", "e5m2"}) {
+            SCOPED_TRACE(std::string(preset) + " " + grad);
+            const ModelConfig cfg = preset_config(preset);
+            auto with = [&](std::vector<std::string> extra) {
+                extra.insert(extra.end(), {"--seq-len=256", "--batch-size=2", "--model-dtype=bf16", "--lora-rank=8",
+                                           "--matmul-dtype=e4m3", std::string("--gradient-dtype=") + grad});
+                return train_options_from_args(extra).model_options("cuda");
+            };
+            const MemoryPlan resident = plan_model(cfg, with({}), "cuda");
+            const MemoryPlan streamed = plan_model(cfg, with({"--shard-weights"}), "cuda");
+            // one layer's elements: its four matrices (q|k|v, o, gate|up, down) and its norms and biases
+            const int64_t h = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
+            const int64_t matrices = (cfg.q_dim() + 2 * cfg.kv_dim()) * h + h * cfg.q_dim() + 3 * I * h;
+            const int64_t layer = matrices + 8 * h + 2 * 64 * 64;  // (norms, biases, q/k norms, padding: generous)
+            EXPECT_EQ(pinned(streamed, "Streamed base"), device(resident, "Quants"));
+            EXPECT_EQ(device(streamed, "Streamed base"), 0);
+            EXPECT_GE(pinned(streamed, "Streamed base"), L * matrices);
+            EXPECT_LE(pinned(streamed, "Streamed base"), L * layer + (1 << 20));
+            EXPECT_EQ(device(streamed, "Quants"), -1);  // (no FP8 head: nothing else is quantised)
+            EXPECT_GE(device(streamed, "Weight slots"), 2 * matrices);
+            EXPECT_LE(device(streamed, "Weight slots"), 2 * layer + 512);
+            EXPECT_EQ(pinned(streamed, "Weight slots"), 0);
+            for (const char* same : {"Weights", "Transpose scratch", "Activations", "Workspace", "LoRA adapters",
+                                     "LoRA activations"}) {
+                EXPECT_EQ(device(streamed, same), device(resident, same)) << same;
+                EXPECT_EQ(pinned(streamed, same), pinned(resident, same)) << same;
+            }
+            EXPECT_EQ(pinned(streamed, "Weights"), 0);  // (the embedding of an untied model stays resident)
+            EXPECT_EQ(device(resident, "Streamed base"), -1);
+            EXPECT_EQ(streamed.total_device() + pinned(streamed, "Streamed base"),
+                      resident.total_device() + device(streamed, "Weight slots"));
+            // the FP8 head's copies stay resident in "Quants"
+            const MemoryPlan head = plan_model(cfg, with({"--shard-weights", "--lm-head-dtype=e4m3"}), "cuda");
+            EXPECT_GE(device(head, "Quants"), 2 * cfg.vocab_size * h);
+            EXPECT_EQ(pinned(head, "Streamed base"), pinned(streamed, "Streamed base"));
+        }
+    }
+    // what stays refused names its flags
+    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
+    auto plan = [&](std::vector<std::string> extra) {
+        extra.insert(extra.end(), {"--seq-len=256", "--batch-size=2", "--model-dtype=bf16", "--lora-rank=8",
+                                   "--shard-weights"});
+        ModelOptions o = train_options_from_args(extra).model_options("cuda");
+        return plan_model(cfg, o, "cuda");
+    };
+    EXPECT_ERROR(plan({}), "--lora-rank=8", "--shard-weights", "--matmul-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
+    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=bf16"}), "--lora-rank=8", "--shard-weights",
+                 "--gradient-dtype=bf16");
+    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--persistent-quants"}), "--lora-rank=8",
+                 "--shard-weights", "--persistent-quants");
+    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--offload-quants"}), "--lora-rank=8",
+                 "--offload-quants");
+    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--use-cuda-graphs"}), "--use-cuda-graphs",
+                 "--shard-weights");
+    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--offload-gradients"}), "--lora-rank=8",
+                 "--offload-gradients", "not yet supported");
+    ModelOptions two = train_options_from_args({"--seq-len=256", "--batch-size=2", "--model-dtype=bf16", "--lora-rank=8",
+                                                "--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--shard-weights"})
+                           .model_options("cuda");
+    two.gpus = 2;
+    ASSERT_TRUE(two.shard_weights);
+    EXPECT_ERROR(plan_model(cfg, two, "cuda"), "--lora-rank=8", "--shard-weights", "--gpus=2", "--zero-level=1");
+#endif
+}
+
+// Qwen2.5-32B and 14B LoRA (rank 16, every target, seq 2048) on the streamed FP8 base fit a 24 GiB card
+// (the plan leaves out the ~0.7 GiB CUDA context: under 23 GiB) with the flags README's recipe gives.
+TEST(LoraOptions, CudaPlanStreamedFp8BaseFits24GiB) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    const int64_t limit = int64_t{23} << 30;
+    for (const char* preset : {"Qwen2.5-32B", "Qwen2.5-14B"}) {
+        SCOPED_TRACE(preset);
+        const ModelOptions o = train_options_from_args({"--seq-len=2048", "--batch-size=1", "--model-dtype=bf16",
+                                                        "--lora-rank=16", "--matmul-dtype=e4m3", "--gradient-dtype=e5m2",
+                                                        "--shard-weights", "--recompute-block", "--lmhead-chunks=8"})
+                                   .model_options("cuda");
+        const MemoryPlan p = plan_model(preset_config(preset), o, "cuda");
+        EXPECT_LT(static_cast<int64_t>(p.total_device()), limit);
+        EXPECT_GT(p.total_pinned(), preset_config(preset).num_parameters() / 2);  // (the codes: ~1 byte per weight)
+    }
 #endif
 }
 

@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 
 void CudaModel::check_options(const ModelOptions& o) {
+    if (o.lora.enabled()) check_lora_streaming(o);  // (first: the general --shard-weights checks assume a full model)
     QT_CHECK(o.model_dtype == DType::F32 || o.model_dtype == DType::BF16, flag(&ModelOptions::model_dtype), "=",
              dtype_name(o.model_dtype), " is not supported on ", flag(RunFlag::Device), "=cuda (fp32 or bf16)");
     const bool fp8 = o.matmul_dtype == DType::E4M3;
@@ -143,11 +144,38 @@ void CudaModel::check_options(const ModelOptions& o) {
     if (o.lora.enabled()) check_lora_options(o);
 }
 
+// --shard-weights under LoRA streams the FP8 base's e4m3 codes from pinned host memory on one GPU
+// (fp8_base_streamed, gpu_buffers.h): the base without bf16 matrices, so FP8 gradients; not the bf16
+// base, nor ZeRO-3 of the base over several ranks (there it is replicated).
+void CudaModel::check_lora_streaming(const ModelOptions& o) {
+    if (!o.shard_weights) return;
+    const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
+    QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::shard_weights), " and ", flag(&ModelOptions::gpus), "=",
+             o.gpus, " (ZeRO-3 of the frozen base) is not yet supported on ", flag(RunFlag::Device),
+             "=cuda: with several ranks the base is replicated and the adapters' gradient all-reduced (",
+             flag(RunFlag::ZeroLevel), "=1); on one GPU ", flag(&ModelOptions::shard_weights),
+             " streams the FP8 base from host memory");
+    QT_CHECK(fp8_base_only(o), lora, " with ", flag(&ModelOptions::shard_weights), " is not yet supported on ",
+             flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.matmul_dtype),
+             " and ", flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype),
+             ": it streams the FP8 base's e4m3 codes from host memory, which needs ", flag(&ModelOptions::matmul_dtype),
+             "=e4m3 and ", flag(&ModelOptions::gradient_dtype), "=e4m3|e5m2 (the bf16 base stays resident)");
+    QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
+             o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
+             ": the streamed FP8 base is kept as e4m3 codes in pinned host memory already (quantised once by the "
+             "load); drop ",
+             o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants));
+    QT_CHECK(!o.fp8_base_keep_transposed, "GPU model: the test-only fp8_base_keep_transposed layout is not streamed (",
+             flag(&ModelOptions::shard_weights), ")");
+}
+
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
 // base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
-// resident (on each rank with --gpus=N: replicated, the adapters' gradient all-reduced, ZeRO-1); the
-// flags that move or keep state the frozen base does not have are refused by name.
+// resident, or with --shard-weights on one GPU the FP8 base streamed from host memory
+// (check_lora_streaming); on each rank with --gpus=N: replicated, the adapters' gradient
+// all-reduced, ZeRO-1. The flags that move or keep state the frozen base does not have are refused
+// by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
     // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
@@ -156,7 +184,6 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
              "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the trained LM head stays in the model "
              "dtype: leave ", flag(&ModelOptions::fp8_lm_head), " out, or train the norms only)");
     const std::pair<ModelFlag, bool> refused[] = {
-        {&ModelOptions::shard_weights, o.shard_weights},
         {&ModelOptions::shard_gradients, o.shard_gradients},
         {&ModelOptions::offload_master, o.offload_master},
         {&ModelOptions::offload_opt_m, o.offload_opt_m},
@@ -166,9 +193,10 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
         {&ModelOptions::write_combined, o.write_combined}};
     for (const auto& [key, on] : refused)
         QT_CHECK(!on, lora, " with ", flag(key), " is not yet supported on ", flag(RunFlag::Device),
-                 "=cuda (the frozen base stays resident and has no master, gradient or Adam moments to shard or "
-                 "offload; the adapters are small: with several ranks both are replicated and the adapters' "
-                 "gradient all-reduced, ", flag(RunFlag::ZeroLevel), "=1)");
+                 "=cuda (the frozen base has no master, gradient or Adam moments to shard or offload; the adapters "
+                 "are small: with several ranks both are replicated and the adapters' gradient all-reduced, ",
+                 flag(RunFlag::ZeroLevel), "=1; on one GPU ", flag(&ModelOptions::shard_weights),
+                 " streams the FP8 base from host memory)");
     QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
              dtype_name(o.master_dtype),
              ": the frozen base has no master copy and the adapters keep an fp32 one (leave ",
@@ -667,11 +695,16 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 }
 
 std::vector<uint8_t> CudaModel::download_fp8_matrix(int l, Matrix m, bool transposed) const {
+    const MatrixShape g = matrix(l, m);
+    std::vector<uint8_t> out(g.rows * g.cols);
+    if (weights_->streamed() && weights_->matrices_fp8_only() && !transposed) {  // the streamed FP8 base's host codes
+        sync();
+        CUDA_CHECK(cudaMemcpy(out.data(), weights_->stored_q(g.offset), out.size(), cudaMemcpyDefault));
+        return out;
+    }
     QT_CHECK(fp8_ && !weights_->streamed() && (!transposed || fp8_grads_),
              "GPU model: no resident FP8 copy of that kind (", flag(&ModelOptions::matmul_dtype), "=e4m3 without ",
              flag(&ModelOptions::shard_weights), "; transposed: with FP8 gradients)");
-    const MatrixShape g = matrix(l, m);
-    std::vector<uint8_t> out(g.rows * g.cols);
     // (transposed, the FP8 base without kept transposes makes the copy the backward would read)
     const void* src = transposed ? weights_->transposed(l, m) : weights_->q(g.offset);
     sync();

@@ -45,6 +45,7 @@ public:
     // Throws naming the flag for options this backend does not implement yet.
     static void check_options(const ModelOptions& options);
     static void check_lora_options(const ModelOptions& options);  // (with --lora-rank > 0)
+    static void check_lora_streaming(const ModelOptions& options);  // (--shard-weights with --lora-rank > 0)
     static MemoryPlan plan(const ModelConfig& config, const ModelOptions& options);
 
     const ModelConfig& config() const override { return config_; }

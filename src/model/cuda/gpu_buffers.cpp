@@ -36,6 +36,7 @@ std::vector<Arena> make_arenas(const ModelOptions& opt) {
     a.push_back(Arena{"LoRA adapters", false, nullptr, 0});     // --lora-rank: the adapters and their state
     a.push_back(Arena{"LoRA activations", false, nullptr, 0});  // x A^T of every adapter, and scratch
     a.push_back(Arena{"Transpose scratch", false, nullptr, 0});  // the FP8 base's W^T, one matrix at a time
+    a.push_back(Arena{"Streamed base", true, nullptr, 0});  // --shard-weights under LoRA: the FP8 base's codes
     return a;
 }
 
@@ -51,7 +52,9 @@ bool optimizer_array_on_host(const ModelOptions& o, OptArray a) {
 }
 
 bool streamed_quants_persist(const ModelOptions& o) {
-    return is_fp8(o.matmul_dtype) && o.shard_weights && (o.persistent_quants || o.offload_quants);
+    // (a streamed FP8 base is e4m3 codes in host memory already: fp8_base_streamed)
+    return is_fp8(o.matmul_dtype) && o.shard_weights && (o.persistent_quants || o.offload_quants) &&
+           !o.lora.enabled();
 }
 
 bool gradients_reduced_per_layer(const ModelOptions& o) {
@@ -65,7 +68,8 @@ bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
 
 bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {
     // (not under ZeRO-3: the host copy is then the rank's block only)
-    return o.shard_weights && !c.tie_word_embeddings && !weights_sharded_over_ranks(o);
+    // (nor for the streamed FP8 base, whose embedding is resident with the norms: fp8_base_streamed)
+    return o.shard_weights && !c.tie_word_embeddings && !weights_sharded_over_ranks(o) && !fp8_base_only(o);
 }
 
 bool weights_sharded_over_ranks(const ModelOptions& o) { return o.shard_weights && o.gpus > 1; }
@@ -80,8 +84,11 @@ bool fp8_base_only(const ModelOptions& o) {
 
 bool fp8_base_transposes_in_backward(const ModelOptions& o) { return fp8_base_only(o) && !o.fp8_base_keep_transposed; }
 
+bool fp8_base_streamed(const ModelOptions& o) { return fp8_base_only(o) && o.shard_weights; }
+
 bool weights_on_host(const ModelOptions& o) {
-    return o.shard_weights && (o.gpus <= 1 || o.offload_master);
+    // (the streamed FP8 base moves its e4m3 codes only; its model-dtype tensors stay resident)
+    return o.shard_weights && (o.gpus <= 1 || o.offload_master) && !fp8_base_only(o);
 }
 
 RecomputeSet recompute_set(const ModelOptions& o) {
@@ -116,6 +123,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     Arena& lora_state = arenas[14];
     Arena& lora_act = arenas[15];
     Arena& transpose_scratch = arenas[16];
+    Arena& base_host = arenas[17];
 
     const DType A = opt.model_dtype;
     const int64_t P = layout.total;
@@ -144,7 +152,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     b.grads = frozen ? nullptr : grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
     const int64_t span = layout.layer_span;
     const int64_t non_layer = P - (layout.layers_end() - layout.layer_begin(0));
-    if (opt.shard_weights) {
+    if (opt.shard_weights && !fp8_base_only(opt)) {  // (the FP8 base streams its codes only: below)
         b.resident_weights = wslots.take_typed(
             embedding_weights_on_host(c, opt) ? layout.total - layout.layers_end() : non_layer, A);
         for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
@@ -286,19 +294,14 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     }
 
     if (is_fp8(opt.matmul_dtype)) {
-        if (opt.shard_weights) {  // quantised as each layer arrives in its slot
-            for (int s = 0; s < 2; ++s) {
-                b.quant_slots[s] = quants.take(span);
-                if (fp8_grads) b.quantT_slots[s] = quants.take(span);
-            }
-            if (streamed_quants_persist(opt)) b.quant_store = quant_store.take(static_cast<std::size_t>(L) * span);
-            if (fp8_weights_gathered(opt)) {  // ZeRO-3: the block's FP8 codes and every rank's abs-maxes
-                b.quant_block = quants.take(shard.size);
-                b.rank_amax = quants.take_n<float>(static_cast<std::size_t>(world) * 4 * L);
-            }
-        } else if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
+        if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
             const int64_t layers_n = layout.layers_end() - layout.layer_begin(0);
-            b.wq = quants.take(layers_n);
+            if (opt.shard_weights) {  // streamed (fp8_base_streamed): the codes on the host, two device slots
+                b.wq = base_host.take(layers_n);
+                for (void*& s : b.quant_slots) s = wslots.take(span);
+            } else {
+                b.wq = quants.take(layers_n);
+            }
             if (fp8_base_transposes_in_backward(opt)) {  // W^T one matrix at a time, made by the backward
                 int64_t largest = 0;
                 for (int m = 0; m < 4; ++m) {
@@ -308,6 +311,16 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
                 b.wT_scratch = transpose_scratch.take(largest);
             } else if (fp8_grads) {
                 b.wTq = quants.take(layers_n);  // (the test-only fp8_base_keep_transposed)
+            }
+        } else if (opt.shard_weights) {  // quantised as each layer arrives in its slot
+            for (int s = 0; s < 2; ++s) {
+                b.quant_slots[s] = quants.take(span);
+                if (fp8_grads) b.quantT_slots[s] = quants.take(span);
+            }
+            if (streamed_quants_persist(opt)) b.quant_store = quant_store.take(static_cast<std::size_t>(L) * span);
+            if (fp8_weights_gathered(opt)) {  // ZeRO-3: the block's FP8 codes and every rank's abs-maxes
+                b.quant_block = quants.take(shard.size);
+                b.rank_amax = quants.take_n<float>(static_cast<std::size_t>(world) * 4 * L);
             }
         } else {
             b.wq = quants.take(P);
@@ -349,7 +362,8 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
         if (a.used == 0 && (a.category == "Quants" || a.category == "Weight slots" || a.category == "Gradient slots" ||
                             a.category == "Residuals" || a.category == "Optimizer staging" ||
                             a.category == "Persistent quants" || a.category == "LoRA adapters" ||
-                            a.category == "LoRA activations" || a.category == "Transpose scratch"))
+                            a.category == "LoRA activations" || a.category == "Transpose scratch" ||
+                            a.category == "Streamed base"))
             continue;  // no FP8, no streaming, no residual offload, ...
         if (a.pinned_host) plan.add(a.category, 0, a.used);
         else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));

@@ -166,6 +166,8 @@ struct GpuBuffers {
     // LoRA's FP8 base without bf16 matrices (fp8_base_transposes_in_backward): no wTq; the backward's
     // input-gradient GEMM reads one matrix's transposed codes at a time from here ([in, out], the
     // largest layer matrix's bytes), which Weights::transposed writes from wq just before it.
+    // Streamed (fp8_base_streamed): wq is in pinned host memory and the layers' codes pass through
+    // quant_slots (one layer span each, layer l in slot l % 2).
     void* wT_scratch = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
@@ -264,10 +266,18 @@ bool fp8_base_only(const ModelOptions& opt);
 // Qwen2.5-7B). A transpose moves the bytes as they are, so the GEMM reads the same operand as the
 // kept copy. fp8_base_only unless the test-only ModelOptions::fp8_base_keep_transposed is set.
 bool fp8_base_transposes_in_backward(const ModelOptions& opt);
+// The FP8 base streamed from host memory (--shard-weights under LoRA, one GPU; fp8_base_only): wq, the
+// layers' e4m3 codes, is in pinned host memory ("Streamed base", loaded there once by the load); the
+// layers pass through two device slots of one layer span each (quant_slots, "Weight slots"), copied in
+// by the weights role's copy stream one layer ahead of the compute (weights.h), and transposed just in
+// time from there. The norms, biases, embedding, LM head (and its FP8 copies) and every scale stay
+// resident; nothing is quantised as it arrives (the codes are the load's), so the GEMMs read the bytes
+// the resident base holds.
+bool fp8_base_streamed(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,
-// Persistent quants, LoRA adapters, LoRA activations, Transpose scratch). With null arena bases it
+// Persistent quants, LoRA adapters, LoRA activations, Transpose scratch, Streamed base). With null arena bases it
 // only measures.
 void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConfig& cfg, const ModelOptions& opt,
                       const GpuParamLayout& layout);

@@ -14,6 +14,11 @@
 // bytes and only the small bf16 tensors (norm weights, q|k|v bias), and makes the transposed copy on
 // the device: 1 byte per weight crosses PCIe instead of 2, and the codes are those of re-quantising.
 //
+// LoRA's FP8 base streamed (fp8_base_streamed): the load quantises each matrix once (in slot 0, then
+// copied to the pinned host codes); gather(l) copies the layer's codes (one layer span of bytes) into
+// its slot, nothing is quantised or transposed as it arrives, and the backward transposes each
+// matrix just in time from the slot as it does from the resident codes.
+//
 // Streaming does the same arithmetic in the same order as the flat buffers, so results are
 // bit-identical to running without it.
 #include "model/cuda/weights.h"
@@ -146,7 +151,7 @@ static const void* fp8_layer_weight(const GpuParamLayout& layout, const void* co
 }
 
 const void* Weights::q(int64_t off) const {
-    if (fp8_only_) return fp8_layer_weight(layout_, buf_.wq, off);
+    if (fp8_only_ && !streamed_) return fp8_layer_weight(layout_, buf_.wq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wq, buf_.quant_slots, off);
 }
 
@@ -187,6 +192,15 @@ void Weights::gather(int l) {
     if (slot_layer_[s] == l) return;
     const std::size_t es = dtype_size(type_);
     const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
+    if (fp8_only_) {  // the streamed FP8 base: the layer's codes as the load made them (its norms are resident)
+        CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], fp8_layer_weight(layout_, buf_.wq, begin), span,
+                                   cudaMemcpyDefault, copy_stream_));
+        CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
+        slot_has_matrices_[s] = false;
+        slot_layer_[s] = l;
+        return;
+    }
     char* slot = static_cast<char*>(buf_.weight_slots[s]);
     char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
@@ -247,7 +261,8 @@ void Weights::changed() {
     const int64_t head = layout_.layer_begin(0), end = layout_.layers_end();
     char* r = static_cast<char*>(buf_.resident_weights);
     const int64_t resident_head = embed_on_host_ ? 0 : head;  // the embedding stays on the host
-    if (!sharded_ || comm_) {  // (ZeRO-3 before set_communicator: nothing to send yet)
+    // (the streamed FP8 base's model-dtype tensors are resident: flat_ is on the device)
+    if (!fp8_only_ && (!sharded_ || comm_)) {  // (ZeRO-3 before set_communicator: nothing to send yet)
         if (resident_head) fill_range(0, head, r, compute_);
         fill_range(end, layout_.total, r + resident_head * es, compute_);
         if (fp8_gather_) quantize_block();
@@ -342,7 +357,23 @@ void Weights::quantize_matrix(int l, Matrix m, const void* w) {
     // (without kept transposes the transposed codes go to the scratch and are dropped: the same kernel
     // as with them, so the row-major codes are the same bytes)
     void* qt = jit_transpose_ ? buf_.wT_scratch : const_cast<void*>(qT(off));
-    quantize_one(l, m, w, const_cast<void*>(q(off)), qt, compute_, false);
+    if (!streamed_) return quantize_one(l, m, w, const_cast<void*>(q(off)), qt, compute_, false);
+    // streamed: quantised on the device into slot 0 (at the matrix's place in a layer span; a copy in
+    // flight there has finished first), then copied to the pinned host codes; slot 0 holds no layer after
+    QT_CHECK(jit_transpose_, "weights: internal error (the streamed FP8 base keeps no transposed copies)");
+    const int64_t rel = off - layout_.layer_begin(l);
+    char* slot = static_cast<char*>(buf_.quant_slots[0]) + rel;
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[0], 0));
+    quantize_one(l, m, w, slot, qt, compute_, false);
+    const MatrixShape g = layer_matrix(layout_, config_, l, m);
+    CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(stored_q(off)), slot, g.rows * g.cols, cudaMemcpyDefault, compute_));
+    slot_layer_[0] = -1;
+    CUDA_CHECK(cudaEventRecord(free_[0], compute_));  // (the next copy into slot 0 waits for this one)
+}
+
+const void* Weights::stored_q(int64_t off) const {
+    QT_CHECK(fp8_only_, "weights: internal error (stored FP8 codes outside the FP8 base)");
+    return fp8_layer_weight(layout_, buf_.wq, off);
 }
 
 void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {

@@ -21,6 +21,10 @@
 // (half of bf16's) with the small bf16 tensors; quantising is elementwise with one scale per
 // matrix, so the codes are those of quantising the gathered layer, bit for bit.
 //
+// LoRA's FP8 base streamed (--shard-weights under LoRA, fp8_base_streamed in gpu_buffers.h) uses the
+// same slots, events and copy stream for its layers' e4m3 codes (kept in pinned host memory); its
+// model-dtype tensors (norms, biases, embedding, head) stay resident.
+//
 // Layer code reads parameters through at / q (flat offsets) and transposed (layer, matrix) after
 // get(l) of the layer. Its memory is bound by bind_gpu_buffers (so the plan counts it); its stream,
 // events and slot state are its own.
@@ -117,7 +121,11 @@ public:
     // once from its model-dtype values w ([rows, cols] on the device, e.g. a staging buffer) with
     // quantize_matrix, on the compute stream: the kernels and scales quantize() would use.
     bool matrices_fp8_only() const { return fp8_only_; }
+    // Streamed (fp8_base_streamed): quantised into slot 0 and copied to the pinned host codes.
     void quantize_matrix(int l, Matrix m, const void* w);
+    // The FP8 base's row-major codes at flat offset off where they are kept: on the device, or in
+    // pinned host memory when streamed (what the load wrote; the tests read it).
+    const void* stored_q(int64_t off) const;
     void sync() const;  // waits for the copy stream
 
 private:

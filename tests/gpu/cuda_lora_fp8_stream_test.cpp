@@ -1,0 +1,209 @@
+// LoRA's FP8 base streamed from host memory (--shard-weights under LoRA on one GPU, fp8_base_streamed
+// in gpu_buffers.h): the layers' e4m3 codes live in pinned host memory and pass through two device
+// slots, copied one layer ahead on the weights role's copy stream. The GEMMs must read the bytes the
+// resident base holds, so against the resident FP8 base: the stored codes and scales, one pass's
+// adapter gradients, three AdamW steps of two micro-batches (losses, norms, every adapter's master and
+// moments), an evaluation, the logits and the exported PEFT adapter are the same bits, for each
+// family, e4m3 and e5m2 gradients, recompute off and --recompute-block, dropout on (its masks are
+// drawn per pass) and, in one case, the FP8 LM head and --train-also=norms.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "gpu_model_fixture.h"
+#include "model/cuda/gpu_buffers.h"
+#include "model/lora.h"
+
+using namespace qtrain;
+using namespace qtrain::test;
+
+namespace {
+
+LoraOptions lora_options(float dropout) {
+    LoraOptions l;
+    l.rank = 8;
+    l.alpha = 16.0f;
+    l.dropout = dropout;
+    l.targets = parse_lora_targets("all", "--lora-targets");
+    l.seed = 4242;
+    return l;
+}
+
+// A bf16 model on the FP8 base with `grad` gradients, resident or streamed (--shard-weights).
+ModelOptions fp8_base(DType grad, int B, int T, const LoraOptions& lora, bool streamed) {
+    ModelOptions o = CpuModel::fp32_options(B, T);
+    o.model_dtype = DType::BF16;
+    o.matmul_dtype = DType::E4M3;
+    o.gradient_dtype = grad;
+    o.lmhead_chunks = 2;
+    o.lora = lora;
+    o.shard_weights = streamed;
+    return o;
+}
+
+struct Family {
+    const char* name;
+    ModelConfig (*config)();
+};
+const Family kFamilies[] = {{"qwen2", qwen2_case}, {"qwen3", qwen3_case}, {"llama", llama_case}};
+
+// The same base (seed) and the same non-zero B on both.
+void start_both(CudaModel& a, CudaModel& b, uint64_t seed) {
+    a.init_random(seed);
+    b.init_random(seed);
+    Rng rng(seed + 1);
+    for (const ParamSpec& s : a.lora()->host().specs()) {
+        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
+        if (s.name.find(".lora_B.") != std::string::npos)
+            for (float& x : v) x = 0.05f * rng.normal();
+        a.upload_master(s.name, v.data());
+        b.upload_master(s.name, v.data());
+    }
+}
+
+// The streamed model against the resident one, both started alike: one pass's gradients, three steps of
+// two micro-batches, the trained state, an evaluation, the logits and the exported adapter.
+void expect_streamed_equals_resident(CudaModel& streamed, CudaModel& resident, const ModelConfig& cfg, int B, int T) {
+    {
+        const Tokens d = random_tokens(B, T, cfg.vocab_size, 71, Masked::Every11thFrom3);
+        streamed.forward_backward(d.batch(B, T), 0.5f);
+        resident.forward_backward(d.batch(B, T), 0.5f);
+        int nonzero = 0;
+        for (const ParamSpec& s : streamed.lora()->host().specs()) {
+            const std::vector<float> g = streamed.download(s.name, CudaModel::Which::Grad);
+            EXPECT_EQ(g, resident.download(s.name, CudaModel::Which::Grad)) << s.name;
+            for (float x : g) nonzero += x != 0.0f;
+        }
+        EXPECT_GT(nonzero, 0) << "every gradient is zero: the comparison would say nothing";
+        streamed.zero_gradients();
+        resident.zero_gradients();
+    }
+    for (int step = 1; step <= 3; ++step) {
+        for (int micro = 0; micro < 2; ++micro) {  // (gradient accumulation over two micro-batches)
+            const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
+            streamed.forward_backward(d.batch(B, T), 0.5f);
+            resident.forward_backward(d.batch(B, T), 0.5f);
+        }
+        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
+        const StepStats a = streamed.optimizer_step(op), b = resident.optimizer_step(op);
+        EXPECT_EQ(a.loss, b.loss) << "step " << step;
+        EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+        EXPECT_GT(a.grad_norm, 0.0f) << "step " << step;
+    }
+    for (const ParamSpec& s : streamed.lora()->host().specs())
+        for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
+            EXPECT_EQ(streamed.download(s.name, w), resident.download(s.name, w)) << s.name;
+    const Tokens e = random_tokens(B, T, cfg.vocab_size, 999, Masked::Every11thFrom3);
+    EXPECT_EQ(streamed.evaluate(e.batch(B, T)), resident.evaluate(e.batch(B, T)));
+    EXPECT_EQ(streamed.logits(e.batch(B, T)), resident.logits(e.batch(B, T)));
+    TempDir dir;
+    streamed.save_hf(dir.file("streamed"));
+    resident.save_hf(dir.file("resident"));
+    for (const char* f : {kAdapterConfigFile, kAdapterWeightsFile})
+        EXPECT_EQ(read_file(dir.file("streamed") + "/" + f), read_file(dir.file("resident") + "/" + f)) << f;
+}
+
+}  // namespace
+
+// The options select the streamed layout (runs on the CPU).
+TEST(CudaLoraFp8Stream, OptionsSelectTheStreamedBase) {
+    const LoraOptions lora = lora_options(0.0f);
+    const ModelOptions s = fp8_base(DType::E5M2, 2, 48, lora, true);
+    EXPECT_TRUE(fp8_base_streamed(s));
+    EXPECT_TRUE(fp8_base_transposes_in_backward(s));
+    // the model-dtype tensors (norms, embedding, head) stay resident: only the codes are on the host
+    EXPECT_FALSE(weights_on_host(s));
+    EXPECT_FALSE(embedding_weights_on_host(llama_case(), s));
+    EXPECT_FALSE(streamed_quants_persist(s));
+    EXPECT_FALSE(fp8_base_streamed(fp8_base(DType::E5M2, 2, 48, lora, false)));
+    // (the full model's streaming is unchanged)
+    ModelOptions full = fp8_base(DType::E5M2, 2, 48, LoraOptions{}, true);
+    EXPECT_FALSE(fp8_base_streamed(full));
+    EXPECT_TRUE(weights_on_host(full));
+    EXPECT_TRUE(embedding_weights_on_host(llama_case(), full));
+}
+
+// The load wrote the resident base's codes and scales to the host.
+TEST(CudaLoraFp8Stream, HostCodesAreTheResidentCodes) {
+    QTRAIN_REQUIRE_GPU();
+    for (const Family& f : kFamilies) {
+        SCOPED_TRACE(f.name);
+        const ModelConfig cfg = f.config();
+        CudaModel streamed(cfg, fp8_base(DType::E4M3, 2, 48, lora_options(0.0f), true));
+        CudaModel resident(cfg, fp8_base(DType::E4M3, 2, 48, lora_options(0.0f), false));
+        start_both(streamed, resident, 21);
+        for (int l = 0; l < cfg.num_hidden_layers; ++l)
+            for (int mi = 0; mi < 4; ++mi) {
+                const Matrix m = static_cast<Matrix>(mi);
+                SCOPED_TRACE(testing::Message() << "layer " << l << " matrix " << mi);
+                const std::vector<uint8_t> q = streamed.download_fp8_matrix(l, m, false);
+                EXPECT_EQ(q, resident.download_fp8_matrix(l, m, false));
+                int nonzero = 0;
+                for (uint8_t c : q) nonzero += c != 0;
+                EXPECT_GT(nonzero, static_cast<int>(q.size() / 2));
+                EXPECT_EQ(streamed.fp8_matrix_scale(l, m), resident.fp8_matrix_scale(l, m));
+            }
+    }
+}
+
+// Every family, e4m3 and e5m2 gradients, recompute off and --recompute-block, dropout on.
+TEST(CudaLoraFp8Stream, StepsBitIdenticalToResidentBase) {
+    QTRAIN_REQUIRE_GPU();
+    const int B = 2, T = 48;
+    for (const Family& f : kFamilies) {
+        const ModelConfig cfg = f.config();
+        for (DType grad : {DType::E4M3, DType::E5M2})
+            for (bool recompute : {false, true}) {
+                SCOPED_TRACE(std::string(f.name) + " " + std::string(dtype_name(grad)) +
+                             (recompute ? " --recompute-block" : ""));
+                ModelOptions s = fp8_base(grad, B, T, lora_options(0.2f), true);
+                ModelOptions r = fp8_base(grad, B, T, lora_options(0.2f), false);
+                s.recompute_block = r.recompute_block = recompute;
+                CudaModel streamed(cfg, s), resident(cfg, r);
+                start_both(streamed, resident, 9);
+                expect_streamed_equals_resident(streamed, resident, cfg, B, T);
+            }
+    }
+}
+
+// The FP8 LM head (resident, quantised once) and --train-also=norms (the trained norms are resident
+// model-dtype tensors, written by the adapters' AdamW) with the streamed base; --recompute-ffn.
+TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
+    QTRAIN_REQUIRE_GPU();
+    const int B = 2, T = 48;
+    const ModelConfig cfg = qwen3_case();
+    LoraOptions lora = lora_options(0.0f);
+    lora.train_also = kTrainNorms;
+    ModelOptions s = fp8_base(DType::E5M2, B, T, lora, true), r = fp8_base(DType::E5M2, B, T, lora, false);
+    s.fp8_lm_head = r.fp8_lm_head = true;
+    s.recompute_ffn = r.recompute_ffn = true;
+    CudaModel streamed(cfg, s), resident(cfg, r);
+    start_both(streamed, resident, 13);
+    expect_streamed_equals_resident(streamed, resident, cfg, B, T);
+}
+
+// What stays refused names its flags, before any memory is taken: the bf16 base (and the FP8 base
+// with bf16 gradients), ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host
+// already), CUDA graphs with streaming (as for the full model).
+TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
+    QTRAIN_REQUIRE_GPU();
+    const ModelConfig cfg = qwen2_case();
+    ModelOptions bf16 = fp8_base(DType::BF16, 2, 48, lora_options(0.0f), true);
+    EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--gradient-dtype=bf16",
+                 "--gradient-dtype=e4m3|e5m2");
+    bf16.matmul_dtype = DType::BF16;
+    EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--matmul-dtype=bf16");
+    ModelOptions two = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);
+    two.gpus = 2;
+    EXPECT_ERROR((void)CudaModel(cfg, two), "--lora-rank=8", "--shard-weights", "--gpus=2", "--zero-level=1");
+    ModelOptions pq = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);
+    pq.persistent_quants = true;
+    EXPECT_ERROR((void)CudaModel(cfg, pq), "--lora-rank=8", "--persistent-quants");
+    pq.offload_quants = true;
+    EXPECT_ERROR((void)CudaModel(cfg, pq), "--lora-rank=8", "--offload-quants");
+    ModelOptions graphs = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);
+    graphs.use_cuda_graphs = true;
+    EXPECT_ERROR((void)CudaModel(cfg, graphs), "--use-cuda-graphs", "--shard-weights");
+}
