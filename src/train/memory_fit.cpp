@@ -91,6 +91,9 @@ std::string flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const 
                                      {block, opt_m, opt_v, master},
                                      {block, opt_m, opt_v, master, gradients},
                                      {block, opt_m, opt_v, master, gradients, on(&T::shard_weights)}});
+        // LoRA refuses the offloads above (its base has no optimizer state); on the FP8 base with FP8
+        // gradients it streams the base's codes from host memory instead (gpu_buffers.h, fp8_base_streamed)
+        if (o.lora_rank > 0) ladder.push_back({block, on(&T::shard_weights)});
     }
     // each rung first as it is, then with the LM head in 8 chunks (cheap: it only bounds the logits)
     auto fits = [&](const std::vector<Setting>& settings) {

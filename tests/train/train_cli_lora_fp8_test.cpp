@@ -4,6 +4,7 @@
 // plan (--plan-only) shows the base's e4m3 copies next to its bf16 weights.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,5 +42,35 @@ TEST(TrainCliLoraFp8, CudaPlanShowsTheE4m3Copies) {
     EXPECT_TRUE(Contains(plan.output, "Quants")) << plan.output;
     EXPECT_TRUE(Contains(plan.output, "Transpose scratch")) << plan.output;  // (W^T one matrix at a time)
     EXPECT_TRUE(Contains(plan.output, "LoRA adapters")) << plan.output;
+#endif
+}
+
+// The FP8 base streamed from host memory (--shard-weights under LoRA, one GPU): --plan-only shows the
+// e4m3 codes pinned ("Streamed base") and two layer slots on the device, no resident "Quants"; 32B LoRA
+// on a 24 GiB card, refused without it, is told that --shard-weights makes it fit (the memory ladder's
+// LoRA rung), and fits with it at the batch the plan names.
+TEST(TrainCliLoraFp8, CudaPlanStreamsTheBaseFromHost) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    const std::string base = train_exe() +
+                             " --device=cuda --model=Qwen2.5-32B --from-scratch --plan-only --seq-len=2048"
+                             " --model-dtype=bf16 --lora-rank=16 --matmul-dtype=e4m3 --gradient-dtype=e5m2"
+                             " --recompute-block --memory-limit=24GiB";
+    auto resident = run_command(base + " --batch-size=1");
+    EXPECT_EQ(resident.exit_code, 1) << resident.output;
+    EXPECT_TRUE(Contains(resident.output, "it fits with --recompute-block --shard-weights")) << resident.output;
+    auto streamed = run_command(base + " --batch-size=1 --shard-weights");
+    EXPECT_EQ(streamed.exit_code, 0) << streamed.output;
+    for (const char* category : {"Streamed base", "Weight slots", "Transpose scratch", "LoRA adapters"})
+        EXPECT_TRUE(Contains(streamed.output, category)) << category << "\n" << streamed.output;
+    EXPECT_FALSE(Contains(streamed.output, "Quants")) << streamed.output;
+    const std::string key = "with these flags --batch-size up to ";
+    const auto at = streamed.output.find(key);
+    ASSERT_NE(at, std::string::npos) << streamed.output;
+    const int largest = std::atoi(streamed.output.c_str() + at + key.size());
+    EXPECT_GE(largest, 2);
+    EXPECT_EQ(run_command(base + " --shard-weights --batch-size=" + std::to_string(largest)).exit_code, 0);
+    EXPECT_EQ(run_command(base + " --shard-weights --batch-size=" + std::to_string(largest + 1)).exit_code, 1);
 #endif
 }
