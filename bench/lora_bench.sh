@@ -11,12 +11,19 @@
 #   fp8       FP8 base: --matmul-dtype=e4m3 --gradient-dtype=e5m2 (only the e4m3 copies of the layer matrices)
 #   bf16-24g  bf16 base under --memory-limit=24GiB with --recompute-block
 #   fp8-24g   FP8 base under --memory-limit=24GiB with --recompute-block
+#   fp8-stream-24g  FP8 base streamed from host (--shard-weights: e4m3 codes pinned, two device layer slots)
+#             under --memory-limit=24GiB with --recompute-block --lmhead-chunks=8; no CUDA graphs (refused
+#             with --shard-weights). For 14B and 32B; BATCH=auto is the plan's largest under 23 GiB (the
+#             ~0.7 GiB CUDA context comes on top)
 # The plan (--plan-only, this build, seq 2048, rank 16, fp32 adapter moments, CUDA graphs; plan, NOT measured):
 #   model          bf16 (<=130GiB)  fp8 (<=130GiB)  bf16-24g        fp8-24g
 #   Qwen2.5-7B     batch 11         batch 12        batch 4         batch 7   (batch 1: 17,174 / 11,266 MiB)
 #   Llama-3.1-8B   batch 11         batch 12        batch 4         batch 7
 #   Qwen3-8B       batch 10         batch 11        batch 4         batch 6
 #   Qwen2.5-14B    batch 6          batch 7         does not fit    batch 2   (batch 1: 19,634 MiB)
+# fp8-stream-24g (largest under 23 GiB; device / pinned MiB): Qwen2.5-32B batch 5 (21,160 / 29,761),
+#   Qwen2.5-14B batch 8 (21,961 / 12,601), Qwen2.5-7B batch 13 (23,405 / 6,224); with --offload-residual
+#   (QTRAIN_FLAGS) 10 / 15 / 17.
 # The FP8 base keeps one e4m3 copy of the layer matrices (7B: Weights 2,080 + Quants 6,223 + a 130 MiB transpose
 # scratch, against 14,526 MiB of bf16 weights): the backward transposes each matrix just in time (2026-12-04;
 # the fp8 columns before it were 11 / 11 / 10 / 6 and 4 / 4 / 3 / does not fit, with two e4m3 copies).
@@ -25,19 +32,22 @@ cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-7B}; BATCH=${2:-4}; TORCH_BATCH=${3:-$BATCH}
 export SEQ=${SEQ:-2048}
 v=151643; [[ $MODEL == Llama* ]] && v=128000
+GRAPHS="--use-cuda-graphs"  # (not with --shard-weights: refused)
 case "${VARIANT:-bf16}" in
   bf16) VFLAGS=""; LIMIT=130GiB ;;
   fp8) VFLAGS="--matmul-dtype=e4m3 --gradient-dtype=e5m2"; LIMIT=130GiB ;;
   bf16-24g) VFLAGS="--memory-limit=24GiB --recompute-block"; LIMIT=24GiB ;;
   fp8-24g) VFLAGS="--memory-limit=24GiB --recompute-block --matmul-dtype=e4m3 --gradient-dtype=e5m2"; LIMIT=24GiB ;;
-  *) echo "VARIANT=${VARIANT}: expected bf16, fp8, bf16-24g or fp8-24g" >&2; exit 2 ;;
+  fp8-stream-24g) VFLAGS="--memory-limit=24GiB --recompute-block --lmhead-chunks=8 --matmul-dtype=e4m3"
+    VFLAGS+=" --gradient-dtype=e5m2 --shard-weights"; LIMIT=23GiB; GRAPHS="" ;;  # (auto: room for the context)
+  *) echo "VARIANT=${VARIANT}: expected bf16, fp8, bf16-24g, fp8-24g or fp8-stream-24g" >&2; exit 2 ;;
 esac
 if [ "$BATCH" = auto ]; then  # the largest batch the plan fits under LIMIT (the H200 rows: 130 GiB of its 139)
   # shellcheck disable=SC2086
   BATCH=$("${BUILD_DIR:-build-gpu}/train" --model="$MODEL" --from-scratch --device=cuda --train-file=/dev/null \
     --seq-len="$SEQ" --batch-size=1 --steps=10 --model-dtype=bf16 --lora-rank=16 --lora-alpha=32 --opt-m-dtype=fp32 \
-    --opt-v-dtype=fp32 --use-cuda-graphs --plan-only $VFLAGS --memory-limit=$LIMIT ${QTRAIN_FLAGS:-} 2>&1 \
-    | sed -n 's/.*--batch-size up to \([0-9]*\) fits.*/\1/p' || true)
+    --opt-v-dtype=fp32 $GRAPHS --plan-only $VFLAGS --memory-limit=$LIMIT ${QTRAIN_FLAGS:-} 2>&1 \
+    | sed -n 's/.*with these flags --batch-size up to \([0-9]*\) fits.*/\1/p' | head -1 || true)
   [ -n "$BATCH" ] || { echo "no batch fits $LIMIT with VARIANT=${VARIANT:-bf16}" >&2; exit 1; }
   echo "# $MODEL VARIANT=${VARIANT:-bf16}: batch $BATCH (the plan's largest under $LIMIT)"
   [ "$TORCH_BATCH" = auto ] && TORCH_BATCH=$BATCH
@@ -45,7 +55,7 @@ fi
 case "${ONLY:-all}" in all|qtrain)
   # shellcheck disable=SC2086
   VOCAB=$v bench/bench_qtrain.sh "$MODEL" "$BATCH" --lora-rank=16 --lora-alpha=32 --opt-m-dtype=fp32 --opt-v-dtype=fp32 \
-    --use-cuda-graphs $VFLAGS ${QTRAIN_FLAGS:-} ;;
+    $GRAPHS $VFLAGS ${QTRAIN_FLAGS:-} ;;
 esac
 case "${ONLY:-all}" in all|torch)
   # shellcheck disable=SC2086
