@@ -66,6 +66,35 @@ TEST(TrainCliLoraGpu, ContinueIsBitExactFromAdapterOnlyCheckpoints) {
     }
 }
 
+// The FP8 base streamed from host memory (--shard-weights, one GPU) trains as the resident FP8 base:
+// the same step and eval losses and the same adapter bytes (recompute, dropout, two micro-batches a
+// step), and --continue from its adapter-only checkpoints reproduces its uninterrupted run.
+TEST(TrainCliLoraGpu, StreamedFp8BaseTrainsAsTheResidentOne) {
+    QTRAIN_REQUIRE_GPU();
+    const std::string run = " --steps=4 --eval-every-n-steps=2 --lora-rank=8 --lora-dropout=0.1 --matmul-dtype=e4m3"
+                            " --gradient-dtype=e5m2 --recompute-block";
+    {
+        Fixture f(kGpuShape);
+        auto resident = run_command(f.base_cmd("resident", "cuda") + run + " --log-file=" + (f.dir / "resident.jsonl"));
+        ASSERT_EQ(resident.exit_code, 0) << resident.output;
+        auto streamed = run_command(f.base_cmd("streamed", "cuda") + run + " --shard-weights --log-file=" +
+                                    (f.dir / "streamed.jsonl"));
+        ASSERT_EQ(streamed.exit_code, 0) << streamed.output;
+        const std::vector<double> losses = step_losses(f.dir / "streamed.jsonl");
+        EXPECT_EQ(losses.size(), 4u);
+        EXPECT_EQ(losses, step_losses(f.dir / "resident.jsonl"));
+        const std::vector<double> evals = event_values(f.dir / "streamed.jsonl", "eval", "loss");
+        EXPECT_FALSE(evals.empty());
+        EXPECT_EQ(evals, event_values(f.dir / "resident.jsonl", "eval", "loss"));
+        EXPECT_EQ(read_file(fs::path(f.dir / "streamed") / "adapter_model.safetensors"),
+                  read_file(fs::path(f.dir / "resident") / "adapter_model.safetensors"));
+    }
+    Fixture f(kGpuShape);
+    expect_continue_reproduces_full_run(f, "cuda",
+                                        " --lora-rank=8 --lora-dropout=0.1 --merge-lora --matmul-dtype=e4m3"
+                                        " --gradient-dtype=e5m2 --shard-weights");
+}
+
 TEST(TrainCliLoraGpu, RefusesWhatIsNotWrittenYetNamingTheFlag) {
     QTRAIN_REQUIRE_GPU();
     Fixture f(kGpuShape);
