@@ -286,8 +286,8 @@ std::vector<OptionSpec> make_table() {
         opt(kMultiGpu, "shard-weights", &T::shard_weights, R::MayChange,
             "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: each rank holds 1/N of them and every layer "
             "is gathered from its owners just before it is used, in the forward and again in the backward); on one "
-            "GPU: stream them from host (with --lora-rank: the FP8 base's e4m3 codes, --matmul-dtype=e4m3 with "
-            "--gradient-dtype=e4m3|e5m2)")
+            "GPU: stream them from host (with --lora-rank: the frozen base; on the FP8 base with FP8 gradients only "
+            "its e4m3 codes)")
             .model(&M::shard_weights)
             .implying({turns_on(&T::shard_gradients, 1, true)}),
         opt(kMultiGpu, "shard-gradients", &T::shard_gradients, R::MayChange,

@@ -1,11 +1,13 @@
-// LoRA's FP8 base streamed from host memory (--shard-weights under LoRA on one GPU, fp8_base_streamed
-// in gpu_buffers.h): the layers' e4m3 codes live in pinned host memory and pass through two device
-// slots, copied one layer ahead on the weights role's copy stream. The GEMMs must read the bytes the
-// resident base holds, so against the resident FP8 base: the stored codes and scales, one pass's
-// adapter gradients, three AdamW steps of two micro-batches (losses, norms, every adapter's master and
-// moments), an evaluation, the logits and the exported PEFT adapter are the same bits, for each
-// family, e4m3 and e5m2 gradients, recompute off and --recompute-block, dropout on (its masks are
-// drawn per pass) and, in one case, the FP8 LM head and --train-also=norms.
+// LoRA's frozen base streamed from host memory (--shard-weights under LoRA on one GPU). With FP8
+// gradients the FP8 base (fp8_base_streamed in gpu_buffers.h): the layers' e4m3 codes live in pinned
+// host memory and pass through two device slots, copied one layer ahead on the weights role's copy
+// stream; otherwise the bf16 base, streamed as the full model streams its weights (quantised on
+// arrival with e4m3 matmuls). The GEMMs must read the bytes the resident base holds, so against the
+// resident base: the stored codes and scales, one pass's adapter gradients, three AdamW steps of two
+// micro-batches (losses, norms, every adapter's master and moments), an evaluation, the logits and the
+// exported PEFT adapter are the same bits, for each family, e4m3 and e5m2 gradients (and the bf16 base
+// with bf16 or e4m3 matmuls), recompute off and --recompute-block, dropout on (its masks are drawn per
+// pass) and, in one case, the FP8 LM head and --train-also=norms.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -31,11 +33,12 @@ LoraOptions lora_options(float dropout) {
     return l;
 }
 
-// A bf16 model on the FP8 base with `grad` gradients, resident or streamed (--shard-weights).
-ModelOptions fp8_base(DType grad, int B, int T, const LoraOptions& lora, bool streamed) {
+// A bf16 model on the FP8 base with `grad` gradients, resident or streamed (--shard-weights); `matmul`:
+// bf16 for the bf16 base.
+ModelOptions fp8_base(DType grad, int B, int T, const LoraOptions& lora, bool streamed, DType matmul = DType::E4M3) {
     ModelOptions o = CpuModel::fp32_options(B, T);
     o.model_dtype = DType::BF16;
-    o.matmul_dtype = DType::E4M3;
+    o.matmul_dtype = matmul;
     o.gradient_dtype = grad;
     o.lmhead_chunks = 2;
     o.lora = lora;
@@ -112,6 +115,9 @@ TEST(CudaLoraFp8Stream, OptionsSelectTheStreamedBase) {
     const LoraOptions lora = lora_options(0.0f);
     const ModelOptions s = fp8_base(DType::E5M2, 2, 48, lora, true);
     EXPECT_TRUE(fp8_base_streamed(s));
+    // (the bf16 base streams as the full model does: its bf16 weights in host memory)
+    EXPECT_FALSE(fp8_base_streamed(fp8_base(DType::BF16, 2, 48, lora, true)));
+    EXPECT_TRUE(weights_on_host(fp8_base(DType::BF16, 2, 48, lora, true)));
     EXPECT_TRUE(fp8_base_transposes_in_backward(s));
     // the model-dtype tensors (norms, embedding, head) stay resident: only the codes are on the host
     EXPECT_FALSE(weights_on_host(s));
@@ -168,6 +174,31 @@ TEST(CudaLoraFp8Stream, StepsBitIdenticalToResidentBase) {
     }
 }
 
+// The bf16 base streamed (bf16 weights in pinned host memory, the full model's streaming), with bf16
+// matmuls and with e4m3 matmuls on bf16 gradients (each layer quantised as it arrives, the codes and
+// scales of the resident base's one quantisation): every family, recompute off and on. Llama is untied:
+// its embedding rows are read from the pinned copy.
+TEST(CudaLoraFp8Stream, Bf16BaseStepsBitIdenticalToResidentBase) {
+    QTRAIN_REQUIRE_GPU();
+    const int B = 2, T = 48;
+    for (const Family& f : kFamilies) {
+        const ModelConfig cfg = f.config();
+        for (DType matmul : {DType::BF16, DType::E4M3})
+            for (bool recompute : {false, true}) {
+                SCOPED_TRACE(std::string(f.name) + " --matmul-dtype=" + std::string(dtype_name(matmul)) +
+                             (recompute ? " --recompute-block" : ""));
+                ModelOptions s = fp8_base(DType::BF16, B, T, lora_options(0.2f), true, matmul);
+                ModelOptions r = fp8_base(DType::BF16, B, T, lora_options(0.2f), false, matmul);
+                s.recompute_block = r.recompute_block = recompute;
+                ASSERT_FALSE(fp8_base_streamed(s));
+                ASSERT_TRUE(weights_on_host(s));
+                CudaModel streamed(cfg, s), resident(cfg, r);
+                start_both(streamed, resident, 9);
+                expect_streamed_equals_resident(streamed, resident, cfg, B, T);
+            }
+    }
+}
+
 // The FP8 LM head (resident, quantised once) and --train-also=norms (the trained norms are resident
 // model-dtype tensors, written by the adapters' AdamW) with the streamed base; --recompute-ffn.
 TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
@@ -184,17 +215,17 @@ TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
     expect_streamed_equals_resident(streamed, resident, cfg, B, T);
 }
 
-// What stays refused names its flags, before any memory is taken: the bf16 base (and the FP8 base
-// with bf16 gradients), ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host
-// already), CUDA graphs with streaming (as for the full model).
+// What stays refused names its flags, before any memory is taken: --train-also with the streamed bf16
+// base, ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host already), CUDA
+// graphs with streaming (as for the full model).
 TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
     QTRAIN_REQUIRE_GPU();
     const ModelConfig cfg = qwen2_case();
-    ModelOptions bf16 = fp8_base(DType::BF16, 2, 48, lora_options(0.0f), true);
-    EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--gradient-dtype=bf16",
-                 "--gradient-dtype=e4m3|e5m2");
-    bf16.matmul_dtype = DType::BF16;
-    EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--matmul-dtype=bf16");
+    LoraOptions also = lora_options(0.0f);
+    also.train_also = kTrainNorms;
+    ModelOptions bf16 = fp8_base(DType::BF16, 2, 48, also, true);
+    EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--train-also=norms",
+                 "--gradient-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
     ModelOptions two = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);
     two.gpus = 2;
     EXPECT_ERROR((void)CudaModel(cfg, two), "--lora-rank=8", "--shard-weights", "--gpus=2", "--zero-level=1");

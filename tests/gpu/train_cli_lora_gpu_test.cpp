@@ -66,14 +66,16 @@ TEST(TrainCliLoraGpu, ContinueIsBitExactFromAdapterOnlyCheckpoints) {
     }
 }
 
-// The FP8 base streamed from host memory (--shard-weights, one GPU) trains as the resident FP8 base:
-// the same step and eval losses and the same adapter bytes (recompute, dropout, two micro-batches a
-// step), and --continue from its adapter-only checkpoints reproduces its uninterrupted run.
-TEST(TrainCliLoraGpu, StreamedFp8BaseTrainsAsTheResidentOne) {
+// The base streamed from host memory (--shard-weights, one GPU; the FP8 base's e4m3 codes, or the bf16
+// base) trains as the resident base: the same step and eval losses and the same adapter bytes
+// (recompute, dropout, two micro-batches a step), and --continue from the streamed FP8 base's
+// adapter-only checkpoints reproduces its uninterrupted run.
+TEST(TrainCliLoraGpu, StreamedBaseTrainsAsTheResidentOne) {
     QTRAIN_REQUIRE_GPU();
-    const std::string run = " --steps=4 --eval-every-n-steps=2 --lora-rank=8 --lora-dropout=0.1 --matmul-dtype=e4m3"
-                            " --gradient-dtype=e5m2 --recompute-block";
-    {
+    for (const char* base : {" --matmul-dtype=e4m3 --gradient-dtype=e5m2", ""}) {
+        SCOPED_TRACE(base);
+        const std::string run =
+            std::string(" --steps=4 --eval-every-n-steps=2 --lora-rank=8 --lora-dropout=0.1 --recompute-block") + base;
         Fixture f(kGpuShape);
         auto resident = run_command(f.base_cmd("resident", "cuda") + run + " --log-file=" + (f.dir / "resident.jsonl"));
         ASSERT_EQ(resident.exit_code, 0) << resident.output;
@@ -99,7 +101,8 @@ TEST(TrainCliLoraGpu, RefusesWhatIsNotWrittenYetNamingTheFlag) {
     QTRAIN_REQUIRE_GPU();
     Fixture f(kGpuShape);
     const std::string lora = " --steps=2 --lora-rank=8";
-    expect_refused(run_command(f.base_cmd("stream", "cuda") + lora + " --shard-weights"), "--shard-weights");
+    expect_refused(run_command(f.base_cmd("stream", "cuda") + lora + " --shard-weights --train-also=norms"),
+                   "--shard-weights and --train-also=norms");
     expect_refused(run_command(f.base_cmd("offload", "cuda") + lora + " --offload-opt-m"), "--offload-opt-m");
     // (the FP8 LM head is quantised once from the frozen base: a trained head is refused)
     expect_refused(run_command(f.base_cmd("also", "cuda") + lora +

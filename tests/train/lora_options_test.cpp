@@ -97,7 +97,7 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
     EXPECT_EQ(bytes(full, "LoRA adapters"), -1);  // (not in a plan without LoRA)
     EXPECT_LT(lora.total_device(), full.total_device());
 
-    for (const std::string flag : {"--shard-weights", "--offload-gradients", "--offload-master", "--offload-opt-m"})
+    for (const std::string flag : {"--offload-gradients", "--offload-master", "--offload-opt-m"})
         EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", flag}), "cuda"), "--lora-rank=8", flag,
                      "not yet supported on --device=cuda");
     // several ranks: every rank holds the whole frozen base and the adapters (replicated, ZeRO-1), the
@@ -164,9 +164,7 @@ TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
         EXPECT_EQ(bytes(fp8, "Activations"), bytes(bf16, "Activations"));
         if (fp8_grads) EXPECT_NE(bytes(full, "Activations"), bytes(bf16, "Activations"));
     }
-    // what stays refused names the flag: streaming the FP8 base with bf16 gradients (CudaPlanShowsTheStreamedFp8Base)
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--matmul-dtype=e4m3", "--shard-weights"}), "cuda"),
-                 "--lora-rank=8", "--shard-weights", "not yet supported on --device=cuda", "--gradient-dtype=e4m3|e5m2");
+    // (streaming: CudaPlanShowsTheStreamedFp8Base)
 #endif
 }
 
@@ -228,6 +226,33 @@ TEST(LoraOptions, CudaPlanShowsTheStreamedFp8Base) {
             EXPECT_EQ(pinned(head, "Streamed base"), pinned(streamed, "Streamed base"));
         }
     }
+    // The bf16 base streamed (bf16 gradients; bf16 or e4m3 matmuls): the full model's streaming, its
+    // whole bf16 copy pinned in "Weights" and two bf16 layer slots with the non-layer weights on the
+    // device (e4m3 matmuls: two e4m3 slots in "Quants", quantised on arrival)
+    for (const char* matmul : {"bf16", "e4m3"}) {
+        SCOPED_TRACE(matmul);
+        const ModelConfig cfg = preset_config("Llama-3.1-8B");  // (untied: its embedding is read from the host)
+        auto with = [&](std::vector<std::string> extra) {
+            extra.insert(extra.end(), {"--seq-len=256", "--batch-size=2", "--model-dtype=bf16", "--lora-rank=8",
+                                       std::string("--matmul-dtype=") + matmul});
+            return train_options_from_args(extra).model_options("cuda");
+        };
+        const MemoryPlan resident = plan_model(cfg, with({}), "cuda");
+        const MemoryPlan streamed = plan_model(cfg, with({"--shard-weights"}), "cuda");
+        EXPECT_EQ(pinned(streamed, "Weights"), device(resident, "Weights"));
+        EXPECT_EQ(device(streamed, "Weights"), 0);
+        const int64_t h = cfg.hidden_size, I = cfg.intermediate_size;
+        const int64_t matrices = (cfg.q_dim() + 2 * cfg.kv_dim()) * h + h * cfg.q_dim() + 3 * I * h;
+        // two bf16 layer spans, the final norm and the LM head (the embedding stays on the host)
+        EXPECT_GE(device(streamed, "Weight slots"), 2 * 2 * matrices + 2 * cfg.vocab_size * h);
+        EXPECT_LT(device(streamed, "Weight slots"), 2 * 2 * matrices + 2 * cfg.vocab_size * h + (1 << 20));
+        if (std::string(matmul) == "e4m3") EXPECT_LT(device(streamed, "Quants"), 2 * matrices + (1 << 20));
+        else EXPECT_EQ(device(streamed, "Quants"), -1);
+        EXPECT_EQ(device(streamed, "Streamed base"), -1);
+        for (const char* same : {"Activations", "LoRA adapters", "LoRA activations"})
+            EXPECT_EQ(device(streamed, same), device(resident, same)) << same;
+        EXPECT_LT(streamed.total_device(), resident.total_device() / 2);
+    }
     // what stays refused names its flags
     const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
     auto plan = [&](std::vector<std::string> extra) {
@@ -236,9 +261,8 @@ TEST(LoraOptions, CudaPlanShowsTheStreamedFp8Base) {
         ModelOptions o = train_options_from_args(extra).model_options("cuda");
         return plan_model(cfg, o, "cuda");
     };
-    EXPECT_ERROR(plan({}), "--lora-rank=8", "--shard-weights", "--matmul-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
-    EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=bf16"}), "--lora-rank=8", "--shard-weights",
-                 "--gradient-dtype=bf16");
+    EXPECT_ERROR(plan({"--train-also=norms"}), "--lora-rank=8", "--shard-weights", "--train-also=norms",
+                 "--gradient-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
     EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--persistent-quants"}), "--lora-rank=8",
                  "--shard-weights", "--persistent-quants");
     EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--offload-quants"}), "--lora-rank=8",

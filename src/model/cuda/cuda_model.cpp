@@ -144,9 +144,10 @@ void CudaModel::check_options(const ModelOptions& o) {
     if (o.lora.enabled()) check_lora_options(o);
 }
 
-// --shard-weights under LoRA streams the FP8 base's e4m3 codes from pinned host memory on one GPU
-// (fp8_base_streamed, gpu_buffers.h): the base without bf16 matrices, so FP8 gradients; not the bf16
-// base, nor ZeRO-3 of the base over several ranks (there it is replicated).
+// --shard-weights under LoRA streams the frozen base from pinned host memory on one GPU: with FP8
+// gradients the FP8 base's e4m3 codes (fp8_base_streamed, gpu_buffers.h), otherwise the bf16 base as
+// the full model streams its weights (quantised on arrival with --matmul-dtype=e4m3). Not ZeRO-3 of
+// the base over several ranks (there it is replicated).
 void CudaModel::check_lora_streaming(const ModelOptions& o) {
     if (!o.shard_weights) return;
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
@@ -155,15 +156,19 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
              "=cuda: with several ranks the base is replicated and the adapters' gradient all-reduced (",
              flag(RunFlag::ZeroLevel), "=1); on one GPU ", flag(&ModelOptions::shard_weights),
              " streams the FP8 base from host memory");
-    QT_CHECK(fp8_base_only(o), lora, " with ", flag(&ModelOptions::shard_weights), " is not yet supported on ",
-             flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::matmul_dtype), "=", dtype_name(o.matmul_dtype),
-             " and ", flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype),
-             ": it streams the FP8 base's e4m3 codes from host memory, which needs ", flag(&ModelOptions::matmul_dtype),
-             "=e4m3 and ", flag(&ModelOptions::gradient_dtype), "=e4m3|e5m2 (the bf16 base stays resident)");
+    // (the bf16 base's trained tensors would be written to the host copy, and the resident and slot
+    // copies refreshed after every update; the FP8 base keeps them resident)
+    QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
+             flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
+             " is not yet supported on ", flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::gradient_dtype), "=",
+             dtype_name(o.gradient_dtype), " (the streamed bf16 base is in host memory): use the FP8 base (",
+             flag(&ModelOptions::matmul_dtype), "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU");
     QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
-             ": the streamed FP8 base is kept as e4m3 codes in pinned host memory already (quantised once by the "
-             "load); drop ",
+             " is not supported on ", flag(RunFlag::Device),
+             "=cuda: the streamed FP8 base (FP8 gradients) is kept as e4m3 codes in pinned host memory already "
+             "(quantised once by the load); drop ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants));
     QT_CHECK(!o.fp8_base_keep_transposed, "GPU model: the test-only fp8_base_keep_transposed layout is not streamed (",
              flag(&ModelOptions::shard_weights), ")");

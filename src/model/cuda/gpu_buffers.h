@@ -272,7 +272,8 @@ bool fp8_base_transposes_in_backward(const ModelOptions& opt);
 // by the weights role's copy stream one layer ahead of the compute (weights.h), and transposed just in
 // time from there. The norms, biases, embedding, LM head (and its FP8 copies) and every scale stay
 // resident; nothing is quantised as it arrives (the codes are the load's), so the GEMMs read the bytes
-// the resident base holds.
+// the resident base holds. (--shard-weights under LoRA with bf16 gradients streams the bf16 base as
+// the full model streams its weights: weights_on_host.)
 bool fp8_base_streamed(const ModelOptions& opt);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
