@@ -155,7 +155,7 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
              o.gpus, " (ZeRO-3 of the frozen base) is not yet supported on ", flag(RunFlag::Device),
              "=cuda: with several ranks the base is replicated and the adapters' gradient all-reduced (",
              flag(RunFlag::ZeroLevel), "=1); on one GPU ", flag(&ModelOptions::shard_weights),
-             " streams the FP8 base from host memory");
+             " streams the frozen base from host memory");
     // (the bf16 base's trained tensors would be written to the host copy, and the resident and slot
     // copies refreshed after every update; the FP8 base keeps them resident)
     QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
@@ -177,8 +177,7 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
 // base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
-// resident, or with --shard-weights on one GPU the FP8 base streamed from host memory
-// (check_lora_streaming); on each rank with --gpus=N: replicated, the adapters' gradient
+// resident, or with --shard-weights on one GPU streamed from host memory (check_lora_streaming); on each rank with --gpus=N: replicated, the adapters' gradient
 // all-reduced, ZeRO-1. The flags that move or keep state the frozen base does not have are refused
 // by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
@@ -201,7 +200,7 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
                  "=cuda (the frozen base has no master, gradient or Adam moments to shard or offload; the adapters "
                  "are small: with several ranks both are replicated and the adapters' gradient all-reduced, ",
                  flag(RunFlag::ZeroLevel), "=1; on one GPU ", flag(&ModelOptions::shard_weights),
-                 " streams the FP8 base from host memory)");
+                 " streams the frozen base from host memory)");
     QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
              dtype_name(o.master_dtype),
              ": the frozen base has no master copy and the adapters keep an fp32 one (leave ",
