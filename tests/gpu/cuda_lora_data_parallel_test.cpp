@@ -18,6 +18,7 @@
 
 #include "comm/cuda/copy_engine_communicator.h"
 #include "comm/thread_world.h"
+#include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
 #include "gpu_ranks_util.h"
 #include "model/lora.h"
@@ -53,17 +54,10 @@ const Mode kModes[] = {
 };
 
 ModelOptions options(const Mode& m) {
-    ModelOptions o = CpuModel::fp32_options(kB, kT);
-    o.model_dtype = o.matmul_dtype = o.gradient_dtype = m.act;
-    o.lmhead_chunks = 2;
+    // (lora_gpu_options and lora_options: cuda_lora_fixture.h)
+    ModelOptions o = lora_gpu_options(m.act, kB, kT, lora_options(m.dropout, "all", m.train_also));
     o.recompute_block = m.graphs;
     o.use_cuda_graphs = m.graphs;
-    o.lora.rank = 8;
-    o.lora.alpha = 16.0f;
-    o.lora.dropout = m.dropout;
-    o.lora.targets = parse_lora_targets("all", "--lora-targets");
-    o.lora.seed = 4242;
-    o.lora.train_also = m.train_also;
     return o;
 }
 
@@ -76,16 +70,7 @@ Tokens tokens(int vocab, int step, int k) {
 }
 
 // The same start everywhere: the base from the seed, B of every adapter non-zero (A: the seed's).
-void start(CudaModel& m) {
-    m.init_random(42);
-    Rng rng(3);
-    for (const ParamSpec& s : m.lora()->host().specs()) {
-        std::vector<float> v = m.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        m.upload_master(s.name, v.data());
-    }
-}
+void start(CudaModel& m) { start_lora_models({&m}, 42, 3); }
 
 struct LoraRun {
     std::vector<float> losses, norms;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
@@ -28,25 +29,12 @@ using namespace qtrain::test;
 
 namespace {
 
-LoraOptions lora_options(float dropout) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets("all", "--lora-targets");
-    l.seed = 4242;
-    return l;
-}
+// lora_options, fp8_base_options (here `options`), kLoraFamilies, start_lora_models and
+// expect_fp8_merge_is_bf16_merge: cuda_lora_fixture.h.
 
 // A bf16 model on `matmul` matmuls with `grad` gradients, LoRA on when lora.rank > 0.
 ModelOptions options(DType matmul, DType grad, int B, int T, const LoraOptions& lora) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = DType::BF16;
-    o.matmul_dtype = matmul;
-    o.gradient_dtype = grad;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
-    return o;
+    return fp8_base_options(matmul, grad, B, T, lora);
 }
 
 int64_t category_bytes(const MemoryPlan& p, const std::string& category) {
@@ -216,13 +204,6 @@ TEST(LoraFp8BasePlan, TransposeScratchIsTheLargestMatrix) {
 
 namespace {
 
-// The family cases on the GPU: tiny, each with its own biases / q-k norm / tying.
-struct Fp8BaseFamily {
-    const char* name;
-    ModelConfig (*config)();
-};
-const Fp8BaseFamily kFp8BaseFamilies[] = {{"qwen2", qwen2_case}, {"qwen3", qwen3_case}, {"llama", llama_case}};
-
 // Every layer matrix's e4m3 codes (and, with FP8 gradients, the transposed codes) and scales equal.
 void expect_same_fp8_copies(const CudaModel& a, const CudaModel& b, const ModelConfig& cfg, bool transposed) {
     for (int l = 0; l < cfg.num_hidden_layers; ++l)
@@ -243,9 +224,9 @@ void expect_same_fp8_copies(const CudaModel& a, const CudaModel& b, const ModelC
 // FP8 base's GEMMs read the same bytes as before; from the seed and from --model's files.
 TEST(CudaLoraFp8Base, LoadGivesTheCodesAndScalesOfTheBf16Base) {
     QTRAIN_REQUIRE_GPU();
-    for (const Fp8BaseFamily& fc : kFp8BaseFamilies) {
+    for (const FamilyCase& fc : kLoraFamilies) {  // (tiny: each with its own biases / q-k norm / tying)
         SCOPED_TRACE(fc.name);
-        const ModelConfig cfg = fc.config();
+        const ModelConfig cfg = fc.make();
         const int B = 2, T = 48;
         for (DType grad : {DType::E4M3, DType::E5M2}) {
             SCOPED_TRACE(dtype_name(grad));
@@ -316,9 +297,9 @@ TEST(CudaLoraFp8Base, BaseMatricesReadBackFromTheirSource) {
 // gradient dtype) to the bit: evaluation loss and logits.
 TEST(CudaLoraFp8Base, StepsAreBitIdenticalAcrossGraphsAndRecompute) {
     QTRAIN_REQUIRE_GPU();
-    for (const Fp8BaseFamily& fc : kFp8BaseFamilies) {
+    for (const FamilyCase& fc : kLoraFamilies) {  // (tiny: each with its own biases / q-k norm / tying)
         SCOPED_TRACE(fc.name);
-        const ModelConfig cfg = fc.config();
+        const ModelConfig cfg = fc.make();
         const int B = 2, T = 48;
         const ModelOptions eager = options(DType::E4M3, DType::E5M2, B, T, lora_options(0.2f));
         ModelOptions graphs = eager, block = eager, both = eager;
@@ -328,14 +309,7 @@ TEST(CudaLoraFp8Base, StepsAreBitIdenticalAcrossGraphsAndRecompute) {
         std::vector<std::vector<float>> masters;
         for (const ModelOptions& o : {eager, graphs, block, both}) {
             CudaModel m(cfg, o);
-            m.init_random(9);
-            Rng rng(3);
-            for (const ParamSpec& s : m.lora()->host().specs()) {  // non-zero B
-                std::vector<float> v = m.download(s.name, CudaModel::Which::Master);
-                if (s.name.find(".lora_B.") != std::string::npos)
-                    for (float& x : v) x = 0.05f * rng.normal();
-                m.upload_master(s.name, v.data());
-            }
+            start_lora_models({&m}, 9, 3);
             std::vector<float> ls, ms;
             for (int step = 1; step <= 3; ++step) {
                 for (int micro = 0; micro < 2; ++micro) {
@@ -373,9 +347,9 @@ TEST(CudaLoraFp8Base, StepsAreBitIdenticalAcrossGraphsAndRecompute) {
 // adapters (the seed's base is MergedExportIsTheBf16BasePlusTheAdapters in cuda_lora_fp8_test.cpp).
 TEST(CudaLoraFp8Base, MergedExportFromModelFilesIsTheBf16BasePlusTheAdapters) {
     QTRAIN_REQUIRE_GPU();
-    for (const Fp8BaseFamily& fc : kFp8BaseFamilies) {
+    for (const FamilyCase& fc : kLoraFamilies) {  // (tiny: each with its own biases / q-k norm / tying)
         SCOPED_TRACE(fc.name);
-        const ModelConfig cfg = fc.config();
+        const ModelConfig cfg = fc.make();
         TempDir dir;
         {  // a base off its init (norms and biases too), as --model's files
             CudaModel base(cfg, options(DType::BF16, DType::BF16, 2, 48, LoraOptions{}));
@@ -395,18 +369,7 @@ TEST(CudaLoraFp8Base, MergedExportFromModelFilesIsTheBf16BasePlusTheAdapters) {
         CudaModel bf16(cfg, options(DType::BF16, DType::BF16, 2, 48, lora));
         fp8.load_hf(dir.file("base"));
         bf16.load_hf(dir.file("base"));
-        for (int step = 1; step <= 2; ++step) {
-            const Tokens d = random_tokens(2, 48, cfg.vocab_size, 70 + step, Masked::Every11thFrom3);
-            fp8.forward_backward(d.batch(2, 48), 1.0f);
-            fp8.optimizer_step({1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
-        }
-        for (const ParamSpec& s : fp8.lora()->host().specs())
-            bf16.upload_master(s.name, fp8.download(s.name, CudaModel::Which::Master).data());
-        fp8.save_hf(dir.file("fp8"));
-        bf16.save_hf(dir.file("bf16"));
-        const std::string a = read_file(dir.file("fp8/model.safetensors"));
-        EXPECT_FALSE(a.empty());
-        EXPECT_EQ(a, read_file(dir.file("bf16/model.safetensors")));
+        expect_fp8_merge_is_bf16_merge(fp8, bf16, cfg);
     }
 }
 

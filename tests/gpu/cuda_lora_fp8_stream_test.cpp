@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/lora.h"
@@ -23,83 +24,26 @@ using namespace qtrain::test;
 
 namespace {
 
-LoraOptions lora_options(float dropout) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets("all", "--lora-targets");
-    l.seed = 4242;
-    return l;
-}
+// lora_options, fp8_base_options, kLoraFamilies, start_lora_models, expect_same_pass_gradients and
+// expect_lora_steps_equal: cuda_lora_fixture.h.
 
 // A bf16 model on the FP8 base with `grad` gradients, resident or streamed (--shard-weights); `matmul`:
 // bf16 for the bf16 base.
 ModelOptions fp8_base(DType grad, int B, int T, const LoraOptions& lora, bool streamed, DType matmul = DType::E4M3) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = DType::BF16;
-    o.matmul_dtype = matmul;
-    o.gradient_dtype = grad;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
+    ModelOptions o = fp8_base_options(matmul, grad, B, T, lora);
     o.shard_weights = streamed;
     return o;
-}
-
-struct Family {
-    const char* name;
-    ModelConfig (*config)();
-};
-const Family kFamilies[] = {{"qwen2", qwen2_case}, {"qwen3", qwen3_case}, {"llama", llama_case}};
-
-// The same base (seed) and the same non-zero B on both.
-void start_both(CudaModel& a, CudaModel& b, uint64_t seed) {
-    a.init_random(seed);
-    b.init_random(seed);
-    Rng rng(seed + 1);
-    for (const ParamSpec& s : a.lora()->host().specs()) {
-        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        a.upload_master(s.name, v.data());
-        b.upload_master(s.name, v.data());
-    }
 }
 
 // The streamed model against the resident one, both started alike: one pass's gradients, three steps of
 // two micro-batches, the trained state, an evaluation, the logits and the exported adapter.
 void expect_streamed_equals_resident(CudaModel& streamed, CudaModel& resident, const ModelConfig& cfg, int B, int T) {
-    {
-        const Tokens d = random_tokens(B, T, cfg.vocab_size, 71, Masked::Every11thFrom3);
-        streamed.forward_backward(d.batch(B, T), 0.5f);
-        resident.forward_backward(d.batch(B, T), 0.5f);
-        int nonzero = 0;
-        for (const ParamSpec& s : streamed.lora()->host().specs()) {
-            const std::vector<float> g = streamed.download(s.name, CudaModel::Which::Grad);
-            EXPECT_EQ(g, resident.download(s.name, CudaModel::Which::Grad)) << s.name;
-            for (float x : g) nonzero += x != 0.0f;
-        }
-        EXPECT_GT(nonzero, 0) << "every gradient is zero: the comparison would say nothing";
-        streamed.zero_gradients();
-        resident.zero_gradients();
-    }
-    for (int step = 1; step <= 3; ++step) {
-        for (int micro = 0; micro < 2; ++micro) {  // (gradient accumulation over two micro-batches)
-            const Tokens d = random_tokens(B, T, cfg.vocab_size, 100 * step + micro, Masked::Every11thFrom3);
-            streamed.forward_backward(d.batch(B, T), 0.5f);
-            resident.forward_backward(d.batch(B, T), 0.5f);
-        }
-        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
-        const StepStats a = streamed.optimizer_step(op), b = resident.optimizer_step(op);
-        EXPECT_EQ(a.loss, b.loss) << "step " << step;
-        EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
-        EXPECT_GT(a.grad_norm, 0.0f) << "step " << step;
-    }
-    for (const ParamSpec& s : streamed.lora()->host().specs())
-        for (auto w : {CudaModel::Which::Master, CudaModel::Which::AdamM, CudaModel::Which::AdamV})
-            EXPECT_EQ(streamed.download(s.name, w), resident.download(s.name, w)) << s.name;
+    expect_same_pass_gradients(streamed, resident, cfg, B, T, 71);
+    streamed.zero_gradients();
+    resident.zero_gradients();
+    const std::vector<StepStats> stats = expect_lora_steps_equal(streamed, resident, cfg, B, T);
+    for (std::size_t i = 0; i < stats.size(); ++i) EXPECT_GT(stats[i].grad_norm, 0.0f) << "step " << i + 1;
     const Tokens e = random_tokens(B, T, cfg.vocab_size, 999, Masked::Every11thFrom3);
-    EXPECT_EQ(streamed.evaluate(e.batch(B, T)), resident.evaluate(e.batch(B, T)));
     EXPECT_EQ(streamed.logits(e.batch(B, T)), resident.logits(e.batch(B, T)));
     TempDir dir;
     streamed.save_hf(dir.file("streamed"));
@@ -134,12 +78,12 @@ TEST(CudaLoraFp8Stream, OptionsSelectTheStreamedBase) {
 // The load wrote the resident base's codes and scales to the host.
 TEST(CudaLoraFp8Stream, HostCodesAreTheResidentCodes) {
     QTRAIN_REQUIRE_GPU();
-    for (const Family& f : kFamilies) {
+    for (const FamilyCase& f : kLoraFamilies) {
         SCOPED_TRACE(f.name);
-        const ModelConfig cfg = f.config();
+        const ModelConfig cfg = f.make();
         CudaModel streamed(cfg, fp8_base(DType::E4M3, 2, 48, lora_options(0.0f), true));
         CudaModel resident(cfg, fp8_base(DType::E4M3, 2, 48, lora_options(0.0f), false));
-        start_both(streamed, resident, 21);
+        start_lora_models({&streamed, &resident}, 21, 22);
         for (int l = 0; l < cfg.num_hidden_layers; ++l)
             for (int mi = 0; mi < 4; ++mi) {
                 const Matrix m = static_cast<Matrix>(mi);
@@ -158,8 +102,8 @@ TEST(CudaLoraFp8Stream, HostCodesAreTheResidentCodes) {
 TEST(CudaLoraFp8Stream, StepsBitIdenticalToResidentBase) {
     QTRAIN_REQUIRE_GPU();
     const int B = 2, T = 48;
-    for (const Family& f : kFamilies) {
-        const ModelConfig cfg = f.config();
+    for (const FamilyCase& f : kLoraFamilies) {
+        const ModelConfig cfg = f.make();
         for (DType grad : {DType::E4M3, DType::E5M2})
             for (bool recompute : {false, true}) {
                 SCOPED_TRACE(std::string(f.name) + " " + std::string(dtype_name(grad)) +
@@ -168,7 +112,7 @@ TEST(CudaLoraFp8Stream, StepsBitIdenticalToResidentBase) {
                 ModelOptions r = fp8_base(grad, B, T, lora_options(0.2f), false);
                 s.recompute_block = r.recompute_block = recompute;
                 CudaModel streamed(cfg, s), resident(cfg, r);
-                start_both(streamed, resident, 9);
+                start_lora_models({&streamed, &resident}, 9, 10);
                 expect_streamed_equals_resident(streamed, resident, cfg, B, T);
             }
     }
@@ -181,8 +125,8 @@ TEST(CudaLoraFp8Stream, StepsBitIdenticalToResidentBase) {
 TEST(CudaLoraFp8Stream, Bf16BaseStepsBitIdenticalToResidentBase) {
     QTRAIN_REQUIRE_GPU();
     const int B = 2, T = 48;
-    for (const Family& f : kFamilies) {
-        const ModelConfig cfg = f.config();
+    for (const FamilyCase& f : kLoraFamilies) {
+        const ModelConfig cfg = f.make();
         for (DType matmul : {DType::BF16, DType::E4M3})
             for (bool recompute : {false, true}) {
                 SCOPED_TRACE(std::string(f.name) + " --matmul-dtype=" + std::string(dtype_name(matmul)) +
@@ -193,7 +137,7 @@ TEST(CudaLoraFp8Stream, Bf16BaseStepsBitIdenticalToResidentBase) {
                 ASSERT_FALSE(fp8_base_streamed(s));
                 ASSERT_TRUE(weights_on_host(s));
                 CudaModel streamed(cfg, s), resident(cfg, r);
-                start_both(streamed, resident, 9);
+                start_lora_models({&streamed, &resident}, 9, 10);
                 expect_streamed_equals_resident(streamed, resident, cfg, B, T);
             }
     }
@@ -213,7 +157,7 @@ TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
     s.fp8_lm_head = r.fp8_lm_head = true;
     s.recompute_ffn = r.recompute_ffn = true;
     CudaModel streamed(cfg, s), resident(cfg, r);
-    start_both(streamed, resident, 13);
+    start_lora_models({&streamed, &resident}, 13, 14);
     expect_streamed_equals_resident(streamed, resident, cfg, B, T);
 }
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gpu_model_fixture.h"
-#include "cuda_lora_bit_identical.h"
+#include "cuda_lora_fixture.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -23,60 +23,24 @@ using namespace qtrain::test;
 
 namespace {
 
-LoraOptions lora_options(float dropout, const std::string& targets) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets(targets, "--lora-targets");
-    l.seed = 4242;
-    return l;
-}
+// lora_options, fp8_base_options, same_start, expect_fp8_merge_is_bf16_merge: cuda_lora_fixture.h.
 
 // The GPU's FP8 base: a bf16 model with e4m3 matmuls and `grad` gradients.
 ModelOptions gpu_options(DType grad, int B, int T, const LoraOptions& lora, bool fp8_head = false) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = DType::BF16;
-    o.matmul_dtype = DType::E4M3;
-    o.gradient_dtype = grad;
+    ModelOptions o = fp8_base_options(DType::E4M3, grad, B, T, lora);
     o.fp8_lm_head = fp8_head;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
     return o;
 }
 
 // The CPU model: exact (fp32), or emulating the FP8 base (e4m3 matmuls, `grad` gradients).
 ModelOptions cpu_options(int B, int T, const LoraOptions& lora, bool emulate, DType grad, bool fp8_head = false) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.lmhead_chunks = 2;
-    o.lora = lora;
+    ModelOptions o = lora_cpu_options(B, T, lora);
     if (emulate) {
         o.matmul_dtype = DType::E4M3;
         o.gradient_dtype = grad;
         o.fp8_lm_head = fp8_head;
     }
     return o;
-}
-
-// The same base on all (norms and biases off their init; the CPUs get the GPU's bf16-rounded
-// weights) and the same non-zero B (A: the same seed's).
-void same_start(CudaModel& gpu, std::vector<CpuModel*> cpus, uint64_t seed) {
-    gpu.init_random(seed);
-    for (CpuModel* c : cpus) c->init_random(seed);
-    Rng rng(seed + 1);
-    CpuModel& first = *cpus.front();
-    for (const auto& p : first.params()) {
-        float* w = first.param(p.name);
-        if (draw_away_from_init(p.kind, w, p.numel(), rng)) gpu.upload_master(p.name, w);
-    }
-    for (CpuModel* c : cpus) copy_gpu_weights(gpu, *c);
-    for (const ParamSpec& s : first.lora().specs()) {
-        std::vector<float> v(first.lora().param(s.name), first.lora().param(s.name) + s.numel());
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        gpu.upload_master(s.name, v.data());
-        for (CpuModel* c : cpus) std::copy(v.begin(), v.end(), c->lora().param(s.name));
-    }
 }
 
 // Cosines of every adapter gradient of the GPU against a CPU model's: the worst and the median.
@@ -130,7 +94,7 @@ TEST_P(CudaLoraFp8VsCpu, TracksTheCpuEmulation) {
     const LoraOptions lora = lora_options(lc.dropout, lc.targets);
     CudaModel gpu(cfg, gpu_options(grad, B, T, lora, lc.fp8_head));
     CpuModel emu(cfg, cpu_options(B, T, lora, true, grad, lc.fp8_head)), exact(cfg, cpu_options(B, T, lora, false, grad));
-    same_start(gpu, {&emu, &exact}, 77);
+    same_start(gpu, {&emu, &exact}, 77, true);  // (the CPUs get the GPU's bf16-rounded base)
     const std::string q = "model.layers.0.self_attn.q_proj.weight";
     const std::vector<float> q0 = gpu.download(q, CudaModel::Which::Weights);
 
@@ -225,15 +189,7 @@ TEST(CudaLoraFp8, CheckpointResumesBitExact) {
     TempDir dir;
     const std::string ckpt = dir.file("ckpt");
     std::filesystem::create_directories(ckpt);
-    auto steps = [&](CudaModel& m, int first, int last) {
-        std::vector<float> losses;
-        for (int step = first; step <= last; ++step) {
-            const Tokens d = random_tokens(B, T, cfg.vocab_size, 50 + step, Masked::Every11thFrom3);
-            m.forward_backward(d.batch(B, T), 1.0f);
-            losses.push_back(m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
-        }
-        return losses;
-    };
+    auto steps = [&](CudaModel& m, int first, int last) { return lora_resume_steps(m, cfg, B, T, first, last); };
     CudaModel full(cfg, o);
     full.init_random(21);
     steps(full, 1, 2);
@@ -260,17 +216,5 @@ TEST(CudaLoraFp8, MergedExportIsTheBf16BasePlusTheAdapters) {
     CudaModel fp8(cfg, fo), bf16(cfg, bo);
     fp8.init_random(6);
     bf16.init_random(6);
-    for (int step = 1; step <= 2; ++step) {
-        const Tokens d = random_tokens(2, 48, cfg.vocab_size, 70 + step, Masked::Every11thFrom3);
-        fp8.forward_backward(d.batch(2, 48), 1.0f);
-        fp8.optimizer_step({1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
-    }
-    for (const ParamSpec& s : fp8.lora()->host().specs())
-        bf16.upload_master(s.name, fp8.download(s.name, CudaModel::Which::Master).data());
-    TempDir dir;
-    fp8.save_hf(dir.file("fp8"));
-    bf16.save_hf(dir.file("bf16"));
-    const std::string a = read_file(dir.file("fp8/model.safetensors"));
-    EXPECT_FALSE(a.empty());
-    EXPECT_EQ(a, read_file(dir.file("bf16/model.safetensors")));
+    expect_fp8_merge_is_bf16_merge(fp8, bf16, cfg);
 }

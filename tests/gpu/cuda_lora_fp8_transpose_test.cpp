@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "cuda_lora_bit_identical.h"
+#include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/lora.h"
@@ -23,61 +23,14 @@ using namespace qtrain::test;
 
 namespace {
 
-LoraOptions lora_options(float dropout) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets("all", "--lora-targets");
-    l.seed = 4242;
-    return l;
-}
+// lora_options, fp8_base_options, kLoraFamilies, start_lora_models, expect_same_pass_gradients and
+// expect_lora_steps_bit_identical: cuda_lora_fixture.h.
 
 // A bf16 model on the FP8 base with `grad` gradients; `keep`: the kept-transposes layout.
 ModelOptions fp8_base(DType grad, int B, int T, const LoraOptions& lora, bool keep) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = DType::BF16;
-    o.matmul_dtype = DType::E4M3;
-    o.gradient_dtype = grad;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
+    ModelOptions o = fp8_base_options(DType::E4M3, grad, B, T, lora);
     o.fp8_base_keep_transposed = keep;
     return o;
-}
-
-struct Family {
-    const char* name;
-    ModelConfig (*config)();
-};
-const Family kFamilies[] = {{"qwen2", qwen2_case}, {"qwen3", qwen3_case}, {"llama", llama_case}};
-
-// The same base (seed) and the same non-zero B on both.
-void start_both(CudaModel& a, CudaModel& b, uint64_t seed) {
-    a.init_random(seed);
-    b.init_random(seed);
-    Rng rng(seed + 1);
-    for (const ParamSpec& s : a.lora()->host().specs()) {
-        std::vector<float> v = a.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        a.upload_master(s.name, v.data());
-        b.upload_master(s.name, v.data());
-    }
-}
-
-// One training pass on both; every trained tensor's gradient equal (each depends on the input
-// gradients through the base's FP8 GEMMs of every layer above its own).
-void expect_same_gradients(CudaModel& a, CudaModel& b, const ModelConfig& cfg, int B, int T, uint64_t seed) {
-    const Tokens d = random_tokens(B, T, cfg.vocab_size, seed, Masked::Every11thFrom3);
-    a.forward_backward(d.batch(B, T), 0.5f);
-    b.forward_backward(d.batch(B, T), 0.5f);
-    int nonzero = 0;
-    for (const ParamSpec& s : a.lora()->host().specs()) {
-        const std::vector<float> ga = a.download(s.name, CudaModel::Which::Grad);
-        EXPECT_EQ(ga, b.download(s.name, CudaModel::Which::Grad)) << s.name;
-        for (float x : ga) nonzero += x != 0.0f;
-    }
-    EXPECT_GT(nonzero, 0) << "every gradient is zero: the comparison would say nothing";
 }
 
 }  // namespace
@@ -98,13 +51,13 @@ TEST(CudaLoraFp8Transpose, OptionsSelectTheLayout) {
 // scratch with other matrices).
 TEST(CudaLoraFp8Transpose, ScratchHoldsTheKeptTransposedCodes) {
     QTRAIN_REQUIRE_GPU();
-    for (const Family& f : kFamilies) {
+    for (const FamilyCase& f : kLoraFamilies) {
         SCOPED_TRACE(f.name);
-        const ModelConfig cfg = f.config();
+        const ModelConfig cfg = f.make();
         const int B = 2, T = 48;
         CudaModel jit(cfg, fp8_base(DType::E5M2, B, T, lora_options(0.0f), false));
         CudaModel kept(cfg, fp8_base(DType::E5M2, B, T, lora_options(0.0f), true));
-        start_both(jit, kept, 21);
+        start_lora_models({&jit, &kept}, 21, 22);
         for (int pass = 0; pass < 2; ++pass) {
             SCOPED_TRACE(pass == 0 ? "after the load" : "after a training pass");
             for (int l = 0; l < cfg.num_hidden_layers; ++l)
@@ -132,8 +85,8 @@ TEST(CudaLoraFp8Transpose, ScratchHoldsTheKeptTransposedCodes) {
 // two micro-batches, bit for bit against the kept transposes.
 TEST(CudaLoraFp8Transpose, StepsBitIdenticalToKeptTransposes) {
     QTRAIN_REQUIRE_GPU();
-    for (const Family& f : kFamilies) {
-        const ModelConfig cfg = f.config();
+    for (const FamilyCase& f : kLoraFamilies) {
+        const ModelConfig cfg = f.make();
         const int B = 2, T = 48;
         for (DType grad : {DType::E4M3, DType::E5M2}) {
             SCOPED_TRACE(std::string(f.name) + " " + std::string(dtype_name(grad)));
@@ -141,8 +94,8 @@ TEST(CudaLoraFp8Transpose, StepsBitIdenticalToKeptTransposes) {
             const ModelOptions kept_o = fp8_base(grad, B, T, lora_options(0.2f), true);
             {
                 CudaModel jit(cfg, jit_o), kept(cfg, kept_o);
-                start_both(jit, kept, 9);
-                expect_same_gradients(jit, kept, cfg, B, T, 71);
+                start_lora_models({&jit, &kept}, 9, 10);
+                expect_same_pass_gradients(jit, kept, cfg, B, T, 71);
             }
             expect_lora_steps_bit_identical(jit_o, kept_o, cfg);
         }
@@ -167,8 +120,8 @@ TEST(CudaLoraFp8Transpose, GraphsRecomputeAndTrainAlsoBitIdenticalToKeptTranspos
             const ModelOptions kept_o = fp8_base(DType::E5M2, B, T, lora, true);
             {
                 CudaModel jit(cfg, jit_o), kept(cfg, kept_o);
-                start_both(jit, kept, 9);
-                expect_same_gradients(jit, kept, cfg, B, T, 72);
+                start_lora_models({&jit, &kept}, 9, 10);
+                expect_same_pass_gradients(jit, kept, cfg, B, T, 72);
             }
             expect_lora_steps_bit_identical(jit_o, kept_o, cfg);
         }

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "gpu_model_fixture.h"
-#include "cuda_lora_bit_identical.h"
+#include "cuda_lora_fixture.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -20,66 +20,8 @@ using namespace qtrain::test;
 
 namespace {
 
-// The families (qwen2_case, qwen3_case, llama_case) and random_tokens: gpu_model_fixture.h.
-
-LoraOptions lora_options(float dropout, const std::string& targets) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets(targets, "--lora-targets");
-    l.seed = 4242;
-    return l;
-}
-
-ModelOptions gpu_options(DType act, int B, int T, const LoraOptions& lora) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = o.matmul_dtype = o.gradient_dtype = act;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
-    return o;
-}
-
-ModelOptions cpu_options(int B, int T, const LoraOptions& lora) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.lmhead_chunks = 2;
-    o.lora = lora;
-    return o;
-}
-
-// The same base on both (norms and biases moved off their init), B non-zero on both (A: the same seed's).
-void same_start(CpuModel& cpu, CudaModel& gpu, DType act, uint64_t seed) {
-    cpu.init_random(seed);
-    gpu.init_random(seed);
-    Rng rng(seed + 1);
-    for (const auto& p : cpu.params()) {
-        float* w = cpu.param(p.name);
-        if (draw_away_from_init(p.kind, w, p.numel(), rng)) gpu.upload_master(p.name, w);
-    }
-    if (act != DType::F32) copy_gpu_weights(gpu, cpu);  // the CPU computes with the base the GPU rounded
-    for (const ParamSpec& s : cpu.lora().specs()) {
-        float* v = cpu.lora().param(s.name);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (int64_t i = 0; i < s.numel(); ++i) v[i] = 0.05f * rng.normal();
-        gpu.upload_master(s.name, v);
-    }
-}
-
-struct Agreement {
-    double worst_rel = 0, worst_cos = 1;
-    std::string worst;
-};
-Agreement compare_adapter_grads(const CudaModel& gpu, CpuModel& cpu) {
-    Agreement a;
-    for (const ParamSpec& s : cpu.lora().specs()) {
-        std::vector<float> ref(cpu.grad(s.name), cpu.grad(s.name) + s.numel());
-        const auto g = gpu.download(s.name, CudaModel::Which::Grad);
-        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
-        if (rel > a.worst_rel) a.worst_rel = rel, a.worst = s.name;
-        a.worst_cos = std::min(a.worst_cos, cos);
-    }
-    return a;
-}
+// The families (qwen2_case, qwen3_case, llama_case) and random_tokens: gpu_model_fixture.h; lora_options,
+// lora_gpu_options / lora_cpu_options, same_start and compare_lora_grads: cuda_lora_fixture.h.
 
 struct LoraCase {
     const char* name;
@@ -110,9 +52,9 @@ TEST_P(CudaLoraVsCpu, LossAdapterGradientsAndStepsMatch) {
     const ModelConfig cfg = lc.config();
     const int B = 2, T = 48;
     const LoraOptions lora = lora_options(lc.dropout, lc.targets);
-    CpuModel cpu(cfg, cpu_options(B, T, lora));
-    CudaModel gpu(cfg, gpu_options(act, B, T, lora));
-    same_start(cpu, gpu, act, 77);
+    CpuModel cpu(cfg, lora_cpu_options(B, T, lora));
+    CudaModel gpu(cfg, lora_gpu_options(act, B, T, lora));
+    same_start(gpu, {&cpu}, 77, act != DType::F32);
     const bool fp32 = act == DType::F32;
 
     const Tokens e = random_tokens(B, T, cfg.vocab_size, 3, Masked::Every11thFrom3);
@@ -125,7 +67,7 @@ TEST_P(CudaLoraVsCpu, LossAdapterGradientsAndStepsMatch) {
         const Tokens d = random_tokens(B, T, cfg.vocab_size, 10 + step, Masked::Every11thFrom3);
         cpu.forward_backward(d.batch(B, T), 0.5f);
         gpu.forward_backward(d.batch(B, T), 0.5f);
-        const Agreement a = compare_adapter_grads(gpu, cpu);
+        const LoraAgreement a = compare_lora_grads(gpu, cpu);
         std::printf("[%s %s step %d] adapter grads: worst rel %.3g (%s), worst cosine %.6f\n", lc.name,
                     std::string(dtype_name(act)).c_str(), step, a.worst_rel, a.worst.c_str(), a.worst_cos);
         if (fp32) EXPECT_LT(a.worst_rel, 1e-4) << a.worst;
@@ -166,10 +108,10 @@ TEST(CudaLora, LogitsEqualTheMergedBase) {
     const ModelConfig cfg = qwen2_case();
     const int B = 2, T = 40;
     const LoraOptions lora = lora_options(0.25f, "all");  // (no dropout outside training)
-    CpuModel cpu(cfg, cpu_options(B, T, lora));
-    CudaModel gpu(cfg, gpu_options(DType::F32, B, T, lora));
-    same_start(cpu, gpu, DType::F32, 5);
-    CudaModel merged(cfg, gpu_options(DType::F32, B, T, LoraOptions{}));
+    CpuModel cpu(cfg, lora_cpu_options(B, T, lora));
+    CudaModel gpu(cfg, lora_gpu_options(DType::F32, B, T, lora));
+    same_start(gpu, {&cpu}, 5, false);
+    CudaModel merged(cfg, lora_gpu_options(DType::F32, B, T, LoraOptions{}));
     for (const auto& p : cpu.params()) {
         std::vector<float> w(cpu.param(p.name), cpu.param(p.name) + p.numel());
         for (int t = 0; t < kLoraTargets && p.layer >= 0; ++t)
@@ -187,7 +129,7 @@ TEST(CudaLora, RecomputeIsBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
         const ModelConfig cfg = make();
-        const ModelOptions plain = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
+        const ModelOptions plain = lora_gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
         ModelOptions block = plain, att = plain;
         block.recompute_block = true;
         att.recompute_att = att.recompute_swiglu = att.recompute_norm = true;
@@ -199,7 +141,7 @@ TEST(CudaLora, RecomputeIsBitIdentical) {
 TEST(CudaLora, CudaGraphsAreBitIdenticalToEager) {
     QTRAIN_REQUIRE_GPU();
     const ModelConfig cfg = qwen2_case();
-    const ModelOptions eager = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
+    const ModelOptions eager = lora_gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all"));
     ModelOptions graphs = eager;
     graphs.use_cuda_graphs = true;
     test::expect_lora_steps_bit_identical(eager, graphs, cfg);
@@ -215,19 +157,11 @@ TEST(CudaLora, CheckpointIsTheCpuLayoutAndResumesBitExact) {
     const ModelConfig cfg = qwen3_case();
     const int B = 2, T = 48;
     const LoraOptions lora = lora_options(0.2f, "q,k,v,o,down");
-    const ModelOptions o = gpu_options(DType::BF16, B, T, lora);
+    const ModelOptions o = lora_gpu_options(DType::BF16, B, T, lora);
     TempDir dir;
     const std::string ckpt = dir.file("ckpt");
     std::filesystem::create_directories(ckpt);
-    auto steps = [&](CudaModel& m, int first, int last) {
-        std::vector<float> losses;
-        for (int step = first; step <= last; ++step) {
-            const Tokens d = random_tokens(B, T, cfg.vocab_size, 50 + step, Masked::Every11thFrom3);
-            m.forward_backward(d.batch(B, T), 1.0f);
-            losses.push_back(m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
-        }
-        return losses;
-    };
+    auto steps = [&](CudaModel& m, int first, int last) { return lora_resume_steps(m, cfg, B, T, first, last); };
     CudaModel full(cfg, o);
     full.init_random(21);
     steps(full, 1, 2);
@@ -243,7 +177,7 @@ TEST(CudaLora, CheckpointIsTheCpuLayoutAndResumesBitExact) {
             << s.name;
 
     // the CPU model reads the GPU's checkpoint: the same adapters, moments and pass count
-    CpuModel cpu(cfg, cpu_options(B, T, lora));
+    CpuModel cpu(cfg, lora_cpu_options(B, T, lora));
     cpu.init_random(21);
     cpu.load_checkpoint(ckpt);
     CudaModel at2(cfg, o);
@@ -272,11 +206,11 @@ TEST(CudaLora, RefusesWhatIsNotWrittenYet) {
     const ModelConfig cfg = qwen2_case();
     // (--matmul-dtype=e4m3 is the FP8 base: cuda_lora_fp8_test.cpp)
     // (the streamed bf16 base is in host memory: its trained norms are not written there yet)
-    ModelOptions shard = gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
+    ModelOptions shard = lora_gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
     shard.shard_weights = true;
     shard.lora.train_also = kTrainNorms;
     EXPECT_ERROR((void)CudaModel(cfg, shard), "--lora-rank=8", "--shard-weights", "--train-also=norms");
-    ModelOptions big = gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
+    ModelOptions big = lora_gpu_options(DType::BF16, 2, 48, lora_options(0.0f, "all"));
     big.lora.rank = 100;  // q_proj [128, 128] takes it, k_proj [64, 128] does not
     EXPECT_ERROR((void)CudaModel(cfg, big), "--lora-rank=100", "k_proj");
 }
@@ -288,18 +222,9 @@ TEST(CudaLora, ZeroGradientsLeavesTheNextStepAsIfNoPassWasMade) {
     QTRAIN_REQUIRE_GPU();
     const ModelConfig cfg = qwen2_case();
     const int B = 2, T = 48;
-    const ModelOptions opts = gpu_options(DType::BF16, B, T, lora_options(0.0f, "all"));
+    const ModelOptions opts = lora_gpu_options(DType::BF16, B, T, lora_options(0.0f, "all"));
     CudaModel probed(cfg, opts), plain(cfg, opts);
-    probed.init_random(9);
-    plain.init_random(9);
-    Rng rng(5);
-    for (const ParamSpec& s : probed.lora()->host().specs()) {  // non-zero B on both
-        std::vector<float> v = probed.download(s.name, CudaModel::Which::Master);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (float& x : v) x = 0.05f * rng.normal();
-        probed.upload_master(s.name, v.data());
-        plain.upload_master(s.name, v.data());
-    }
+    start_lora_models({&probed, &plain}, 9, 5);
     const Tokens probe = random_tokens(B, T, cfg.vocab_size, 77, Masked::Every11thFrom3);
     probed.forward_backward(probe.batch(B, T), 1.0f);
     for (const ParamSpec& s : probed.lora()->host().specs()) {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "gpu_model_fixture.h"
-#include "cuda_lora_bit_identical.h"
+#include "cuda_lora_fixture.h"
 #include "model/lora.h"
 
 using namespace qtrain;
@@ -26,31 +26,7 @@ namespace {
 
 constexpr uint32_t kBoth = kTrainNorms | kTrainEmbeddings;
 
-LoraOptions lora_options(float dropout, const std::string& targets, uint32_t also) {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = dropout;
-    l.targets = parse_lora_targets(targets, "--lora-targets");
-    l.seed = 4242;
-    l.train_also = also;
-    return l;
-}
-
-ModelOptions gpu_options(DType act, int B, int T, const LoraOptions& lora) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = o.matmul_dtype = o.gradient_dtype = act;
-    o.lmhead_chunks = 2;
-    o.lora = lora;
-    return o;
-}
-
-ModelOptions cpu_options(int B, int T, const LoraOptions& lora) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.lmhead_chunks = 2;
-    o.lora = lora;
-    return o;
-}
+// lora_options, lora_gpu_options / lora_cpu_options, same_start, compare_lora_grads: cuda_lora_fixture.h.
 
 ModelConfig with_tying(ModelConfig c, bool tied) {
     c.tie_word_embeddings = tied;
@@ -60,44 +36,6 @@ ModelConfig with_tying(ModelConfig c, bool tied) {
 ModelConfig qwen2_tied() { return with_tying(qwen2_case(), true); }
 ModelConfig qwen3_untied() { return with_tying(qwen3_case(), false); }
 ModelConfig llama_tied() { return with_tying(llama_case(), true); }
-
-bool is_trained(const std::string& peft_name) { return peft_name.find(".lora_") == std::string::npos; }
-
-// The same base on both (norms and biases off their init; bf16: the CPU gets the GPU's rounded base),
-// B non-zero on both (A: the same seed's), the trained tensors the base's on both.
-void same_start(CpuModel& cpu, CudaModel& gpu, DType act, uint64_t seed) {
-    cpu.init_random(seed);
-    gpu.init_random(seed);
-    Rng rng(seed + 1);
-    for (const auto& p : cpu.params()) {
-        float* w = cpu.param(p.name);
-        if (draw_away_from_init(p.kind, w, p.numel(), rng)) gpu.upload_master(p.name, w);
-    }
-    if (act != DType::F32) copy_gpu_weights(gpu, cpu);
-    for (const ParamSpec& s : cpu.lora().specs()) {
-        float* v = cpu.lora().param(s.name);
-        if (s.name.find(".lora_B.") != std::string::npos)
-            for (int64_t i = 0; i < s.numel(); ++i) v[i] = 0.05f * rng.normal();
-        gpu.upload_master(s.name, v);
-    }
-}
-
-struct Agreement {
-    double worst_rel = 0, worst_cos = 1, trained_rel = 0, trained_cos = 1;
-    std::string worst;
-};
-Agreement compare_grads(const CudaModel& gpu, CpuModel& cpu) {
-    Agreement a;
-    for (const ParamSpec& s : cpu.lora().specs()) {
-        std::vector<float> ref(cpu.grad(s.name), cpu.grad(s.name) + s.numel());
-        const auto g = gpu.download(s.name, CudaModel::Which::Grad);
-        const double rel = rel_max_error(g, ref), cos = cosine(g, ref);
-        if (rel > a.worst_rel) a.worst_rel = rel, a.worst = s.name;
-        a.worst_cos = std::min(a.worst_cos, cos);
-        if (is_trained(s.name)) a.trained_rel = std::max(a.trained_rel, rel), a.trained_cos = std::min(a.trained_cos, cos);
-    }
-    return a;
-}
 
 struct AlsoCase {
     const char* name;
@@ -128,9 +66,9 @@ TEST_P(CudaLoraTrainAlsoVsCpu, LossGradientsAndStepsMatch) {
     const ModelConfig cfg = lc.config();
     const int B = 2, T = 48;
     const LoraOptions lora = lora_options(lc.dropout, lc.targets, lc.also);
-    CpuModel cpu(cfg, cpu_options(B, T, lora));
-    CudaModel gpu(cfg, gpu_options(act, B, T, lora));
-    same_start(cpu, gpu, act, 77);
+    CpuModel cpu(cfg, lora_cpu_options(B, T, lora));
+    CudaModel gpu(cfg, lora_gpu_options(act, B, T, lora));
+    same_start(gpu, {&cpu}, 77, act != DType::F32);
     const bool fp32 = act == DType::F32;
     const std::vector<ParamSpec> trained = lora_train_also_parameters(cfg, lora);
     ASSERT_FALSE(trained.empty());
@@ -150,7 +88,7 @@ TEST_P(CudaLoraTrainAlsoVsCpu, LossGradientsAndStepsMatch) {
             const float* g = cpu.grad(s.name);
             EXPECT_TRUE(std::any_of(g, g + s.numel(), [](float x) { return x != 0.0f; })) << s.name;
         }
-        const Agreement a = compare_grads(gpu, cpu);
+        const LoraAgreement a = compare_lora_grads(gpu, cpu);
         std::printf("[%s %s step %d] grads: worst rel %.3g (%s), worst cosine %.6f; trained: rel %.3g, cosine %.6f\n",
                     lc.name, std::string(dtype_name(act)).c_str(), step, a.worst_rel, a.worst.c_str(), a.worst_cos,
                     a.trained_rel, a.trained_cos);
@@ -201,7 +139,7 @@ TEST(CudaLoraTrainAlso, RecomputeAndCudaGraphsAreBitIdentical) {
     QTRAIN_REQUIRE_GPU();
     for (ModelConfig (*make)() : {qwen2_case, qwen3_case}) {
         const ModelConfig cfg = make();
-        const ModelOptions plain = gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all", kBoth));
+        const ModelOptions plain = lora_gpu_options(DType::BF16, 2, 48, lora_options(0.2f, "all", kBoth));
         ModelOptions block = plain, att = plain, graphs = plain;
         block.recompute_block = true;
         att.recompute_att = att.recompute_swiglu = att.recompute_norm = true;
@@ -224,18 +162,12 @@ TEST(CudaLoraTrainAlso, CheckpointIsTheCpuLayoutAndResumesBitExact) {
             SCOPED_TRACE(std::string(cfg.model_type) + " " + std::string(dtype_name(act)));
             const int B = 2, T = 48;
             const LoraOptions lora = lora_options(0.2f, "q,k,v,o,down", kBoth);
-            const ModelOptions o = gpu_options(act, B, T, lora);
+            const ModelOptions o = lora_gpu_options(act, B, T, lora);
             TempDir dir;
             const std::string ckpt = dir.file("ckpt");
             std::filesystem::create_directories(ckpt);
             auto steps = [&](CudaModel& m, int first, int last) {
-                std::vector<float> losses;
-                for (int step = first; step <= last; ++step) {
-                    const Tokens d = random_tokens(B, T, cfg.vocab_size, 50 + step, Masked::Every11thFrom3);
-                    m.forward_backward(d.batch(B, T), 1.0f);
-                    losses.push_back(m.optimizer_step({2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step}).loss);
-                }
-                return losses;
+                return lora_resume_steps(m, cfg, B, T, first, last);
             };
             CudaModel full(cfg, o);
             full.init_random(21);
@@ -254,7 +186,7 @@ TEST(CudaLoraTrainAlso, CheckpointIsTheCpuLayoutAndResumesBitExact) {
             const std::string norm = "model.norm.weight";
             EXPECT_EQ(resumed.download(norm, CudaModel::Which::Weights), full.download(norm, CudaModel::Which::Weights));
 
-            CpuModel cpu(cfg, cpu_options(B, T, lora));
+            CpuModel cpu(cfg, lora_cpu_options(B, T, lora));
             cpu.init_random(21);
             cpu.load_checkpoint(ckpt);
             CudaModel at2(cfg, o);
@@ -290,9 +222,7 @@ namespace {
 
 // The FP8 base: a bf16 model with e4m3 matmuls; the CPU emulating it (cuda_lora_fp8_test.cpp).
 ModelOptions fp8_options(int B, int T, const LoraOptions& lora, bool fp8_head) {
-    ModelOptions o = gpu_options(DType::BF16, B, T, lora);
-    o.matmul_dtype = DType::E4M3;
-    o.gradient_dtype = DType::BF16;
+    ModelOptions o = fp8_base_options(DType::E4M3, DType::BF16, B, T, lora);
     o.fp8_lm_head = fp8_head;
     return o;
 }
@@ -308,18 +238,18 @@ TEST(CudaLoraTrainAlso, Fp8BaseTrainsThemAndRefusesAnFp8HeadWithEmbeddings) {
     const ModelConfig cfg = llama_case();
     const int B = 2, T = 48;
     const LoraOptions lora = lora_options(0.0f, "all", kBoth);
-    ModelOptions emu = cpu_options(B, T, lora);
+    ModelOptions emu = lora_cpu_options(B, T, lora);
     emu.matmul_dtype = DType::E4M3;
     emu.gradient_dtype = DType::BF16;
     CpuModel cpu(cfg, emu);
     CudaModel gpu(cfg, fp8_options(B, T, lora, false));
-    same_start(cpu, gpu, DType::BF16, 31);
+    same_start(gpu, {&cpu}, 31, true);
     for (int step = 1; step <= 3; ++step) {
         SCOPED_TRACE(step);
         const Tokens d = random_tokens(B, T, cfg.vocab_size, 60 + step, Masked::Every11thFrom3);
         cpu.forward_backward(d.batch(B, T), 1.0f);
         gpu.forward_backward(d.batch(B, T), 1.0f);
-        const Agreement a = compare_grads(gpu, cpu);
+        const LoraAgreement a = compare_lora_grads(gpu, cpu);
         std::printf("[fp8 base train-also step %d] worst cosine %.6f (%s), trained %.6f\n", step, a.worst_cos,
                     a.worst.c_str(), a.trained_cos);
         EXPECT_GE(a.worst_cos, 0.95);
