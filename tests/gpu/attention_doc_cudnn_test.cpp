@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_doc_util.h"
 #include "attention_test_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -35,7 +36,8 @@ using test::DeviceBuffer;
 using test::random_vector;
 using namespace test::attention;
 
-using Layout = std::vector<std::vector<int>>;  // per row, its documents' lengths (summing to T)
+// Layout, fill_rows, checked_layout, positions_of, count_docs, Inputs / random_inputs and non_finite:
+// attention_doc_util.h.
 
 struct RaggedCase {
     const char* name;
@@ -45,42 +47,18 @@ struct RaggedCase {
 
 // Many short documents (1-20 tokens, a fifth of them of length 1) with an occasional long one.
 Layout random_layout(int B, int T, uint64_t seed) {
-    Rng r(seed);
-    Layout rows(B);
-    for (auto& row : rows) {
-        int left = T;
-        while (left > 0) {
-            const uint64_t kind = r.below(10);
-            int len = kind < 2 ? 1 : kind < 9 ? 2 + static_cast<int>(r.below(19)) : 100 + static_cast<int>(r.below(300));
-            len = std::min(len, left);
-            row.push_back(len);
-            left -= len;
-        }
-    }
-    return rows;
+    return fill_rows(B, T, seed, [](Rng& r) {
+        const uint64_t kind = r.below(10);
+        return kind < 2 ? 1 : kind < 9 ? 2 + static_cast<int>(r.below(19)) : 100 + static_cast<int>(r.below(300));
+    });
 }
 
 Layout layout_of(const RaggedCase& c) {
-    Layout l = c.docs.empty() ? random_layout(c.B, c.T, 6007ull * c.T + 13ull * c.B + c.D) : c.docs;
-    QT_CHECK(static_cast<int>(l.size()) == c.B, "test case ", c.name, ": ", l.size(), " rows for B=", c.B);
-    for (const auto& row : l)
-        QT_CHECK(std::accumulate(row.begin(), row.end(), 0) == c.T, "test case ", c.name, ": a row does not sum to T");
-    return l;
+    return checked_layout(c.docs.empty() ? random_layout(c.B, c.T, 6007ull * c.T + 13ull * c.B + c.D) : c.docs, c.name,
+                          c.B, c.T);
 }
 
-std::vector<int32_t> positions_of(const Layout& rows) {
-    std::vector<int32_t> pos;
-    for (const auto& row : rows)
-        for (int len : row)
-            for (int p = 0; p < len; ++p) pos.push_back(p);
-    return pos;
-}
-
-int most_docs(const Layout& rows) {
-    std::size_t n = 0;
-    for (const auto& row : rows) n = std::max(n, row.size());
-    return static_cast<int>(n);
-}
+int most_docs(const Layout& rows) { return count_docs(rows).most; }
 
 const RaggedCase kCases[] = {
     // length 1 first, last and between; a tile-edge document; a row that is one document
@@ -111,16 +89,9 @@ std::string case_name(const ::testing::TestParamInfo<RaggedCase>& info) { return
         }                                                                                                   \
     } while (0)
 
-struct Inputs {
-    std::vector<float> qkv, dout;
-    std::vector<int32_t> pos;
-};
+// bf16 inputs, q and k of std 1.
 Inputs inputs_of(const RaggedCase& c, const AttentionShape& s, uint64_t seed) {
-    Inputs in;
-    in.qkv = test::round_bf16(random_qkv(s, 1.0f, seed));
-    in.dout = test::round_bf16(random_vector(tokens(s) * s.Hq * s.D, seed + 1));
-    in.pos = positions_of(layout_of(c));
-    return in;
+    return random_inputs(s, 1.0f, true, seed, layout_of(c));
 }
 
 AttentionShape shape_of(const RaggedCase& c, int max_docs) {
@@ -177,10 +148,7 @@ TEST_P(AttentionDocCudnn, ForwardAndBackwardMatchReferenceAndFlash) {
     // the flash kernels with the same positions (their lse is [B, Hq, T], like the converted one)
     const Result flash = run_gpu(DType::BF16, AttentionBackend::Flash, in.qkv, in.dout, s, &in.pos);
     expect_close(gpu, flash, true, "cuDNN ragged vs flash:");
-    std::size_t non_finite = 0;
-    for (const auto* v : {&gpu.out, &gpu.lse, &gpu.d.q, &gpu.d.k, &gpu.d.v})
-        for (float x : *v) non_finite += !std::isfinite(x);
-    EXPECT_EQ(non_finite, 0u) << "outputs left unwritten (NaN fill) or overflowed";
+    EXPECT_EQ(non_finite(gpu), 0u) << "outputs left unwritten (NaN fill) or overflowed";
 }
 
 // The spare slots (copies of each row's shortest document) write the bytes the document's own slot
@@ -282,15 +250,11 @@ TEST(AttentionDocCudnnArgs, LayoutsAreWellFormed) {
     for (const RaggedCase& c : kCases) {
         SCOPED_TRACE(c.name);
         const Layout l = layout_of(c);
-        int ones = 0, docs = 0;
-        for (const auto& row : l) {
-            docs += static_cast<int>(row.size());
-            for (int len : row) ones += len == 1;
-        }
+        const DocCounts n = count_docs(l);
         EXPECT_EQ(positions_of(l).size(), static_cast<std::size_t>(c.B) * c.T);
         if (c.docs.empty()) {
-            EXPECT_GE(docs, 10 * c.B);
-            EXPECT_GE(ones, 1);
+            EXPECT_GE(n.docs, 10 * c.B);
+            EXPECT_GE(n.ones, 1);
         }
     }
 }

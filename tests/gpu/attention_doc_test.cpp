@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "cuda/attention.h"
+#include "attention_doc_util.h"
 #include "attention_test_util.h"
 #include "gpu_test_util.h"
 #include "model/cpu/cpu_ops.h"
@@ -38,8 +39,8 @@ using test::DeviceBuffer;
 using test::random_vector;
 using namespace test::attention;
 
-// A packed micro-batch: per row, the lengths of its documents in order (they sum to T).
-using Layout = std::vector<std::vector<int>>;
+// Layout, fill_rows, checked_layout, positions_of, count_docs, Inputs / random_inputs and non_finite:
+// attention_doc_util.h.
 
 struct DocCase {
     const char* name;
@@ -51,39 +52,17 @@ struct DocCase {
 // Random document lengths filling B rows of T: a quarter of the documents of length 1, the others
 // short (2-40), medium (60-140, around the tiles) or long (150-600), the last one cut at T.
 Layout random_layout(int B, int T, uint64_t seed) {
-    Rng r(seed);
-    Layout rows(B);
-    for (auto& row : rows) {
-        int left = T;
-        while (left > 0) {
-            const uint64_t kind = r.below(4);
-            int len = kind == 0 ? 1 : kind == 1 ? 2 + static_cast<int>(r.below(39))
-                                 : kind == 2 ? 60 + static_cast<int>(r.below(81))
-                                             : 150 + static_cast<int>(r.below(451));
-            len = std::min(len, left);
-            row.push_back(len);
-            left -= len;
-        }
-    }
-    return rows;
+    return fill_rows(B, T, seed, [](Rng& r) {
+        const uint64_t kind = r.below(4);
+        return kind == 0 ? 1 : kind == 1 ? 2 + static_cast<int>(r.below(39))
+                             : kind == 2 ? 60 + static_cast<int>(r.below(81))
+                                         : 150 + static_cast<int>(r.below(451));
+    });
 }
 
 Layout layout_of(const DocCase& c) {
-    Layout l = c.docs.empty() ? random_layout(c.B, c.T, 7919ull * c.T + 31ull * c.B + c.D) : c.docs;
-    QT_CHECK(static_cast<int>(l.size()) == c.B, "test case ", c.name, ": ", l.size(), " rows for B=", c.B);
-    for (const auto& row : l)
-        QT_CHECK(std::accumulate(row.begin(), row.end(), 0) == c.T, "test case ", c.name, ": a row's documents do not sum to T");
-    return l;
-}
-
-// Batch::positions of a layout: 0, 1, ... within each document.
-std::vector<int32_t> positions_of(const Layout& rows, int T) {
-    std::vector<int32_t> pos;
-    pos.reserve(rows.size() * T);
-    for (const auto& row : rows)
-        for (int len : row)
-            for (int p = 0; p < len; ++p) pos.push_back(p);
-    return pos;
+    return checked_layout(c.docs.empty() ? random_layout(c.B, c.T, 7919ull * c.T + 31ull * c.B + c.D) : c.docs, c.name,
+                          c.B, c.T);
 }
 
 AttentionShape shape_of(const DocCase& c) { return AttentionShape{c.B, c.T, c.Hq, c.Hkv, c.D}; }
@@ -131,21 +110,8 @@ void expect_close(const Result& gpu, const Result& ref, DType dtype, const Atten
 }
 
 // Inputs of a case: bf16-rounded for bf16, so the reference sees exactly the GPU's values.
-struct Inputs {
-    std::vector<float> qkv, dout;
-    std::vector<int32_t> pos;
-};
 Inputs inputs_of(const DocCase& c, DType dtype, uint64_t seed) {
-    const AttentionShape s = shape_of(c);
-    Inputs in;
-    in.qkv = random_qkv(s, c.qk_std, seed);
-    in.dout = random_vector(tokens(s) * s.Hq * s.D, seed + 1);
-    if (dtype == DType::BF16) {
-        in.qkv = test::round_bf16(in.qkv);
-        in.dout = test::round_bf16(in.dout);
-    }
-    in.pos = positions_of(layout_of(c), c.T);
-    return in;
+    return random_inputs(shape_of(c), c.qk_std, dtype == DType::BF16, seed, layout_of(c));
 }
 
 const DocCase kCases[] = {
@@ -208,10 +174,7 @@ TEST_P(AttentionDocMasking, RepeatedAndChunkedRunsAreBitIdentical) {
         const std::string dd = first_diff(a.dqkv_bytes, b.dqkv_bytes);
         EXPECT_EQ(dd, "") << "dqkv (a token's row is " << row_bytes << " bytes)";
     }
-    std::size_t non_finite = 0;
-    for (const auto* v : {&a.out, &a.lse, &a.d.q, &a.d.k, &a.d.v})
-        for (float x : *v) non_finite += !std::isfinite(x);
-    EXPECT_EQ(non_finite, 0u) << "outputs left unwritten (NaN fill) or overflowed";
+    EXPECT_EQ(non_finite(a), 0u) << "outputs left unwritten (NaN fill) or overflowed";
 }
 
 // Positions 0..T-1 in every row (one document per row) run the masked kernels with every bound at 0:
@@ -221,7 +184,7 @@ TEST_P(AttentionDocMasking, OneDocumentPerRowIsBitIdenticalToPlainCausal) {
     const auto& [dtype, c] = GetParam();
     const AttentionShape s = shape_of(c);
     Inputs in = inputs_of(c, dtype, 4242 + c.T);
-    in.pos = positions_of(Layout(c.B, std::vector<int>{c.T}), c.T);
+    in.pos = positions_of(Layout(c.B, std::vector<int>{c.T}));
     const Result masked = run_gpu(dtype, in.qkv, in.dout, s, &in.pos);
     const Result plain = run_gpu(dtype, in.qkv, in.dout, s, nullptr);
     EXPECT_TRUE(masked.out_bytes == plain.out_bytes) << "out differs from plain causal";
@@ -283,16 +246,12 @@ TEST(AttentionDocMaskingArgs, LayoutsAreWellFormed) {
     for (const DocCase& c : kCases) {
         SCOPED_TRACE(c.name);
         const Layout l = layout_of(c);
-        const auto pos = positions_of(l, c.T);
+        const auto pos = positions_of(l);
         ASSERT_EQ(pos.size(), static_cast<std::size_t>(c.B) * c.T);
-        int docs = 0, ones = 0;
-        for (const auto& row : l) {
-            docs += static_cast<int>(row.size());
-            for (int len : row) ones += len == 1;
-        }
+        const DocCounts n = count_docs(l);
         if (c.docs.empty()) {  // the random mixes hold several documents, some of length 1
-            EXPECT_GE(docs, 2 * c.B);
-            EXPECT_GE(ones, 1);
+            EXPECT_GE(n.docs, 2 * c.B);
+            EXPECT_GE(n.ones, 1);
         }
     }
 }
