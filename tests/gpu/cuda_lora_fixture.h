@@ -131,6 +131,38 @@ inline LoraAgreement compare_lora_grads(const CudaModel& gpu, CpuModel& cpu) {
     return a;
 }
 
+// The rest of a GPU-vs-CPU step (cuda_lora_test.cpp's bounds, which cuda_lora_train_also_test.cpp
+// shares) after both made the same pass and `a` compared their gradients: gradients within 1e-4
+// relative (fp32) or cosine 0.995 (bf16); an AdamW step on both (epsilon 1e-2, as in cuda_model_test:
+// the update a smooth function of the gradient) with loss and norm close; then fp32 checks every
+// master against the CPU's, and bf16 follows the CPU's values so the next step compares gradients,
+// not drift.
+inline void expect_lora_step_matches_cpu(CudaModel& gpu, CpuModel& cpu, const LoraAgreement& a, int step, bool fp32) {
+    if (fp32) EXPECT_LT(a.worst_rel, 1e-4) << a.worst;
+    else EXPECT_GE(a.worst_cos, 0.995) << a.worst;
+    const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step};
+    const StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
+    EXPECT_NEAR(sg.loss, sc.loss, (fp32 ? 1e-5 : 2e-2) * sc.loss);
+    EXPECT_NEAR(sg.grad_norm, sc.grad_norm, (fp32 ? 1e-4 : 5e-2) * sc.grad_norm);
+    if (!fp32) {
+        for (const ParamSpec& s : cpu.lora().specs()) gpu.upload_master(s.name, cpu.lora().param(s.name));
+        return;
+    }
+    for (const ParamSpec& s : cpu.lora().specs()) {
+        std::vector<float> ref(cpu.lora().param(s.name), cpu.lora().param(s.name) + s.numel());
+        EXPECT_LT(rel_max_error(gpu.download(s.name, CudaModel::Which::Master), ref), 1e-5) << s.name;
+    }
+}
+
+// The frozen base did not move (layer 0's q_proj is the CPU's, rounded to bf16 unless fp32) and has no
+// gradient.
+inline void expect_frozen_base_unmoved(const CudaModel& gpu, CpuModel& cpu, const ModelConfig& cfg, bool fp32) {
+    const std::string q = "model.layers.0.self_attn.q_proj.weight";
+    std::vector<float> q0(cpu.param(q), cpu.param(q) + cfg.q_dim() * cfg.hidden_size);
+    EXPECT_EQ(gpu.download(q, CudaModel::Which::Weights), fp32 ? q0 : round_bf16(q0));
+    EXPECT_ERROR(gpu.download(q, CudaModel::Which::Grad), "frozen under LoRA");
+}
+
 // One training pass (tokens of `seed`, scale 0.5) on both; every trained tensor's gradient equal bit
 // for bit, and not all of them zero (else the comparison would say nothing).
 inline void expect_same_pass_gradients(CudaModel& a, CudaModel& b, const ModelConfig& cfg, int B, int T,

@@ -13,6 +13,7 @@
 
 #include "test_util.h"
 #include "train/train_cli_fixture.h"
+#include "train/train_cli_ranks.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -33,23 +34,11 @@ TEST(TrainCliLoraRanks, RanksEqualOneRankOnTheSameGlobalBatch) {
     const std::string common = " --steps=6 --eval-every-n-steps=0 --grad-clip=0.05" + kLora;
     for (int world : {2, 3}) {
         SCOPED_TRACE("--gpus=" + std::to_string(world));
+        std::vector<double> norm_a;
+        ASSERT_NO_FATAL_FAILURE(expect_ranks_equal_one_rank(f, kLimit, common, world, 6,
+                                                            std::to_string(world) + " CPU ranks, ZeRO-1", &norm_a));
+        for (int s = 0; s < 6; ++s) EXPECT_GT(norm_a[s], 0.05) << "clipping must be exercised";
         const std::string one = "one" + std::to_string(world), many = "many" + std::to_string(world);
-        auto a = run_command(kLimit + f.base_cmd(one) + common + " --grad-accumulation=" + std::to_string(2 * world));
-        auto b = run_command(kLimit + f.base_cmd(many) + common + " --grad-accumulation=2 --gpus=" + std::to_string(world));
-        ASSERT_EQ(a.exit_code, 0) << a.output;
-        ASSERT_EQ(b.exit_code, 0) << b.output;
-        EXPECT_TRUE(Contains(b.output, std::to_string(world) + " CPU ranks, ZeRO-1")) << b.output;
-        const std::string la = f.dir / (one + "/log.jsonl"), lb = f.dir / (many + "/log.jsonl");
-        const auto loss_a = step_losses(la), loss_b = step_losses(lb);
-        const auto norm_a = event_values(la, "step", "norm"), norm_b = event_values(lb, "step", "norm");
-        ASSERT_EQ(loss_a.size(), 6u);
-        ASSERT_EQ(loss_b.size(), 6u);
-        ASSERT_EQ(norm_b.size(), 6u);
-        for (int s = 0; s < 6; ++s) {
-            EXPECT_NEAR(loss_b[s], loss_a[s], 1e-6 * std::abs(loss_a[s])) << "step " << s;
-            EXPECT_NEAR(norm_b[s], norm_a[s], 1e-6 * std::abs(norm_a[s])) << "step " << s;
-            EXPECT_GT(norm_a[s], 0.05) << "clipping must be exercised";
-        }
         // the PEFT adapter of the N-rank run is the one-rank run's
         const std::string adapter = "/adapter_model.safetensors";
         EXPECT_FALSE(fs::exists(f.dir / (many + "/model.safetensors")));
@@ -82,16 +71,7 @@ TEST(TrainCliLoraRanks, CheckpointResumesAtAnotherNumberOfRanks) {
     for (auto [ranks, accum] : {std::pair{1, 4}, std::pair{4, 1}}) {
         const std::string name = "r" + std::to_string(ranks);
         SCOPED_TRACE(name);
-        fs::copy(f.dir / "ws-ckpt", f.dir / (name + "-ckpt"), fs::copy_options::recursive);
-        fs::remove_all(f.dir / (name + "-ckpt/step_00000006"));
-        auto resumed = run_command(kLimit + f.base_cmd(name) + common + " --continue --gpus=" + std::to_string(ranks) +
-                                   " --grad-accumulation=" + std::to_string(accum));
-        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-        int first = -1;
-        const auto losses = step_losses(f.dir / (name + "/log.jsonl"), &first);
-        EXPECT_EQ(first, 3);
-        ASSERT_EQ(losses.size(), 3u);
-        for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[i], reference[3 + i], 1e-6 * reference[3 + i]) << "step " << 3 + i;
+        ASSERT_NO_FATAL_FAILURE(expect_resume_at_ranks(f, kLimit, common, name, ranks, accum, 3, 6, reference));
         EXPECT_LE(relative_weight_difference(read_all_weights(f.dir / "ws/adapter_model.safetensors"),
                                              read_all_weights(f.dir / (name + "/adapter_model.safetensors"))),
                   1e-5);

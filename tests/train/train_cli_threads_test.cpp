@@ -14,6 +14,7 @@
 
 #include "test_util.h"
 #include "train/train_cli_fixture.h"
+#include "train/train_cli_ranks.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
@@ -36,22 +37,9 @@ TEST(TrainCliThreads, RanksEqualOneRankWithTheirAccumulation) {
     const std::string common = " --steps=8 --eval-every-n-steps=0 --grad-clip=0.3";
     for (int world : {2, 3}) {
         SCOPED_TRACE("--gpus=" + std::to_string(world));
+        ASSERT_NO_FATAL_FAILURE(expect_ranks_equal_one_rank(f, kLimit, common, world, 8,
+                                                            "threads mode: " + std::to_string(world) + " CPU ranks"));
         const std::string one = "one" + std::to_string(world), many = "many" + std::to_string(world);
-        auto a = run_command(kLimit + f.base_cmd(one) + common + " --grad-accumulation=" + std::to_string(2 * world));
-        auto b = run_command(kLimit + f.base_cmd(many) + common + " --grad-accumulation=2 --gpus=" + std::to_string(world));
-        ASSERT_EQ(a.exit_code, 0) << a.output;
-        ASSERT_EQ(b.exit_code, 0) << b.output;
-        EXPECT_TRUE(Contains(b.output, "threads mode: " + std::to_string(world) + " CPU ranks")) << b.output;
-        const std::string la = f.dir / (one + "/log.jsonl"), lb = f.dir / (many + "/log.jsonl");
-        const auto loss_a = step_losses(la), loss_b = step_losses(lb);
-        const auto norm_a = event_values(la, "step", "norm"), norm_b = event_values(lb, "step", "norm");
-        ASSERT_EQ(loss_a.size(), 8u);
-        ASSERT_EQ(loss_b.size(), 8u);
-        ASSERT_EQ(norm_b.size(), 8u);
-        for (int s = 0; s < 8; ++s) {
-            EXPECT_NEAR(loss_b[s], loss_a[s], 1e-6 * std::abs(loss_a[s])) << "step " << s;
-            EXPECT_NEAR(norm_b[s], norm_a[s], 1e-6 * std::abs(norm_a[s])) << "step " << s;
-        }
         EXPECT_LE(relative_weight_difference(read_all_weights(f.dir / (one + "/model.safetensors")),
                                              read_all_weights(f.dir / (many + "/model.safetensors"))),
                   1e-5);
@@ -119,17 +107,9 @@ TEST(TrainCliThreads, CheckpointResumesAtAnotherNumberOfRanksWithTheSameMicroBat
     for (auto [ranks, accum] : {std::pair{3, 2}, std::pair{1, 6}}) {
         const std::string name = "r" + std::to_string(ranks);
         SCOPED_TRACE(name);
-        fs::copy(f.dir / "ws-ckpt", f.dir / (name + "-ckpt"), fs::copy_options::recursive);
-        fs::remove_all(f.dir / (name + "-ckpt/step_00000008"));
-        auto resumed = run_command(kLimit + f.base_cmd(name) + common + " --continue --gpus=" + std::to_string(ranks) +
-                                   " --grad-accumulation=" + std::to_string(accum));
-        ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-        EXPECT_TRUE(Contains(resumed.output, "the same 6 micro-batches per step")) << resumed.output;
-        int first = -1;
-        const auto losses = step_losses(f.dir / (name + "/log.jsonl"), &first);
-        EXPECT_EQ(first, 4);
-        ASSERT_EQ(losses.size(), 4u);
-        for (int i = 0; i < 4; ++i) EXPECT_NEAR(losses[i], reference[4 + i], 1e-6 * reference[4 + i]) << "step " << 4 + i;
+        std::string output;
+        ASSERT_NO_FATAL_FAILURE(expect_resume_at_ranks(f, kLimit, common, name, ranks, accum, 4, 8, reference, &output));
+        EXPECT_TRUE(Contains(output, "the same 6 micro-batches per step")) << output;
     }
     fs::copy(f.dir / "ws-ckpt", f.dir / "bad-ckpt", fs::copy_options::recursive);
     expect_refused(run_command(kLimit + f.base_cmd("bad") + common + " --continue --gpus=3 --grad-accumulation=3"),
