@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_doc_util.h"
 #include "gpu_model_fixture.h"
 #include "model/cuda/attention_choice.h"
 
@@ -38,13 +39,7 @@ constexpr int kB = 2, kT = 48;
 // Row 0: documents of 1, 20 and 27 tokens; row 1: 30, 1, 17.
 const std::vector<std::vector<int>> kDocs = {{1, 20, 27}, {30, 1, 17}};
 
-std::vector<int32_t> positions_of(const std::vector<std::vector<int>>& rows) {
-    std::vector<int32_t> pos;
-    for (const auto& row : rows)
-        for (int len : row)
-            for (int p = 0; p < len; ++p) pos.push_back(p);
-    return pos;
-}
+using test::attention::positions_of;  // (attention_doc_util.h: 0, 1, ... within each document)
 
 struct Packed {
     std::vector<int32_t> in, tgt, pos;
