@@ -265,7 +265,9 @@ int main(int argc, char** argv) {
         }
         cudaDeviceProp prop{};
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        std::printf("# %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+        const std::string cudnn = qtrain::detail::cudnn_runtime_version();
+        std::printf("# %s, %d SMs%s\n", prop.name, prop.multiProcessorCount,
+                    cudnn.empty() ? "" : (", cuDNN " + cudnn + " loaded").c_str());
         if (dt == DType::F32) backends = {AttentionBackend::Flash};
         std::string why;
         if (!qtrain::attention_backend_available(AttentionBackend::Cudnn, &why)) {

@@ -368,6 +368,11 @@ void execute(Pass pass, const AttentionShape& s, std::unordered_map<int64_t, voi
 
 bool cudnn_attention_compiled() { return true; }
 
+std::string cudnn_runtime_version() {
+    const std::size_t v = cudnnGetVersion();  // major * 10000 + minor * 100 + patch since cuDNN 9
+    return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 bool cudnn_attention_available(std::string* why) {
     try {
         if (!gpu_visible()) {
@@ -476,6 +481,8 @@ std::size_t cudnn_ragged_attention_backward_workspace_bytes(const AttentionShape
 namespace qtrain::detail {
 
 bool cudnn_attention_compiled() { return false; }
+
+std::string cudnn_runtime_version() { return ""; }
 
 bool cudnn_attention_available(std::string* why) {
     if (why) *why = "this build has no cuDNN attention backend (scripts/fetch_cudnn_frontend.sh, then rebuild)";

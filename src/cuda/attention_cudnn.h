@@ -25,6 +25,10 @@ namespace qtrain::detail {
 // True when this build has the cuDNN backend compiled in (it may still not run: see below).
 bool cudnn_attention_compiled();
 
+// The version of the libcudnn this process loaded (cudnnGetVersion, e.g. "9.19.0"), or "" without the
+// backend: which library ran is what a timing of the cuDNN paths depends on (LD_LIBRARY_PATH picks it).
+std::string cudnn_runtime_version();
+
 // True when this build has the cuDNN backend and cuDNN can be loaded on the current device; otherwise
 // false with the reason in *why.
 bool cudnn_attention_available(std::string* why = nullptr);

@@ -105,11 +105,20 @@ std::string flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const 
     };
     const int more_chunks = std::max(o.lmhead_chunks, 8);
     const Setting chunks = set(&T::lmhead_chunks, std::to_string(more_chunks));
+    // Last on each rung, on the GPU: qtrain's flash kernels instead of cuDNN's attention, whose
+    // deterministic backward keeps a dP workspace of B·Hq·T²·2 bytes (60 GB for 7B at seq 32768). Flash
+    // needs none but runs attention slower, so it comes after the cheaper savings of the same rung.
+    const bool try_flash = device == "cuda" && o.attention != "flash";
+    const Setting flash = set(&T::attention, "flash");
     if (more_chunks != o.lmhead_chunks && fits({chunks})) return describe({chunks});
     for (std::vector<Setting>& rung : ladder) {
         if (fits(rung)) return describe(rung);
         if (more_chunks != o.lmhead_chunks) {
             rung.push_back(chunks);
+            if (fits(rung)) return describe(rung);
+        }
+        if (try_flash) {
+            rung.push_back(flash);
             if (fits(rung)) return describe(rung);
         }
     }

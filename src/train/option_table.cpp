@@ -315,8 +315,8 @@ std::vector<OptionSpec> make_table() {
         // Performance and memory
         opt(kPerf, "use-cuda-graphs", &T::use_cuda_graphs, R::MayChange,
             "Capture the steady-state step in a CUDA graph (bit-identical; also with --offload-residual and, on one "
-            "GPU, --offload-gradients; not with --shard-weights, whose streaming decides its copies on the host per "
-            "micro-batch)")
+            "GPU, --offload-gradients and --shard-weights, whose streaming gets one graph per state of its weight "
+            "slots; not with --shard-weights over --gpus > 1)")
             .model(&M::use_cuda_graphs),
         opt(kPerf, "lmhead-chunks", &T::lmhead_chunks, R::MayChange,
             "Compute the LM head + loss in this many chunks of tokens").model(&M::lmhead_chunks),

@@ -162,8 +162,8 @@ TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
 }
 
 // What stays refused names its flags, before any memory is taken: --train-also with the streamed bf16
-// base, ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host already), CUDA
-// graphs with streaming (as for the full model).
+// base, ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host already). (CUDA
+// graphs with the streamed base: cuda_graphs_stream_test.cpp.)
 TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
     QTRAIN_REQUIRE_GPU();
     const ModelConfig cfg = qwen2_case();
@@ -180,7 +180,4 @@ TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
     EXPECT_ERROR((void)CudaModel(cfg, pq), "--lora-rank=8", "--persistent-quants");
     pq.offload_quants = true;
     EXPECT_ERROR((void)CudaModel(cfg, pq), "--lora-rank=8", "--offload-quants");
-    ModelOptions graphs = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);
-    graphs.use_cuda_graphs = true;
-    EXPECT_ERROR((void)CudaModel(cfg, graphs), "--use-cuda-graphs", "--shard-weights");
 }

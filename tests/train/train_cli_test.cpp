@@ -227,6 +227,36 @@ TEST(TrainCli, GpuRecomputeFlagsShrinkThePlanAndAreSuggestedWhenItDoesNotFit) {
     EXPECT_TRUE(Contains(over.output, "it fits with --recompute-")) << over.output;
 }
 
+// At long sequences cuDNN's deterministic attention backward keeps a dP workspace of B·Hq·T²·2 bytes
+// (7B, seq 32768: ~60 GB): when recompute and the LM head's chunks are not enough, the ladder tries
+// qtrain's flash kernels (no such workspace) on the same rung before it moves to host memory, and the
+// suggestion it prints fits. With --attention=flash given already it never suggests it.
+TEST(TrainCli, LongSequencesAreSuggestedTheFlashKernelsWhenCudnnsWorkspaceDoesNotFit) {
+#ifndef QTRAIN_HAVE_CUDA
+    GTEST_SKIP() << "built without the CUDA backend";
+#endif
+    const std::string base = train_exe() +
+                             " --device=cuda --model=Qwen2.5-7B --from-scratch --plan-only --seq-len=32768 --batch-size=1"
+                             " --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --matmul-dtype=e4m3"
+                             " --gradient-dtype=e5m2 --memory-limit=130GiB";
+    auto over = run_command(base);
+    EXPECT_EQ(over.exit_code, 1) << over.output;
+    const std::string head = "it fits with ";
+    const std::size_t at = over.output.find(head), end = over.output.find(" (or", at);
+    ASSERT_NE(at, std::string::npos) << over.output;
+    ASSERT_NE(end, std::string::npos) << over.output;
+    const std::string flags = over.output.substr(at + head.size(), end - at - head.size());
+    EXPECT_TRUE(Contains(flags, "--attention=flash")) << flags;
+    EXPECT_TRUE(Contains(flags, "--recompute-block")) << flags;
+    EXPECT_FALSE(Contains(flags, "--offload-master")) << "flash on the rung comes before more host memory: " << flags;
+    auto fits = run_command(base + " " + flags);
+    EXPECT_EQ(fits.exit_code, 0) << flags << "\n" << fits.output;
+    auto given = run_command(base + " --attention=flash");
+    EXPECT_EQ(given.exit_code, 1) << given.output;
+    EXPECT_FALSE(Contains(given.output, "it fits with --attention=flash")) << given.output;
+    EXPECT_TRUE(Contains(given.output, "it fits with ")) << given.output;
+}
+
 // A number from the [Allocator State] table: the device MiB of `category` (-1 when absent).
 long plan_mib(const std::string& out, const std::string& category) {
     const auto pos = out.find("  " + category + " ");

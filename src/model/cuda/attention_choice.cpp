@@ -83,8 +83,9 @@ std::string describe_attention_backend(const ModelConfig& c, const ModelOptions&
     const AttentionBackend b = choose(c, o, &why);
     if (b == AttentionBackend::Cudnn)
         return o.document_masking ? cat("cudnn (variable-length: one sequence per document, up to ", o.max_docs_per_row,
-                                        " per row, ", flag(&ModelOptions::max_docs_per_row), ")")
-                                  : std::string("cudnn");
+                                        " per row, ", flag(&ModelOptions::max_docs_per_row), "; cuDNN ",
+                                        detail::cudnn_runtime_version(), ")")
+                                  : cat("cudnn (cuDNN ", detail::cudnn_runtime_version(), ")");
     return why.empty() ? "flash" : "flash (cuDNN: " + why + ")";
 }
 

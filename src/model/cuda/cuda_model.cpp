@@ -106,15 +106,15 @@ void CudaModel::check_options(const ModelOptions& o) {
              flag(&ModelOptions::model_dtype), "=bf16 (it streams the bf16 weights from host memory)");
     QT_CHECK(!o.shard_gradients || o.offload_gradients || o.gpus > 1, flag(&ModelOptions::shard_gradients),
              " on one GPU streams the gradients to host memory: add ", flag(&ModelOptions::offload_gradients));
-    // CUDA graphs replay one captured micro-batch: whatever the step decides on the host must be the
+    // CUDA graphs replay a captured micro-batch: whatever the step decides on the host must be the
     // same in every micro-batch (or read on the device). The residual offload's copies and the
-    // offloaded gradients' flushes are (residual_offload.h, gradients.h); weight streaming's are not.
-    QT_CHECK(!o.use_cuda_graphs || !o.shard_weights, flag(&ModelOptions::use_cuda_graphs), " cannot be combined with ",
-             flag(&ModelOptions::shard_weights),
-             " yet: weight streaming decides on the host, per micro-batch, which layers to copy in (a layer the "
-             "previous backward left in its slot is not copied again until an update empties the slots, and "
-             "persistent FP8 copies are made on first use), so a captured graph would replay one micro-batch's "
-             "copies in every other; drop one of the two");
+    // offloaded gradients' flushes are (residual_offload.h, gradients.h); weight streaming's depend on
+    // what its slots hold, so a graph is captured per starting state (weights.h: StreamState). ZeRO-3's
+    // layer gathers are NCCL broadcasts on the copy stream, which are not captured.
+    QT_CHECK(!o.use_cuda_graphs || !o.shard_weights || o.gpus == 1, flag(&ModelOptions::use_cuda_graphs), " with ",
+             flag(&ModelOptions::shard_weights), " needs ", flag(&ModelOptions::gpus),
+             "=1 (ZeRO-3 gathers each layer from its owners by collectives on the weights' copy stream, which a "
+             "graph does not capture); drop one of the two");
     QT_CHECK(!o.use_cuda_graphs || !o.offload_gradients || o.gpus == 1, flag(&ModelOptions::use_cuda_graphs), " with ",
              flag(&ModelOptions::offload_gradients), " needs ", flag(&ModelOptions::gpus), "=1 (under CUDA graphs the ",
              "gradient is reduced over the ranks after the backward, which NCCL cannot do in host memory)");
@@ -366,8 +366,10 @@ CudaModel::~CudaModel() {
             cudaFree(a.base);
         }
     }
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    if (graph_) cudaGraphDestroy(graph_);
+    for (CapturedPass& g : graphs_) {
+        if (g.exec) cudaGraphExecDestroy(g.exec);
+        if (g.graph) cudaGraphDestroy(g.graph);
+    }
 }
 
 std::string CudaModel::performance_notes() const {

@@ -250,9 +250,15 @@ private:
     std::unique_ptr<GemmRunner> gemm_;
     cuda::Stream stream_;       // the compute stream: every kernel of the step
     cuda::Event staging_free_;  // the last upload out of host_staging is done
-    // --use-cuda-graphs: forward_backward_ops captured once, replayed for every micro-batch
-    cudaGraph_t graph_ = nullptr;
-    cudaGraphExec_t graph_exec_ = nullptr;
+    // --use-cuda-graphs: forward_backward_ops captured once per starting state of weight streaming
+    // (Weights::StreamState; one state, so one graph, without streaming) and replayed for every
+    // micro-batch that starts from that state
+    struct CapturedPass {
+        Weights::StreamState start, end;
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+    };
+    std::vector<CapturedPass> graphs_;
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
     uint64_t sr_seed_ = 0x5eed0fada3ull;
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2

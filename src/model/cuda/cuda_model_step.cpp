@@ -305,6 +305,7 @@ void CudaModel::forward_backward_ops(int B, int T) {
 void CudaModel::join_side_streams() {
     residuals_->join();
     grads_->join();
+    weights_->join();  // weight streaming's copies (and quantisation) of the layers
 }
 
 void CudaModel::forward_backward(const Batch& batch, float grad_scale) {
@@ -332,7 +333,7 @@ void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
     // The per-op timer records events between ops, which a graph would hide: it runs eagerly.
     // --gemm-autotune tries algorithms on real calls, which a captured graph would freeze: the step
     // runs eagerly until every GEMM shape is decided (or for at most 64 micro-batches).
-    const bool tuning = opt_.gemm_autotune && !graph_exec_ && eager_tuning_calls_ < 64 &&
+    const bool tuning = opt_.gemm_autotune && graphs_.empty() && eager_tuning_calls_ < 64 &&
                         (gemm_->cached_shapes() == 0 || gemm_->tuning_stats().shapes_exploring > 0);
     if (!opt_.use_cuda_graphs || timer_.enabled() || tuning) {
         if (tuning) ++eager_tuning_calls_;
@@ -340,25 +341,39 @@ void CudaModel::forward_backward_pass(const Batch& batch, float grad_scale) {
         return;
     }
     join_side_streams();  // (outside the capture: see there)
-    if (!graph_exec_) {
-        // Capture once. Every pointer and shape is fixed by the plan, and everything that changes
-        // per micro-batch (tokens, the embedding grouping, the scales, whether the offloaded
-        // gradient's flushes copy or add) is read from device memory that upload_batch (and the
-        // gradient role) refresh before each launch. The side streams' work is forked into the
-        // capture by events and joined back at its end (join_side_streams).
+    // Weight streaming decides its copies on the host from the slots' state (weights.h): a graph is
+    // captured per state a pass starts from, and a replay leaves the state its capture left.
+    const Weights::StreamState start = weights_->stream_state();
+    auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const CapturedPass& g) { return g.start == start; });
+    if (it == graphs_.end()) {
+        // Capture. Every pointer and shape is fixed by the plan, and everything that changes per
+        // micro-batch (tokens, the embedding grouping, the scales, whether the offloaded gradient's
+        // flushes copy or add) is read from device memory that upload_batch (and the gradient role)
+        // refresh before each launch. The side streams' work is forked into the capture by events
+        // and joined back at its end (join_side_streams).
+        CapturedPass g;
+        g.start = start;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         try {
+            weights_->begin_captured_pass();
             forward_backward_ops(B, T);
         } catch (...) {
-            cudaGraph_t g = nullptr;
-            cudaStreamEndCapture(stream_, &g);
-            if (g) cudaGraphDestroy(g);
+            cudaGraph_t partial = nullptr;
+            cudaStreamEndCapture(stream_, &partial);
+            if (partial) cudaGraphDestroy(partial);
             throw;
         }
-        CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-        CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &g.graph));
+        if (const cudaError_t e = cudaGraphInstantiate(&g.exec, g.graph, 0); e != cudaSuccess) {
+            cudaGraphDestroy(g.graph);
+            CUDA_CHECK(e);
+        }
+        g.end = weights_->stream_state();
+        graphs_.push_back(std::move(g));
+        it = graphs_.end() - 1;
     }
-    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
+    weights_->replayed(it->end);  // (the slots as the capture left them; events after the graph)
     grads_->backward_replayed();  // (the host-side bookkeeping that ran only at capture)
 }
 

@@ -21,6 +21,12 @@
 //
 // Streaming does the same arithmetic in the same order as the flat buffers, so results are
 // bit-identical to running without it.
+//
+// CUDA graphs (one GPU): the choices above (skip a layer still in its slot, quantise or copy the kept
+// FP8 bytes) depend on the host-side state only (StreamState), so a pass captured from a state does
+// the right copies whenever it is replayed from that state; the model keys its graphs by it. The
+// events a capture waits on are recorded in it (begin_captured_pass), and replayed() records them
+// again after each launch so that eager passes between replays order against the graph.
 #include "model/cuda/weights.h"
 
 #include <algorithm>
@@ -31,6 +37,7 @@
 #include "cuda/check.h"
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
+#include "cuda/pass_event.h"
 
 namespace qtrain {
 
@@ -60,6 +67,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
     if (!streamed_) return;
     copy_stream_ = cuda::Stream::non_blocking();
     for (int s = 0; s < 2; ++s) ready_[s] = cuda::Event::ordering(), free_[s] = cuda::Event::ordering();
+    joined_ = cuda::Event::ordering();
 }
 
 Weights::~Weights() {
@@ -271,6 +279,41 @@ void Weights::changed() {
     slot_layer_[0] = slot_layer_[1] = -1;
     std::fill(quant_stored_.begin(), quant_stored_.end(), 0);  // quantised again on first use
     for (const cuda::Event& e : free_) CUDA_CHECK(cudaEventRecord(e, compute_));
+}
+
+// ---- CUDA graphs (weights.h: StreamState) ----
+
+Weights::StreamState Weights::stream_state() const {
+    return {{slot_layer_[0], slot_layer_[1]}, {slot_has_matrices_[0], slot_has_matrices_[1]}, quant_stored_};
+}
+
+void Weights::begin_captured_pass() {
+    if (!streamed_) return;
+    for (int s = 0; s < 2; ++s) {
+        CUDA_CHECK(cudaEventRecord(free_[s], compute_));
+        CUDA_CHECK(cudaEventRecord(ready_[s], compute_));
+    }
+    // the copy stream joins the capture here even in a pass that copies nothing (both layers of a
+    // two-layer model still in their slots), so the end-of-pass join is a join inside the capture
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[0], 0));
+}
+
+void Weights::join() {
+    if (!streamed_) return;
+    cuda::join_into(compute_, copy_stream_, joined_);
+}
+
+void Weights::replayed(const StreamState& end) {
+    if (!streamed_) return;
+    QT_CHECK(end.quant_stored.size() == quant_stored_.size(), "weight streaming: internal error (a captured pass's "
+             "state has ", end.quant_stored.size(), " layers' FP8 flags, not ", quant_stored_.size(), ")");
+    for (int s = 0; s < 2; ++s) {
+        slot_layer_[s] = end.slot_layer[s];
+        slot_has_matrices_[s] = end.slot_has_matrices[s];
+        CUDA_CHECK(cudaEventRecord(free_[s], compute_));
+        CUDA_CHECK(cudaEventRecord(ready_[s], compute_));
+    }
+    quant_stored_ = end.quant_stored;
 }
 
 // ---- FP8 copies ----

@@ -30,6 +30,7 @@
 // events and slot state are its own.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -128,6 +129,31 @@ public:
     const void* stored_q(int64_t off) const;
     void sync() const;  // waits for the copy stream
 
+    // CUDA graphs with streaming (one GPU). Which layers a pass copies in is decided on the host from
+    // this state (what each slot holds; with --persistent-quants, which layers' FP8 copies are kept),
+    // so a captured pass is valid exactly when it starts from the state its capture started from,
+    // and it leaves the state its capture left. The model keeps one graph per starting state (a
+    // handful: empty slots after an update, layers 0 and 1 after a backward, the last two after a
+    // forward alone). Default when not streamed: one state, one graph.
+    struct StreamState {
+        std::array<int, 2> slot_layer{-1, -1};
+        std::array<bool, 2> slot_has_matrices{true, true};
+        std::vector<char> quant_stored;
+        bool operator==(const StreamState&) const = default;
+    };
+    StreamState stream_state() const;
+    // First thing inside a capture: forks the copy stream into it, and records the slots' events
+    // there (a capture may wait only on events it recorded): a layer already in its slot is ready as
+    // of the pass's start, because join() ordered its copy before the pass.
+    void begin_captured_pass();
+    // The compute stream waits for everything queued on the copy stream (before each captured pass
+    // or replay, eagerly; at the end of each pass, inside the capture, which must end joined).
+    void join();
+    // After a launch of the graph captured from some state (eager): the slots are as that capture
+    // left them (`end`), and the events are recorded again after the graph, so later eager copies
+    // into a slot wait for the graph's reads and later gets find them ready.
+    void replayed(const StreamState& end);
+
 private:
     // The FP8 copies of layer l's four matrices from its weights at w (q, qT: the layer's quantised
     // copies, laid out like the weights, one byte per element), on `stream`.
@@ -171,6 +197,7 @@ private:
     cudaStream_t compute_ = nullptr;
     cuda::Stream copy_stream_;
     cuda::Event ready_[2], free_[2];
+    cuda::Event joined_;  // join(): the copy stream's work so far
     int slot_layer_[2] = {-1, -1};  // the layer each slot holds (-1: none)
     // --persistent-quants: whether layer l's FP8 copy is in buf_.quant_store for the current weights,
     // and whether each slot holds its layer's bf16 matrices (a layer filled from the store gets only
