@@ -59,5 +59,7 @@ case "${ONLY:-all}" in all|qtrain)
 esac
 case "${ONLY:-all}" in all|torch)
   # shellcheck disable=SC2086
-  (cd bench && python3 torch_lora_baseline.py --model "$MODEL" --batch "$TORCH_BATCH" --seq-len "$SEQ" --compile ${TORCH_FLAGS:-}) ;;
+  # TORCH_COMPILE=--compile-layers compiles each decoder layer (regional; compiles in a layer's time)
+  (cd bench && python3 torch_lora_baseline.py --model "$MODEL" --batch "$TORCH_BATCH" --seq-len "$SEQ" \
+    "${TORCH_COMPILE:---compile}" ${TORCH_FLAGS:-}) ;;
 esac
