@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -103,9 +102,7 @@ TEST(CudaGraphsOffload, BitIdenticalToTheRunWithoutGraphs) {
                 o.use_cuda_graphs = true;
                 const std::vector<float> graphs = train(cfg, o);
                 ASSERT_EQ(graphs.size(), eager.size());
-                std::size_t first_diff = graphs.size();
-                for (std::size_t i = 0; i < graphs.size() && first_diff == graphs.size(); ++i)
-                    if (std::memcmp(&graphs[i], &eager[i], sizeof(float)) != 0) first_diff = i;
+                const std::size_t first_diff = first_bit_difference(graphs, eager);
                 EXPECT_EQ(first_diff, graphs.size()) << "first difference at value " << first_diff;
             }
 }

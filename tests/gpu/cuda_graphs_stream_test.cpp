@@ -11,11 +11,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
 #include "model/lora.h"
 
@@ -27,21 +26,14 @@ namespace {
 // A bf16 model streamed from host memory: `matmul` e4m3 or bf16, `grad` the gradient dtype; two
 // LM-head chunks.
 ModelOptions stream_options(DType matmul, DType grad, int B, int T) {
-    ModelOptions o = CpuModel::fp32_options(B, T);
-    o.model_dtype = DType::BF16;
-    o.matmul_dtype = matmul;
-    o.gradient_dtype = grad;
-    o.lmhead_chunks = 2;
+    ModelOptions o = fp8_base_options(matmul, grad, B, T, LoraOptions{});  // (LoRA off: rank 0)
     o.shard_weights = true;
     return o;
 }
 
-LoraOptions lora_options() {
-    LoraOptions l;
-    l.rank = 8;
-    l.alpha = 16.0f;
-    l.dropout = 0.2f;  // (masks drawn per pass, from the device's pass count)
-    l.targets = parse_lora_targets("all", "--lora-targets");
+// The LoRA runs' adapters: dropout 0.2 (masks drawn per pass, from the device's pass count)
+LoraOptions stream_lora_options() {
+    LoraOptions l = lora_options(0.2f);
     l.seed = 4243;
     return l;
 }
@@ -57,17 +49,9 @@ void append(std::vector<float>& out, const std::vector<float>& v) { out.insert(o
 std::vector<float> train(const ModelConfig& cfg, const ModelOptions& o) {
     const int B = o.batch_size, T = o.seq_len;
     CudaModel m(cfg, o);
-    m.init_random(31);
+    if (m.lora()) start_lora_models({&m}, 31, 5);  // non-zero B, the same on both runs
+    else m.init_random(31);
     const std::vector<ParamSpec> trained = m.lora() ? m.lora()->host().specs() : m.layout().specs;
-    if (m.lora()) {  // non-zero B, the same on both runs
-        Rng rng(5);
-        for (const ParamSpec& s : trained) {
-            std::vector<float> v = m.download(s.name, CudaModel::Which::Master);
-            if (s.name.find(".lora_B.") != std::string::npos)
-                for (float& x : v) x = 0.05f * rng.normal();
-            m.upload_master(s.name, v.data());
-        }
-    }
     std::vector<float> out;
     for (int step = 1; step <= 4; ++step) {
         for (int micro = 0; micro < 2; ++micro) {
@@ -97,9 +81,7 @@ void expect_graphs_bit_identical(const ModelConfig& cfg, ModelOptions o) {
     o.use_cuda_graphs = true;
     const std::vector<float> graphs = train(cfg, o);
     ASSERT_EQ(graphs.size(), eager.size());
-    std::size_t first_diff = graphs.size();
-    for (std::size_t i = 0; i < graphs.size() && first_diff == graphs.size(); ++i)
-        if (std::memcmp(&graphs[i], &eager[i], sizeof(float)) != 0) first_diff = i;
+    const std::size_t first_diff = first_bit_difference(graphs, eager);
     EXPECT_EQ(first_diff, graphs.size()) << "first difference at value " << first_diff;
 }
 
@@ -139,24 +121,24 @@ const Combo kLora[] = {
     {"LoRA, streamed FP8 base, e5m2 gradients",
      [](int B, int T) {
          ModelOptions o = stream_options(DType::E4M3, DType::E5M2, B, T);
-         o.lora = lora_options();
+         o.lora = stream_lora_options();
          return o;
      }},
     {"LoRA, streamed FP8 base, e4m3 gradients, recompute-block",
      [](int B, int T) {
          ModelOptions o = stream_options(DType::E4M3, DType::E4M3, B, T);
-         o.lora = lora_options();
+         o.lora = stream_lora_options();
          o.recompute_block = true;
          return o;
      }},
     {"LoRA, streamed bf16 base", [](int B, int T) {
          ModelOptions o = stream_options(DType::BF16, DType::BF16, B, T);
-         o.lora = lora_options();
+         o.lora = stream_lora_options();
          return o;
      }},
     {"LoRA, streamed bf16 base, e4m3 matmuls (quantised on arrival)", [](int B, int T) {
          ModelOptions o = stream_options(DType::E4M3, DType::BF16, B, T);
-         o.lora = lora_options();
+         o.lora = stream_lora_options();
          return o;
      }},
 };

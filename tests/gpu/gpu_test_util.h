@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -249,6 +250,15 @@ inline Comparison compare(const std::vector<float>& actual, const std::vector<fl
     if (na > 0.0 && ne > 0.0) c.cosine = dot / std::sqrt(na * ne);
     if (c.non_finite > 0) c.cosine = 0.0;
     return c;
+}
+
+// The index of the first value whose bits differ between a and b (the shorter size when none does):
+// the bit-identical mode tests report where two runs part.
+inline std::size_t first_bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    const std::size_t n = std::min(a.size(), b.size());
+    for (std::size_t i = 0; i < n; ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return i;
+    return n;
 }
 
 // Passes when max|a - e| <= rtol * max|e| + atol, the sizes match, nothing is NaN/inf, and (if

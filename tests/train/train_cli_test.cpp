@@ -227,6 +227,15 @@ TEST(TrainCli, GpuRecomputeFlagsShrinkThePlanAndAreSuggestedWhenItDoesNotFit) {
     EXPECT_TRUE(Contains(over.output, "it fits with --recompute-")) << over.output;
 }
 
+// The flags a plan-over-the-limit error suggests: what stands between "it fits with " and " (or", or
+// "" when the output has no such suggestion.
+std::string suggested_flags(const std::string& out) {
+    const std::string head = "it fits with ";
+    const std::size_t at = out.find(head);
+    const std::size_t end = at == std::string::npos ? at : out.find(" (or", at);
+    return end == std::string::npos ? std::string() : out.substr(at + head.size(), end - at - head.size());
+}
+
 // At long sequences cuDNN's deterministic attention backward keeps a dP workspace of B·Hq·T²·2 bytes
 // (7B, seq 32768: ~60 GB): when recompute and the LM head's chunks are not enough, the ladder tries
 // qtrain's flash kernels (no such workspace) on the same rung before it moves to host memory, and the
@@ -241,11 +250,8 @@ TEST(TrainCli, LongSequencesAreSuggestedTheFlashKernelsWhenCudnnsWorkspaceDoesNo
                              " --gradient-dtype=e5m2 --memory-limit=130GiB";
     auto over = run_command(base);
     EXPECT_EQ(over.exit_code, 1) << over.output;
-    const std::string head = "it fits with ";
-    const std::size_t at = over.output.find(head), end = over.output.find(" (or", at);
-    ASSERT_NE(at, std::string::npos) << over.output;
-    ASSERT_NE(end, std::string::npos) << over.output;
-    const std::string flags = over.output.substr(at + head.size(), end - at - head.size());
+    const std::string flags = suggested_flags(over.output);
+    ASSERT_FALSE(flags.empty()) << over.output;
     EXPECT_TRUE(Contains(flags, "--attention=flash")) << flags;
     EXPECT_TRUE(Contains(flags, "--recompute-block")) << flags;
     EXPECT_FALSE(Contains(flags, "--offload-master")) << "flash on the rung comes before more host memory: " << flags;
@@ -437,11 +443,8 @@ TEST(TrainCli, GpuPlanOnSeveralRanksNamesZeroThreeBeforeOffloading) {
                              " --gpus=8 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --memory-limit=24GiB";
     auto over = run_command(base);
     EXPECT_EQ(over.exit_code, 1) << over.output;
-    const std::string head = "it fits with ";
-    const std::size_t at = over.output.find(head), end = over.output.find(" (or", at);
-    ASSERT_NE(at, std::string::npos) << over.output;
-    ASSERT_NE(end, std::string::npos) << over.output;
-    const std::string flags = over.output.substr(at + head.size(), end - at - head.size());
+    const std::string flags = suggested_flags(over.output);
+    ASSERT_FALSE(flags.empty()) << over.output;
     // sharding first: ZeRO-3, then (the non-layer weights and gradients stay whole on every rank) offloads
     EXPECT_EQ(flags.rfind("--recompute-block --zero-level=3", 0), 0u) << flags;
     auto fits = run_command(base + " " + flags);
