@@ -10,6 +10,8 @@ usage: python3 bench/torch_lora_baseline.py --model Qwen2.5-7B --batch 4 --seq-l
 """
 import argparse
 import json
+import sys
+import time
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -39,7 +41,12 @@ def main():
     family, h, i, L, heads, kv, d, vocab, tied = PRESETS[a.model]
     cfg = make_config(family, h, i, L, heads, kv, d, vocab, tied)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda()
+    t0 = time.perf_counter()
+    # built on the GPU: HF's random init of a 7B model on the host takes a minute or more, and the
+    # weights' values do not change the speed
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    print(f"# model built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -65,7 +72,10 @@ def main():
         opt.zero_grad(set_to_none=True)
         return loss
 
+    t0 = time.perf_counter()
     tps = time_random_token_steps(step, a.batch, a.seq_len, vocab, a.warmup, a.steps)
+    print(f"# {a.warmup} warm-up + {a.steps} timed steps (compilation included) in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr, flush=True)
     system = "pytorch+peft" + ("+compile" if a.compile else "") + ("+compile-layers" if a.compile_layers else "") + ("+checkpointing" if a.checkpointing else "")
     print(json.dumps({"system": system, "model": a.model, "batch": a.batch, "seq_len": a.seq_len, "rank": a.rank,
                       "trainable": sum(p.numel() for p in trainable), "tokens_per_s": round(tps),
