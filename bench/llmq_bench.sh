@@ -5,7 +5,7 @@
 # usage: bench/llmq_bench.sh MODEL [DTYPE]      MODEL: Qwen2.5-0.5B|1.5B|3B|7B|14B, DTYPE: bf16 (default) | e4m3
 #        bench/llmq_bench.sh --parse LOG MODEL BATCH GA [STEPS]   (only parse an llm.q stdout log; for testing)
 #
-# Needs the prebuilt llm.q binary tarball (llmq/train + llmq/lib/*.so; see .gpucarry/llmq/BUILD.md), carried
+# Needs the prebuilt llm.q binary tarball (llmq/train + llmq/lib/*.so; see bench/llmq_build.md), carried
 # to the GPU machine as an ignored path. Environment:
 #   LLMQ_TAR   tarball (default <repo>/.gpucarry/llmq/llmq.tar.xz)
 #   LLMQ_DIR   where it is unpacked and where data/ and run/ go (default /tmp/llmq)
