@@ -4,7 +4,8 @@
 # usage: scripts/gpu_check.sh [tests] [train] [bench] [bench8] [breakdown] [torch] [attbench] [ref] [ref5] [cmp] [demo]
 #                             [rehearse] [aboptim] [abquants] [setup] [abattn] [abgemm] [abstep] [dp] [absplit] [z3] [reshard] [fp8head] [peft]
 #        (default: tests train)
-# PREBUILT=build-carry skips the build and runs the binaries carried in that folder.
+# PREBUILT=DIR skips the build and runs the binaries in DIR: after `source scripts/gpu_carry_env.sh` (which
+# unpacks scripts/carry_binaries.sh's build-carry/carry.tar.xz) that is /tmp/gc/bin.
 # Carry along (device tool `carry`): .devdeps (from ../shared/gpu/stage-deps.sh libxxhash-dev) and, for `cmp`,
 # .refdata/{train,eval}.bin — the KJV token files: run scripts/demo.sh once, then
 #   mkdir -p .refdata && cp demo-run/data/train.bin demo-run/data/eval.bin .refdata/

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 32's rows on one H200: qtrain at llm.q's published one-GPU commands (its benchmarks/H100x1.md: seq 1024,
+# bf16 weights and Adam moments, CUDA graphs, random tokens) beside llm.q itself where its bf16 path runs
+# (bench/llmq_bench.sh; its FP8 path fails on cuBLASLt 13.1), and qtrain's candidates for the best 7B command.
+# usage: BUILD_DIR=/tmp/gc/bin bench/issue32_rows.sh ROW...   (after `source scripts/gpu_carry_env.sh`)
+#   ROW: 7b-bf16 | 7b-fp8 | 14b-bf16 | 14b-fp8 | 7b-best | llmq-7b-bf16 | llmq-14b-bf16 | seq32k | seq16k
+# GA (default: the published accumulation of the row) and STEPS (default 3; the median is over the steps after
+# the first) keep a row inside one device call: at the published accumulations a 7B bf16 step is ~40 s and a 14B
+# one ~60-85 s, so give a row its own call or lower GA on BOTH sides of a comparison (compare like with like).
+# qtrain's FP8 rows use its e5m2 backward and fast accumulation (--gradient-dtype=e5m2 --fp8-fast-accum=all):
+# llm.q's FP8 command runs e4m3 matmuls only; what qtrain adds is stated beside each figure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2 --fp8-fast-accum=all"
+q() {  # q MODEL BATCH GA flags...: one qtrain row
+  local m=$1 b=$2 ga=$3; shift 3
+  echo "# qtrain $m batch $b accumulation ${GA:-$ga}: $*"
+  GA=${GA:-$ga} STEPS=${STEPS:-3} SKIP=1 timeout "${TIMEOUT:-580}" bench/bench_qtrain.sh "$m" "$b" --use-cuda-graphs "$@" 2>&1 | tail -1
+}
+for row in "$@"; do
+  case $row in
+    7b-bf16) q Qwen2.5-7B 4 128 --lmhead-chunks=2 --attn-bwd-chunks=2 ;;
+    7b-fp8) q Qwen2.5-7B 16 32 $F8 --lmhead-chunks=4 --attn-bwd-chunks=4 --recompute-ffn --recompute-norm --offload-residual ;;
+    14b-bf16) q Qwen2.5-14B 8 64 --lmhead-chunks=2 --attn-bwd-chunks=2 --offload-opt-m --offload-opt-v --offload-master \
+                --recompute-ffn --offload-residual ;;
+    14b-fp8) q Qwen2.5-14B 16 32 $F8 --lmhead-chunks=2 --offload-opt-m --offload-opt-v --offload-master --recompute-ffn \
+               --recompute-norm --offload-residual ;;
+    7b-best)  # without --recompute-ffn (docs/perf-notes.md, session 21: its recomputed gate|up GEMMs are ~96 ms of a
+              # ~775 ms micro-batch); plans 121.6 and 120.8 GiB (--plan-only, this commit)
+      q Qwen2.5-7B 16 32 $F8 --lm-head-dtype=e4m3 --lmhead-chunks=4 --attn-bwd-chunks=4 --offload-residual \
+        --offload-opt-m --offload-opt-v --master-dtype=bf16
+      q Qwen2.5-7B 8 32 $F8 --lm-head-dtype=e4m3 --lmhead-chunks=4 --offload-opt-m --offload-opt-v ;;
+    llmq-7b-bf16) GA=${GA:-128} STEPS=${STEPS:-3} bench/llmq_bench.sh Qwen2.5-7B bf16 2>/dev/null | tail -1 ;;
+    llmq-14b-bf16) GA=${GA:-64} STEPS=${STEPS:-3} bench/llmq_bench.sh Qwen2.5-14B bf16 2>/dev/null | tail -1 ;;
+    seq32k)  # Qwen2.5's max_position_embeddings, batch 1, FP8 (plans: 0.5B 72.3 GiB, 1.5B 113.8 GiB with the default
+             # flags; 7B needs the flags its plan names: 303.6 GiB without)
+      for m in Qwen2.5-0.5B Qwen2.5-1.5B; do SEQ=32768 GA=${GA:-1} q $m 1 1 $F8; done
+      SEQ=32768 GA=${GA:-1} q Qwen2.5-7B 1 1 $F8 --recompute-block --offload-opt-m --offload-opt-v --lmhead-chunks=8 \
+        --attention=flash ;;
+    seq16k)  # 0.5B FP8 at seq 16384 against HF + torch.compile (issue 32: >= 2.5x; 2.2x on 2026-12-03)
+      SEQ=16384 GA=${GA:-1} q Qwen2.5-0.5B 2 1 $F8
+      (cd bench && timeout 400 python3 torch_baseline.py --model Qwen2.5-0.5B --batch 2 --seq-len 16384 --compile 2>&1 | tail -1) ;;
+    *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-fp8 14b-bf16 14b-fp8 7b-best llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
+       exit 2 ;;
+  esac
+done
