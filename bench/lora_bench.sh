@@ -17,13 +17,13 @@
 #             ~0.7 GiB CUDA context comes on top)
 # The plan (--plan-only, this build, seq 2048, rank 16, fp32 adapter moments, CUDA graphs; plan, NOT measured):
 #   model          bf16 (<=130GiB)  fp8 (<=130GiB)  bf16-24g        fp8-24g
-#   Qwen2.5-7B     batch 11         batch 12        batch 4         batch 7   (batch 1: 17,174 / 11,266 MiB)
+#   Qwen2.5-7B     batch 11         batch 12        batch 4         batch 7   (batch 1: 17,174 / 11,192 MiB)
 #   Llama-3.1-8B   batch 11         batch 12        batch 4         batch 7
-#   Qwen3-8B       batch 10         batch 11        batch 4         batch 6
-#   Qwen2.5-14B    batch 6          batch 7         does not fit    batch 2   (batch 1: 19,634 MiB)
-# fp8-stream-24g (largest under 23 GiB; device / pinned MiB): Qwen2.5-32B batch 5 (21,160 / 29,761),
-#   Qwen2.5-14B batch 8 (21,961 / 12,601), Qwen2.5-7B batch 13 (23,405 / 6,224); with --offload-residual
-#   (QTRAIN_FLAGS) 10 / 15 / 17.
+#   Qwen3-8B       batch 10         batch 11        batch 4         batch 7
+#   Qwen2.5-14B    batch 6          batch 7         does not fit    batch 2   (batch 1: 19,580 MiB)
+# fp8-stream-24g (largest under 23 GiB; device / pinned MiB): Qwen2.5-32B batch 6 (23,430 / 29,761),
+#   Qwen2.5-14B batch 8 (21,529 / 12,601), Qwen2.5-7B batch 13 (22,443 / 6,224); with --offload-residual
+#   (QTRAIN_FLAGS) 10 / 16 / 18.
 # The FP8 base keeps one e4m3 copy of the layer matrices (7B: Weights 2,080 + Quants 6,223 + a 130 MiB transpose
 # scratch, against 14,526 MiB of bf16 weights): the backward transposes each matrix just in time (2026-12-04;
 # the fp8 columns before it were 11 / 11 / 10 / 6 and 4 / 4 / 3 / does not fit, with two e4m3 copies).

@@ -145,9 +145,10 @@ TEST(LoraFp8BasePlan, Qwen25_7BRank16DropsTheMatricesBf16Bytes) {
             EXPECT_EQ(category_bytes(fp8, same), category_bytes(bf16, same)) << same;
         for (const char* none : {"Master", "Gradients", "Adam M", "Adam V"}) EXPECT_EQ(category_bytes(fp8, none), 0);
         // the whole plan: the bf16-gradient FP8 base's (whose one e4m3 copy spans every element) less the
-        // matrices' bf16 bytes, with the copy of the layers only and the scratch, plus dy quantised twice
-        // (Workspace)
+        // matrices' bf16 bytes, with the copy of the layers only and the scratch, plus dy quantised once
+        // (Workspace: the widest, gate|up's [N, 2I], row-major only: no dW GEMM reads a transpose)
         const int64_t workspace = category_bytes(fp8, "Workspace") - category_bytes(kept, "Workspace");
+        EXPECT_EQ(workspace, int64_t{B} * T * 2 * 18944);
         EXPECT_EQ(category_bytes(kept, "Quants"), ly.total);
         EXPECT_EQ(static_cast<int64_t>(kept.total_device()) - static_cast<int64_t>(fp8.total_device()),
                   int64_t{13050576896} + ly.total - layers_n - scratch - workspace);
@@ -428,7 +429,7 @@ TEST(CudaLoraFp8Base, MeasuredDeviceMemoryFallsByThePlannedAmount) {
         const int64_t matrices_bf16 = 2 * cfg.num_hidden_layers * matrix_elements_per_layer(ly);
         EXPECT_GT(matrices_bf16, int64_t{100} << 20);
         // FP8 gradients' own buffers: the transpose scratch (the largest matrix, gate|up) and dy
-        // quantised twice (within the slack here)
+        // quantised (within the slack here)
         const int64_t scratch = 2 * cfg.intermediate_size * cfg.hidden_size;
         EXPECT_GT(m_kept - m_saving, matrices_bf16 - scratch - slack);
         EXPECT_LT(m_saving, m_bf16);

@@ -164,8 +164,8 @@ private:
     // fp8 gradients both run in fp8: dy quantised (and transposed) with its amax, x re-quantised
     // transposed with the forward's scale (bit-identical codes), W^T from the quantised weights.
     // amax_ready: dy's producer already wrote its amax into the gradient slot. dy_quantized (fp8
-    // gradients): the producer also wrote dy quantised into buf_.dyq / buf_.dyTq and the inverse scale
-    // into the gradient slot (the SwiGLU backward does), so dy itself is not read.
+    // gradients): the producer also wrote dy quantised into buf_.dyq / buf_.dyTq (under LoRA dyq only) and
+    // the inverse scale into the gradient slot (the SwiGLU backward does), so dy itself is not read.
     void linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
                     bool amax_ready = false, bool dy_quantized = false);
     // LoRA: the adapters of matrix m's targets (q, k, v of q|k|v; gate, up of gate|up; o; down), each on

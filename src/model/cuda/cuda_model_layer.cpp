@@ -127,10 +127,14 @@ void CudaModel::backward_step(int l, const LayerStep& s, const BlockDims& d) {
                                           I, stream_, grad_amax());
                 }
                 auto t_ = timer_.scope("fp8 quantize", stream_);
-                cuda::swiglu_backward_quantize_transpose(buf_.dyTq, buf_.dyq, opt_.gradient_dtype, buf_.d_swi,
-                                                         x.gate_up, A, N, I, grad_amax(),
-                                                         fp8_slot_ptr(fp8_grad_inv_slot(c.num_hidden_layers)),
-                                                         stream_);
+                float* gi = fp8_slot_ptr(fp8_grad_inv_slot(c.num_hidden_layers));
+                if (lora_)  // no dW GEMM, so no transpose: quantise the bf16 d(gate|up) just written (one read
+                            // instead of d_swi + gate_up; the same codes, as the fused kernel rounds to A first)
+                    cuda::quantize_fp8(buf_.dyq, opt_.gradient_dtype, buf_.d_gu, A, static_cast<int64_t>(N) * 2 * I,
+                                       grad_amax(), gi, stream_);
+                else
+                    cuda::swiglu_backward_quantize_transpose(buf_.dyTq, buf_.dyq, opt_.gradient_dtype, buf_.d_swi,
+                                                             x.gate_up, A, N, I, grad_amax(), gi, stream_);
             } else {
                 auto t_ = timer_.scope("swiglu", stream_);
                 cuda::swiglu_backward(A, buf_.d_gu, buf_.d_swi, x.gate_up, N, I, stream_, grad_amax());

@@ -86,7 +86,10 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
         auto t_ = timer_.scope("fp8 quantize", stream_);
         if (!dy_quantized) {
             if (!amax_ready) cuda::abs_max(ga, A, dy, static_cast<int64_t>(N) * out, stream_);
-            cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
+            // (LoRA: no dW GEMM, so no dy^T (gpu_buffers.cpp allocates none); the row-major codes and
+            // the inverse scale are the ones quantize_fp8_transpose writes: same scale and encoding)
+            if (lora_) cuda::quantize_fp8(buf_.dyq, gd, dy, A, static_cast<int64_t>(N) * out, ga, gi, stream_);
+            else cuda::quantize_fp8_transpose(buf_.dyTq, gd, dy, A, N, out, ga, gi, stream_, buf_.dyq);
         }
         if (!xT && !lora_) {
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, N, in,

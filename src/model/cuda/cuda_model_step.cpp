@@ -203,10 +203,13 @@ void CudaModel::lm_head_backward(int r0, int rows) {
     {
         auto t_ = timer_.scope("fp8 quantize", stream_);
         cuda::abs_max(ga, A, buf_.logits, static_cast<int64_t>(rows) * V, stream_);
-        cuda::quantize_fp8_transpose(buf_.lm_dyTq, gd, buf_.logits, A, rows, V, ga, gi, stream_, buf_.lm_dyq);
-        if (dw)  // (the dW GEMM's operand)
+        if (dw) {  // (the dW GEMM's operands)
+            cuda::quantize_fp8_transpose(buf_.lm_dyTq, gd, buf_.logits, A, rows, V, ga, gi, stream_, buf_.lm_dyq);
             cuda::quantize_fp8_transpose(buf_.xTq, DType::E4M3, x, A, rows, h,
                                          fp8_slot_ptr(fp8_head_slot(L, Fp8HeadSlot::XAmax)), nullptr, stream_);
+        } else {  // (LoRA's frozen head: no d(logits)^T, none allocated; the same row-major codes)
+            cuda::quantize_fp8(buf_.lm_dyq, gd, buf_.logits, A, static_cast<int64_t>(rows) * V, ga, gi, stream_);
+        }
     }
     // Never fast accumulation here, whatever --fp8-fast-accum says: on 300 KJV steps (H200, demo model,
     // vocab 152k) the head's backward with fast accumulation ended 3.0% above bf16's eval loss (one

@@ -334,7 +334,8 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         if (head && fp8_grads) {  // one chunk's d(logits) in FP8, row-major and transposed
             const std::size_t chunk = static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size;
             b.lm_dyq = ws.take(chunk);
-            b.lm_dyTq = ws.take(chunk);
+            // (LoRA: the FP8 head is frozen -- check_lora_options refuses training it -- so no dW GEMM)
+            if (!frozen) b.lm_dyTq = ws.take(chunk);
         }
         b.fp8_scales =
             ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2 + (head ? kFp8HeadSlots : 0)));
@@ -345,7 +346,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             const int64_t dy_max = std::max({qkvd, h, 2 * I});
             if (!frozen) b.xTq = ws.take(N * x_max);  // (x re-quantised for dW; the LM head's dW too)
             b.dyq = ws.take(N * dy_max);
-            b.dyTq = ws.take(N * dy_max);
+            if (!frozen) b.dyTq = ws.take(N * dy_max);  // (dy^T: the dW GEMM's operand only)
         }
     }
     b.host_staging = host.take_n<int32_t>(5 * N + 1 + 4 + (opt.document_masking ? N : 0));
