@@ -132,7 +132,10 @@ std::string describe_device(const std::string& device, const ModelConfig& cfg, c
                    ? cat("; FP8 fast accumulation: ", opts.fp8_fast_accum == Fp8FastAccum::Off       ? "off"
                                                       : opts.fp8_fast_accum == Fp8FastAccum::Forward ? "forward"
                                                                                                      : "all",
-                         "; LM head: ", opts.fp8_lm_head ? "FP8 (--lm-head-dtype=e4m3)" : "bf16")
+                         "; LM head: ", opts.fp8_lm_head ? "FP8 (--lm-head-dtype=e4m3)" : "bf16",
+                         is_fp8(opts.gradient_dtype) && opts.fp8_transposes_jit
+                             ? "; weight transposes: just in time (--fp8-weight-transposes=jit)"
+                             : "")
                    : std::string());
 #else
     if (peak_flops) *peak_flops = 0;

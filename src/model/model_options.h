@@ -70,6 +70,12 @@ struct ModelOptions {
     // (cuda/attention_ragged.h); a row with more documents is refused. Unused otherwise.
     int max_docs_per_row = 32;
     Fp8FastAccum fp8_fast_accum = Fp8FastAccum::Off;
+    // --fp8-weight-transposes=jit (needs matmul_dtype e4m3 and an FP8 gradient_dtype): the full model
+    // keeps only the row-major e4m3 copy of each layer matrix (W); the backward transposes each one
+    // into one scratch buffer just before its input-gradient GEMM, instead of keeping Wᵀ for the
+    // whole step (fp8_transposes_just_in_time, model/cuda/gpu_buffers.h). Bit-identical; a memory
+    // setting. (LoRA's FP8 base always does this.)
+    bool fp8_transposes_jit = false;
     bool gemm_autotune = false;  // time cuBLASLt's candidate algorithms per shape (cuda/gemm.h)
     uint64_t memory_limit = 0;  // bytes; 0 = the device's free memory
     // LoRA adapters on a frozen base (--lora-*; model/lora.h); rank 0 = full training

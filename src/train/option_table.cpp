@@ -350,6 +350,19 @@ std::vector<OptionSpec> make_table() {
                                    : o.fp8_fast_accum == "all"   ? Fp8FastAccum::All
                                                                  : Fp8FastAccum::Off;
             }),
+        // bit-identical (a transpose moves the e4m3 bytes as they are) and no checkpoint holds Wᵀ: may change
+        opt(kPerf, "fp8-weight-transposes", &T::fp8_weight_transposes, R::MayChange,
+            "With FP8 gradients (--matmul-dtype=e4m3 --gradient-dtype=e4m3|e5m2, GPU): kept keeps two e4m3 copies of "
+            "every layer matrix for the step, W for the forward and its transpose for the input-gradient GEMM; jit "
+            "keeps only W, and the backward transposes each matrix into one scratch buffer (the largest layer "
+            "matrix's bytes) right before its input-gradient GEMM. Saves one byte per parameter (the kept transposed copy "
+            "spans them all: 13.8 GiB at 14B) less the scratch, costs one read and write of each matrix per backward (5.4 ms per backward at 7B on an H200, "
+            "measured for LoRA's FP8 base, which always does this); bit-identical. Also with --shard-weights "
+            "(the slots' transposed copies are dropped), CUDA graphs and recompute",
+            choices({"kept", "jit"}))
+            .model(&M::fp8_transposes_jit, [](const OptionSpec&, const T& o, const std::string&, M& m) {
+                m.fp8_transposes_jit = o.fp8_weight_transposes == "jit";
+            }),
         opt(kPerf, "gemm-autotune", &T::gemm_autotune, R::MayChange,
             "Try cuBLASLt's candidate algorithms for each GEMM shape on the step's own calls, timed in place, and keep "
             "the fastest (decided within ~25 steps; CUDA graphs are captured after that); runs are then reproducible "

@@ -57,6 +57,7 @@ struct TrainOptions {
     int lmhead_chunks = 1;
     int attn_bwd_chunks = 1;
     std::string attention = "auto";
+    std::string fp8_weight_transposes = "kept";  // kept | jit (ModelOptions::fp8_transposes_jit)
     int max_docs_per_row = 32;      // --attention=cudnn with --document-masking (cuda/attention_ragged.h)
     std::string fp8_fast_accum = "off";
     bool gemm_autotune = false;

@@ -49,7 +49,8 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
         "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
         "attention", "gemm-autotune", "lora-from", "merge-lora",
-        "max-docs-per-row"};  // added since (issue 31: cuDNN's ragged attention)
+        "max-docs-per-row",        // added since (issue 31: cuDNN's ragged attention)
+        "fp8-weight-transposes"};  // issue 32: bit-identical, and no checkpoint holds the transposed copies
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
     const Names kResolved = {"model-dtype", "matmul-dtype", "gradient-dtype", "warmup"};
     EXPECT_EQ(with_rule(ResumeRule::MayChange), kMayChange);
@@ -167,7 +168,8 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "document-masking",  // added since (issue 31); its auto is resolved on the train files
         "lora-rank", "lora-from", "merge-lora",  // issue 33: ModelOptions::lora
         "lm-head-dtype",                         // issue 32: ModelOptions::fp8_lm_head
-        "max-docs-per-row"};                     // issue 31: cuDNN's ragged attention
+        "max-docs-per-row",                      // issue 31: cuDNN's ragged attention
+        "fp8-weight-transposes"};                // issue 32: ModelOptions::fp8_transposes_jit
     Names to_model;
     for (const OptionSpec& spec : train_option_table())
         if (spec.to_model) to_model.insert(spec.name);
@@ -179,7 +181,7 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         {"param-grad-dtype", "bf16"}, {"gpus", "2"},            {"zero-level", "2"},       {"lmhead-chunks", "2"},
         {"attn-bwd-chunks", "2"},   {"attention", "flash"},     {"fp8-fast-accum", "all"}, {"memory-limit", "1GiB"},
         {"document-masking", "on"}, {"lora-rank", "4"},        {"lm-head-dtype", "e4m3"},
-        {"max-docs-per-row", "8"}};
+        {"max-docs-per-row", "8"},  {"fp8-weight-transposes", "jit"}};
     const ModelOptions base = TrainOptions().model_options("cuda");
     for (const OptionSpec& spec : train_option_table()) {
         const bool is_bool = std::holds_alternative<bool TrainOptions::*>(spec.member);

@@ -21,13 +21,14 @@ namespace {
 
 // TrainOptions().to_json() as the hand-written to_json wrote it (commit 8e2747d, before the table),
 // with the flags added since (--document-masking, --loss-normalization, --packing: issue 31; --lora-*,
-// --train-also: issue 33; --lm-head-dtype: issue 32; --max-docs-per-row: issue 31's cuDNN path).
+// --train-also: issue 33; --lm-head-dtype, --fp8-weight-transposes: issue 32; --max-docs-per-row: issue
+// 31's cuDNN path).
 const char* const kOldDefaultJson =
     R"({"adam-epsilon":9.99999993922529e-09,"attention":"auto","attn-bwd-chunks":1,"batch-size":4,)"
     R"("beta-1":0.8999999761581421,"beta-2":0.949999988079071,"checkpoint-dir":"ckpt","ckpt-interval":0,)"
     R"("ckpt-keep":0,"comm-timeout":600.0,"continue":false,"cooldown":0,"device":"auto","document-masking":"auto",)"
     R"("eval-every-n-steps":100,"eval-file":"","eval-num-steps":100,"final-lr-fraction":1.0,)"
-    R"("force-resume":false,"fp8-fast-accum":"off","from-scratch":false,"gemm-autotune":false,"gpu-ids":"",)"
+    R"("force-resume":false,"fp8-fast-accum":"off","fp8-weight-transposes":"kept","from-scratch":false,"gemm-autotune":false,"gpu-ids":"",)"
     R"("gpus":1,"grad-accumulation":4,"grad-clip":1.0,"gradient-dtype":"","host-memory-limit":"",)"
     R"("learning-rate":9.999999747378752e-06,"lm-head-dtype":"bf16","lmhead-chunks":1,"log-file":"","lora-alpha":8.0,"lora-dropout":0.0,)"
     R"("lora-from":"","lora-init":"kaiming","lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
@@ -48,7 +49,7 @@ const std::set<std::string> kOldKeys = {
     "adam-epsilon", "attention", "attn-bwd-chunks", "batch-size", "beta-1", "beta-2", "checkpoint-dir",
     "ckpt-interval", "ckpt-keep", "comm-timeout", "continue", "cooldown", "device", "document-masking",
     "eval-every-n-steps",
-    "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "from-scratch",
+    "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "fp8-weight-transposes", "from-scratch",
     "gemm-autotune", "gpu-ids", "gpus", "grad-accumulation", "grad-clip", "gradient-dtype", "host-memory-limit",
     "learning-rate", "lm-head-dtype", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-from", "lora-init", "lora-rank",
     "lora-targets", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype", "max-docs-per-row",

@@ -102,12 +102,30 @@ TEST(ResumeCheck, PathsIntervalsStepsAndMemoryFlagsMayChange) {
     now.offload_opt_m = true;
     now.use_cuda_graphs = true;
     now.lmhead_chunks = 8;
+    now.fp8_weight_transposes = "jit";  // bit-identical, and no checkpoint holds the transposed FP8 copies
     now.model = "moved/dir";
     const auto changes = compare(base(), "cuda", now, "cuda");
     for (const auto& c : changes) EXPECT_FALSE(c.changes_run) << describe_option_change(c);
     const OptionChange* steps = find(changes, "--steps");
     ASSERT_NE(steps, nullptr);
     EXPECT_TRUE(Contains(steps->note, "schedule is recomputed over 400 steps")) << steps->note;
+}
+
+// --fp8-weight-transposes changes where Wᵀ comes from, not its bytes (and a checkpoint holds no FP8
+// copy): either way round it may change on --continue of an FP8-gradient run (listed, not refused).
+TEST(ResumeCheck, Fp8WeightTransposesMayChangeBothWays) {
+    TrainOptions kept = base();
+    kept.matmul_dtype = "e4m3";
+    kept.gradient_dtype = "e5m2";
+    TrainOptions jit = kept;
+    jit.fp8_weight_transposes = "jit";
+    for (const auto& [before, now] : {std::pair{kept, jit}, std::pair{jit, kept}}) {
+        const auto changes = compare(before, "cuda", now, "cuda");
+        const OptionChange* c = find(changes, "--fp8-weight-transposes");
+        ASSERT_NE(c, nullptr);
+        EXPECT_FALSE(c->changes_run) << describe_option_change(*c);
+        for (const auto& other : changes) EXPECT_FALSE(other.changes_run) << describe_option_change(other);
+    }
 }
 
 // --warmup defaults to min(100, --steps/10): extending a run of 200 steps to 2000 would move the end

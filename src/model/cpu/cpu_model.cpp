@@ -91,6 +91,7 @@ void CpuModel::check_options(const ModelOptions& o) {
                                                 {&ModelOptions::offload_double_buffer, o.offload_double_buffer},
                                                 {&ModelOptions::gemm_autotune, o.gemm_autotune},
                                                 {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
+                                                {&ModelOptions::fp8_transposes_jit, o.fp8_transposes_jit},
                                                 {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
                                                 {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1},
                                                 {&ModelOptions::max_docs_per_row, o.max_docs_per_row != 32}};

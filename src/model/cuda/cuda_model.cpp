@@ -78,7 +78,8 @@ void CudaModel::check_options(const ModelOptions& o) {
              flag(&ModelOptions::shard_weights));
     QT_CHECK(o.optimizer_chunk >= 64 && o.optimizer_chunk % 64 == 0, "optimizer chunk of ", o.optimizer_chunk,
              " elements: must be a positive multiple of 64");
-    // Resident FP8 weights are always quantised once per optimizer step and kept (wq, wTq), so
+    // Resident FP8 weights are always quantised once per optimizer step and kept (wq, and wTq unless
+    // --fp8-weight-transposes=jit), so
     // --persistent-quants only changes streamed layers, whose backward then reads the transposed copy
     // made on the device from the kept one: that needs FP8 gradients (a bf16 backward reads the bf16
     // weight matrices, which a persistent-quants pass no longer copies in).
@@ -96,6 +97,12 @@ void CudaModel::check_options(const ModelOptions& o) {
              "weights, which are streamed anyway)");
     QT_CHECK(!o.fp8_lm_head || fp8, flag(&ModelOptions::fp8_lm_head), "=e4m3 needs ", flag(&ModelOptions::matmul_dtype),
              "=e4m3 (the LM head joins the FP8 matmuls; it is not FP8 on its own)");
+    // --fp8-weight-transposes=jit drops the kept Wᵀ copies, which exist only with FP8 gradients (a bf16
+    // backward reads the bf16 weights); with LoRA's FP8 base it is what happens anyway.
+    QT_CHECK(!o.fp8_transposes_jit || (fp8 && is_fp8(o.gradient_dtype)), flag(&ModelOptions::fp8_transposes_jit),
+             "=jit needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 and ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2 (only FP8 gradients keep transposed e4m3 weight copies; without them there is nothing to "
+             "transpose just in time): add them, or drop ", flag(&ModelOptions::fp8_transposes_jit));
     QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8, flag(&ModelOptions::fp8_fast_accum),
              " applies to FP8 GEMMs: it needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 (or drop it)");
     QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype), flag(&ModelOptions::fp8_fast_accum),

@@ -84,6 +84,11 @@ bool fp8_base_only(const ModelOptions& o) {
 
 bool fp8_base_transposes_in_backward(const ModelOptions& o) { return fp8_base_only(o) && !o.fp8_base_keep_transposed; }
 
+bool fp8_transposes_just_in_time(const ModelOptions& o) {
+    if (fp8_base_only(o)) return fp8_base_transposes_in_backward(o);
+    return o.fp8_transposes_jit && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+}
+
 bool fp8_base_streamed(const ModelOptions& o) { return fp8_base_only(o) && o.shard_weights; }
 
 bool weights_on_host(const ModelOptions& o) {
@@ -294,6 +299,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     }
 
     if (is_fp8(opt.matmul_dtype)) {
+        const bool jit = fp8_transposes_just_in_time(opt);
         if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
             const int64_t layers_n = layout.layers_end() - layout.layer_begin(0);
             if (opt.shard_weights) {  // streamed (fp8_base_streamed): the codes on the host, two device slots
@@ -302,20 +308,11 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             } else {
                 b.wq = quants.take(layers_n);
             }
-            if (fp8_base_transposes_in_backward(opt)) {  // W^T one matrix at a time, made by the backward
-                int64_t largest = 0;
-                for (int m = 0; m < 4; ++m) {
-                    const MatrixShape g = layer_matrix(layout, c, 0, static_cast<Matrix>(m));
-                    largest = std::max(largest, g.rows * g.cols);
-                }
-                b.wT_scratch = transpose_scratch.take(largest);
-            } else if (fp8_grads) {
-                b.wTq = quants.take(layers_n);  // (the test-only fp8_base_keep_transposed)
-            }
+            if (fp8_grads && !jit) b.wTq = quants.take(layers_n);  // (the test-only fp8_base_keep_transposed)
         } else if (opt.shard_weights) {  // quantised as each layer arrives in its slot
             for (int s = 0; s < 2; ++s) {
                 b.quant_slots[s] = quants.take(span);
-                if (fp8_grads) b.quantT_slots[s] = quants.take(span);
+                if (fp8_grads && !jit) b.quantT_slots[s] = quants.take(span);
             }
             if (streamed_quants_persist(opt)) b.quant_store = quant_store.take(static_cast<std::size_t>(L) * span);
             if (fp8_weights_gathered(opt)) {  // ZeRO-3: the block's FP8 codes and every rank's abs-maxes
@@ -324,12 +321,23 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             }
         } else {
             b.wq = quants.take(P);
-            if (fp8_grads) b.wTq = quants.take(P);
+            if (fp8_grads && !jit) b.wTq = quants.take(P);
+        }
+        if (jit) {  // W^T one matrix at a time, made by the backward (fp8_transposes_just_in_time)
+            int64_t largest = 0;
+            for (int m = 0; m < 4; ++m) {
+                const MatrixShape g = layer_matrix(layout, c, 0, static_cast<Matrix>(m));
+                largest = std::max(largest, g.rows * g.cols);
+            }
+            b.wT_scratch = transpose_scratch.take(largest);
         }
         const bool head = opt.fp8_lm_head;  // --lm-head-dtype=e4m3 (gpu_buffers.h)
+        const std::size_t head_n = static_cast<std::size_t>(c.vocab_size) * h;
         if (head && (opt.shard_weights || fp8_base_only(opt))) {  // the resident head's FP8 copies (resident weights: in wq / wTq)
-            b.lm_wq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
-            if (fp8_grads) b.lm_wTq = quants.take(static_cast<std::size_t>(c.vocab_size) * h);
+            b.lm_wq = quants.take(head_n);
+            if (fp8_grads) b.lm_wTq = quants.take(head_n);
+        } else if (head && fp8_grads && jit) {  // resident, its row-major copy in wq; no wTq to hold its transpose
+            b.lm_wTq = quants.take(head_n);
         }
         if (head && fp8_grads) {  // one chunk's d(logits) in FP8, row-major and transposed
             const std::size_t chunk = static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size;

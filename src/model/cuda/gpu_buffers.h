@@ -163,9 +163,10 @@ struct GpuBuffers {
     // The final norm's output is quantised into xq (and a chunk of it, transposed, into xTq).
     void *lm_dyq = nullptr, *lm_dyTq = nullptr;
     void *lm_wq = nullptr, *lm_wTq = nullptr;
-    // LoRA's FP8 base without bf16 matrices (fp8_base_transposes_in_backward): no wTq; the backward's
-    // input-gradient GEMM reads one matrix's transposed codes at a time from here ([in, out], the
-    // largest layer matrix's bytes), which Weights::transposed writes from wq just before it.
+    // LoRA's FP8 base without bf16 matrices (fp8_base_transposes_in_backward), or the full model with
+    // --fp8-weight-transposes=jit (fp8_transposes_just_in_time): no wTq; the backward's input-gradient
+    // GEMM reads one matrix's transposed codes at a time from here ([in, out], the largest layer
+    // matrix's bytes), which Weights::transposed writes from wq (or a streamed slot) just before it.
     // Streamed (fp8_base_streamed): wq is in pinned host memory and the layers' codes pass through
     // quant_slots (one layer span each, layer l in slot l % 2).
     void* wT_scratch = nullptr;
@@ -266,6 +267,14 @@ bool fp8_base_only(const ModelOptions& opt);
 // Qwen2.5-7B). A transpose moves the bytes as they are, so the GEMM reads the same operand as the
 // kept copy. fp8_base_only unless the test-only ModelOptions::fp8_base_keep_transposed is set.
 bool fp8_base_transposes_in_backward(const ModelOptions& opt);
+// Whether the input-gradient GEMMs read Wᵀ transposed just in time into wT_scratch ("Transpose
+// scratch", the largest layer matrix's bytes) rather than from kept copies: LoRA's FP8 base
+// (fp8_base_transposes_in_backward), or the full model with --fp8-weight-transposes=jit
+// (ModelOptions::fp8_transposes_jit) and FP8 gradients. The full model then keeps no wTq (resident:
+// one byte per flat parameter less; streamed or ZeRO-3: no quantT_slots), an FP8 LM head gets its own
+// transposed copy (lm_wTq), and the weights role quantises W only (quantize_fp8: the codes
+// quantize_fp8_transpose writes row-major, bit for bit).
+bool fp8_transposes_just_in_time(const ModelOptions& opt);
 // The FP8 base streamed from host memory (--shard-weights under LoRA, one GPU; fp8_base_only): wq, the
 // layers' e4m3 codes, is in pinned host memory ("Streamed base", loaded there once by the load); the
 // layers pass through two device slots of one layer span each (quant_slots, "Weight slots"), copied in

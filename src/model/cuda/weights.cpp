@@ -58,7 +58,7 @@ Weights::Weights(const GpuBuffers& b, const GpuParamLayout& layout, const ModelC
       sharded_(weights_sharded_over_ranks(o)),
       fp8_gather_(fp8_weights_gathered(o)),
       fp8_only_(fp8_base_only(o)),
-      jit_transpose_(fp8_base_transposes_in_backward(o)),
+      jit_transpose_(fp8_transposes_just_in_time(o)),
       embed_on_host_(embedding_weights_on_host(config, o)),
       persist_quants_(streamed_quants_persist(o)),
       compute_(compute) {
@@ -164,7 +164,7 @@ const void* Weights::q(int64_t off) const {
 }
 
 const void* Weights::qT(int64_t off) const {
-    QT_CHECK(!jit_transpose_, "weights: internal error (the FP8 base keeps no transposed copies; transposed() "
+    QT_CHECK(!jit_transpose_, "weights: internal error (no transposed copies are kept, just in time; transposed() "
              "makes one)");
     if (fp8_only_) return fp8_layer_weight(layout_, buf_.wTq, off);
     return fp8_weight(layout_, slot_layer_, streamed_, buf_.wTq, buf_.quantT_slots, off);
@@ -173,7 +173,7 @@ const void* Weights::qT(int64_t off) const {
 const void* Weights::transposed(int l, Matrix m) const {
     const MatrixShape g = layer_matrix(layout_, config_, l, m);
     if (!jit_transpose_) return qT(g.offset);
-    auto t_ = timer_.scope("fp8 base transpose", compute_);
+    auto t_ = timer_.scope(fp8_only_ ? "fp8 base transpose" : "fp8 weight transpose", compute_);
     cuda::transpose_fp8(buf_.wT_scratch, q(g.offset), g.rows, g.cols, compute_);
     return buf_.wT_scratch;
 }
@@ -220,7 +220,7 @@ void Weights::gather(int l) {
         char* q = static_cast<char*>(buf_.quant_slots[s]);
         for (auto [from, to] : layout_.layer_runs(l, true))
             fill_from_owners(from, to, q + (from - begin), copy_stream_, buf_.quant_block, DType::U8);
-        if (fp8_grads_) transpose_layer_quants(l, q, buf_.quantT_slots[s], copy_stream_);
+        if (fp8_grads_ && !jit_transpose_) transpose_layer_quants(l, q, buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
         if (persist_quants_) {
             CUDA_CHECK(cudaMemcpyAsync(stored, q, span, cudaMemcpyDefault, copy_stream_));
@@ -232,7 +232,7 @@ void Weights::gather(int l) {
         for (auto [from, to] : layout_.layer_runs(l, false))
             fill_range(from, to, slot + (from - begin) * es, copy_stream_);
         CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], stored, span, cudaMemcpyDefault, copy_stream_));
-        transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
+        if (!jit_transpose_) transpose_layer_quants(l, buf_.quant_slots[s], buf_.quantT_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
         slot_has_matrices_[s] = false;
     } else {
@@ -387,7 +387,7 @@ void Weights::quantize_layer(int l, const void* w_layer, void* q_layer, void* qT
 void Weights::quantize_one(int l, Matrix m, const void* w, void* q, void* qT, cudaStream_t stream, bool amax_ready) {
     const MatrixShape g = layer_matrix(layout_, config_, l, m);
     if (!amax_ready) cuda::abs_max(amax(l, m), type_, w, g.rows * g.cols, stream);
-    if (fp8_grads_)  // row-major copy and transpose in one pass
+    if (fp8_grads_ && qT)  // row-major copy and transpose in one pass
         cuda::quantize_fp8_transpose(qT, DType::E4M3, w, type_, g.rows, g.cols, amax(l, m), inv_scale(l, m), stream, q);
     else
         cuda::quantize_fp8(q, DType::E4M3, w, type_, g.rows * g.cols, amax(l, m), inv_scale(l, m), stream);

@@ -25,6 +25,10 @@
 // same slots, events and copy stream for its layers' e4m3 codes (kept in pinned host memory); its
 // model-dtype tensors (norms, biases, embedding, head) stay resident.
 //
+// --fp8-weight-transposes=jit (fp8_transposes_just_in_time) drops the transposed copies of the full
+// model's layer matrices (wTq, or quantT_slots when streamed / ZeRO-3): quantize() and the slots write
+// the row-major codes only, and transposed(l, m) makes each Wᵀ as the backward asks for it.
+//
 // Layer code reads parameters through at / q (flat offsets) and transposed (layer, matrix) after
 // get(l) of the layer. Its memory is bound by bind_gpu_buffers (so the plan counts it); its stream,
 // events and slot state are its own.
@@ -80,10 +84,11 @@ public:
     const void* q(int64_t off) const;
     const void* qT(int64_t off) const;
     // The transposed FP8 copy ([in, out]) of layer l's matrix m, which the input-gradient GEMM reads:
-    // qT of the matrix, or, for LoRA's FP8 base without kept transposes
-    // (fp8_base_transposes_in_backward), its row-major copy transposed now into the one scratch
-    // buffer (buf_.wT_scratch) on the compute stream, valid until the next call. The bytes are the
-    // kept copy's either way (quantising is per tensor, transposing moves bytes as they are).
+    // qT of the matrix, or, without kept transposes (fp8_transposes_just_in_time: LoRA's FP8 base, or
+    // --fp8-weight-transposes=jit), its row-major copy (resident, or in the layer's streamed slot)
+    // transposed now into the one scratch buffer (buf_.wT_scratch) on the compute stream, valid until
+    // the next call. The bytes are the kept copy's either way (quantising is per tensor, transposing
+    // moves bytes as they are). A kernel on the compute stream: CUDA graphs capture it.
     const void* transposed(int l, Matrix m) const;
     // --lm-head-dtype=e4m3: the LM head's FP8 copies (row-major [V, h]; transposed [h, V], only with
     // FP8 gradients) and its inverse scale, made by quantize() from the head (the embedding when
@@ -189,7 +194,7 @@ private:
     bool sharded_ = false;             // ZeRO-3 (weights_sharded_over_ranks)
     bool fp8_gather_ = false;          // the layers' matrices gathered as FP8 codes (fp8_weights_gathered)
     bool fp8_only_ = false;            // LoRA's FP8 base keeps no bf16 matrices (fp8_base_only)
-    bool jit_transpose_ = false;       // ... nor transposed e4m3 copies (fp8_base_transposes_in_backward)
+    bool jit_transpose_ = false;       // no transposed e4m3 copies kept (fp8_transposes_just_in_time)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
