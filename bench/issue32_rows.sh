@@ -23,8 +23,9 @@ for row in "$@"; do
     7b-fp8) q Qwen2.5-7B 16 32 $F8 --lmhead-chunks=4 --attn-bwd-chunks=4 --recompute-ffn --recompute-norm --offload-residual ;;
     14b-bf16) q Qwen2.5-14B 8 64 --lmhead-chunks=2 --attn-bwd-chunks=2 --offload-opt-m --offload-opt-v --offload-master \
                 --recompute-ffn --offload-residual ;;
-    14b-fp8) q Qwen2.5-14B 16 32 $F8 --lmhead-chunks=2 --offload-opt-m --offload-opt-v --offload-master --recompute-ffn \
-               --recompute-norm --offload-residual ;;
+    14b-fp8)  # + --fp8-weight-transposes=jit: with both e4m3 copies of the matrices the command plans 150 GiB
+      q Qwen2.5-14B 16 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 --offload-opt-m --offload-opt-v \
+        --offload-master --recompute-ffn --recompute-norm --offload-residual ;;
     7b-best)  # without --recompute-ffn (docs/perf-notes.md, session 21: its recomputed gate|up GEMMs are ~96 ms of a
               # ~775 ms micro-batch); plans 121.6 and 120.8 GiB (--plan-only, this commit)
       q Qwen2.5-7B 16 32 $F8 --lm-head-dtype=e4m3 --lmhead-chunks=4 --attn-bwd-chunks=4 --offload-residual \
