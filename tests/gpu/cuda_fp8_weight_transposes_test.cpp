@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_model_fixture.h"
+#include "measured_device_bytes.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/layer_matrices.h"
@@ -169,28 +170,6 @@ TEST(CudaFp8WeightTransposes, TrainingIsBitIdenticalToKeptTransposes) {
             }
     }
 }
-
-namespace {
-
-// Device bytes a model takes once built and through one training step (cudaMemGetInfo before and
-// after; the model is destroyed before the next measurement).
-int64_t measured_device_bytes(const ModelConfig& cfg, const ModelOptions& o) {
-    size_t free0 = 0, free1 = 0, total = 0;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    {
-        CudaModel m(cfg, o);
-        m.init_random(4);
-        const Tokens d = random_tokens(o.batch_size, o.seq_len, cfg.vocab_size, 5, Masked::Every11thFrom3);
-        m.forward_backward(d.batch(o.batch_size, o.seq_len), 1.0f);
-        m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1});
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
-    }
-    return static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
-}
-
-}  // namespace
 
 // Measured: jit takes less device memory than kept by what the plans say (within 16 MiB: cudaMalloc's
 // 2 MiB granularity over the arenas), and that is the flat transposed copy (one byte per parameter)

@@ -19,6 +19,7 @@
 
 #include "cuda_lora_fixture.h"
 #include "gpu_model_fixture.h"
+#include "measured_device_bytes.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/layer_matrices.h"
@@ -373,26 +374,6 @@ TEST(CudaLoraFp8Base, MergedExportFromModelFilesIsTheBf16BasePlusTheAdapters) {
         expect_fp8_merge_is_bf16_merge(fp8, bf16, cfg);
     }
 }
-
-namespace {
-
-// Device bytes a model takes once built, loaded and through one training step (cudaMemGetInfo before
-// and after; the model is destroyed before the next measurement).
-int64_t measured_device_bytes(const ModelConfig& cfg, const ModelOptions& o) {
-    size_t free0 = 0, free1 = 0, total = 0;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    CudaModel m(cfg, o);
-    m.init_random(4);
-    const Tokens d = random_tokens(o.batch_size, o.seq_len, cfg.vocab_size, 5, Masked::Every11thFrom3);
-    m.forward_backward(d.batch(o.batch_size, o.seq_len), 1.0f);
-    m.optimizer_step({1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1});
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
-    return static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
-}
-
-}  // namespace
 
 // Measured: the FP8 base without its bf16 matrices takes less device memory than the FP8 base that
 // keeps them (bf16 gradients) and than the bf16 base, by what the plans say (within 16 MiB:
