@@ -11,6 +11,7 @@
 #include "backends/model_backends.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
+#include "plan_category.h"
 #include "test_util.h"
 #include "train/memory_fit.h"
 #include "train/train_options.h"
@@ -21,15 +22,8 @@
 namespace qtrain {
 namespace {
 
-uint64_t category(const MemoryPlan& p, const std::string& name) {
-    for (const auto& e : p.entries)
-        if (e.category == name) return e.device_bytes;
-    return 0;
-}
-
-bool has_category(const MemoryPlan& p, const std::string& name) {
-    return std::any_of(p.entries.begin(), p.entries.end(), [&](const auto& e) { return e.category == name; });
-}
+using test::category;
+using test::has_category;
 
 uint64_t aligned(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
 

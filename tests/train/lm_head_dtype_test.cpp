@@ -8,17 +8,14 @@
 #include "backends/model_backends.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
+#include "plan_category.h"
 #include "test_util.h"
 #include "train/train_options.h"
 
 namespace qtrain {
 namespace {
 
-uint64_t category(const MemoryPlan& p, const std::string& name) {
-    for (const auto& e : p.entries)
-        if (e.category == name) return e.device_bytes;
-    return 0;
-}
+using test::category;
 
 TEST(LmHeadDtype, ReachesTheModelOptionsOffByDefault) {
     EXPECT_FALSE(TrainOptions().model_options("cuda").fp8_lm_head);
