@@ -69,7 +69,7 @@ public:
     virtual void load_hf(const std::string& model_dir) = 0;
     // Writes model.safetensors (HF Qwen2 names, `dtype` of the torch_dtype field) into `dir`. Under
     // data parallel the engine calls it on rank 0 only, so rank 0 must hold every weight — except
-    // when weights_sharded(): then every rank calls it with the same `dir`, rank 0 writes the files
+    // when saves_collectively(): then every rank calls it with the same `dir`, rank 0 writes the files
     // and the others send it their parts.
     virtual void save_hf(const std::string& dir) const = 0;
 
@@ -127,6 +127,10 @@ public:
     // its own evaluates one whose targets are all ignored, and discards the result) — and save_hf is
     // called on every rank.
     virtual bool weights_sharded() const { return false; }
+    // Whether save_hf is collective (every rank calls it with the same `dir`; rank 0 writes): with
+    // sharded weights, or with a trained state each rank holds only a block of (the GPU model's LoRA
+    // adapters with several ranks).
+    virtual bool saves_collectively() const { return weights_sharded(); }
 
     // For debugging (the Python package's parameters() / gradients()): tensor `name` (an HF name of
     // model/parameters.h) as fp32 on the host: the weights the forward pass uses, or the gradient

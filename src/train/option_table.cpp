@@ -294,7 +294,8 @@ std::vector<OptionSpec> make_table() {
             "Shard gradients across GPUs (ZeRO-2, as --zero-level=2: each layer's gradient reduced to its owning rank "
             "during the backward); on one GPU: needs --offload-gradients").model(&M::shard_gradients),
         opt(kMultiGpu, "zero-level", &T::zero_level, R::MayChange,
-            "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights",
+            "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights "
+            "(LoRA: of the adapters; 3 not yet on --device=cuda)",
             range(1, 3))
             .names(RunFlag::ZeroLevel)
             .implying({turns_on(&T::shard_gradients, 2), turns_on(&T::shard_weights, 3)}),
@@ -405,7 +406,9 @@ std::vector<OptionSpec> make_table() {
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
             "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
             "--device=cuda with the base resident in the model dtype (no --shard-weights yet); with --gpus=N every "
-            "rank holds the base and the adapters and their gradient is all-reduced (--zero-level=1). "
+            "rank holds the base and the adapters, and the adapters' optimizer state is sharded: ZeRO-1 all-reduces "
+            "their gradient, ZeRO-2 (--zero-level=2) reduce-scatters it (the same bits); --zero-level=3 is ZeRO-2 of "
+            "the adapters on --device=cpu (the base whole on every rank) and not yet supported on --device=cuda. "
             "With --matmul-dtype=e4m3 the base is FP8: its matrices quantised to e4m3 once after the load, its GEMMs "
             "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs. With "
             "--gradient-dtype=e4m3|e5m2 the GPU keeps only the e4m3 copies of the layer matrices (a memory saving: "

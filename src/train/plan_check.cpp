@@ -67,8 +67,9 @@ void print_plan_only(const CheckedPlan& c, const ModelConfig& cfg, const ModelOp
             "note: the plan of each of the ", mopt.gpus, " ranks (", device == "cpu" ? "CPU ranks" : "one GPU each",
             device == "cpu" ? std::string("; the CPU model keeps its whole state on every rank)")
             : mopt.lora.enabled()
-                ? std::string("; LoRA: the frozen base and the adapters with their state are whole on every rank, "
-                              "the adapters' gradient all-reduced)")
+                ? cat("; LoRA: the frozen base, the adapters' model-dtype weights and their gradient are whole on "
+                      "every rank, the adapters' fp32 master and Adam's moments one rank's block, 1/", mopt.gpus,
+                      " of them (ZeRO-1/2 of the adapters))")
             : zero == ZeroLevel::Weights
                 ? cat("; ZeRO-3: the master weights, Adam's moments, the gradients and the weights are one rank's "
                       "block, 1/", mopt.gpus, " of them, beside the whole non-layer weights and two layer slots the "

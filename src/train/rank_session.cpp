@@ -492,7 +492,7 @@ std::vector<float> RankSession::read_tensor(const std::string& name, IModel::Ten
 
 void RankSession::export_model(const std::string& dir) {
     State& s = *s_;
-    const bool collective = s.model->weights_sharded();
+    const bool collective = s.model->saves_collectively();
     if (!lead_ && !collective) return;
     if (lead_) fs::create_directories(dir);
     s.model->save_hf(dir);
@@ -516,10 +516,10 @@ int RankSession::finish() {
     if (evaluated_at_ != step_ && s.eval_data) evaluate();
     // Rank 0 exports. The training is worth more than the export: when it fails, every rank keeps
     // the state in a checkpoint (collective) that the export can be redone from. With sharded
-    // weights (ZeRO-3) save_hf is collective (imodel.h): every rank calls it, even when rank 0
+    // weights (ZeRO-3; LoRA's adapter blocks on the GPU) save_hf is collective (imodel.h): every rank calls it, even when rank 0
     // could not create the directory, so that no rank waits for another in it; rank 0 writes.
     const auto t_export = Clock::now();
-    const bool collective = s.model->weights_sharded();
+    const bool collective = s.model->saves_collectively();
     std::string export_error;
     if (lead_ || collective) {
         std::string dir_error;

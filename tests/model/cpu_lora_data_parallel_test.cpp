@@ -5,7 +5,8 @@
 // rounding (only the order of the micro-batch additions differs; the tolerances of
 // cpu_model_data_parallel_test), every rank holds the same bits, and with dropout > 0 each rank
 // draws the masks of the global micro-batches it trains. A checkpoint of W ranks (written once)
-// resumes bit for bit at W and continues the one-rank run at another number of ranks.
+// resumes bit for bit at W and continues the one-rank run at another number of ranks. ZeRO-2 and 3
+// (the adapters' gradient reduce-scattered to the blocks' owners) give ZeRO-1's bits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -156,11 +157,11 @@ Trajectory single(const Case& c, int micro) {
     return run;
 }
 
-std::vector<Trajectory> parallel(const Case& c, int world) {
+std::vector<Trajectory> parallel(const Case& c, int world, int zero_level = 1) {
     std::vector<Trajectory> runs(world);
     comm::run_ranks(world, [&](comm::Communicator& comm) {
         CpuModel m(c.config(false), options(c));
-        m.set_communicator(&comm, 1);
+        m.set_communicator(&comm, zero_level);
         start(m);
         train(m, 1, kSteps, comm.rank(), world, kA, runs[comm.rank()]);
     });
@@ -211,19 +212,92 @@ TEST(CpuLoraDataParallel, DropoutChangesTheGradientBeyondTheTolerance) {
     EXPECT_FALSE(close(a.grads[0], b.grads[0], 1e-3, "gradient with dropout against without"));
 }
 
-// ZeRO-2 and ZeRO-3 are refused by name: the adapters are replicated and their gradient all-reduced.
-TEST(CpuLoraDataParallel, ZeroTwoAndThreeAreRefused) {
+// ZeRO-2 and ZeRO-3 of the adapters (cpu_data_parallel.cpp): the blocks' gradients reduce-scattered
+// instead of all-reduced, the same norm and block updates: the bits of ZeRO-1 on every rank, every
+// step, with dropout, --train-also and the FP8 base. The options the train command gives a ZeRO-2/3
+// run are accepted.
+TEST(CpuLoraDataParallel, ZeroTwoAndThreeGiveZeroOnesBits) {
+    for (const Case& c : kCases)
+        for (int world : {2, 3}) {
+            const std::vector<Trajectory> one = parallel(c, world, 1);
+            for (int level : {2, 3}) {
+                SCOPED_TRACE(std::string(c.name) + " world " + std::to_string(world) + " ZeRO-" + std::to_string(level));
+                const std::vector<Trajectory> runs = parallel(c, world, level);
+                for (int r = 0; r < world; ++r) {
+                    EXPECT_TRUE(same_bits(runs[r].values, one[r].values)) << "rank " << r;
+                    EXPECT_TRUE(same_bits(runs[r].m, one[r].m)) << "rank " << r;
+                    EXPECT_TRUE(same_bits(runs[r].v, one[r].v)) << "rank " << r;
+                    EXPECT_EQ(runs[r].losses, one[r].losses);
+                    EXPECT_EQ(runs[r].norms, one[r].norms);
+                }
+            }
+        }
     ModelOptions o = options(kCases[0]);
     o.gpus = 2;
     o.shard_gradients = true;
-    EXPECT_ERROR(CpuModel(test::tiny_config(false), o), "--lora-rank=3", "--shard-gradients", "--zero-level=1");
-    o.shard_gradients = false;
+    EXPECT_NO_THROW(CpuModel(test::tiny_config(false), o));
     o.shard_weights = true;
-    EXPECT_ERROR(CpuModel(test::tiny_config(false), o), "--shard-weights");
+    EXPECT_NO_THROW(CpuModel(test::tiny_config(false), o));
+}
+
+// The ZeRO-3 run above must differ from a wrong one: the adapters after a step with a learning rate
+// changed in its last bits differ, so same_bits can fail.
+TEST(CpuLoraDataParallel, SameBitsCanFail) {
+    const std::vector<Trajectory> a = parallel(kCases[4], 2, 3);
+    std::vector<Trajectory> b(2);
     comm::run_ranks(2, [&](comm::Communicator& comm) {
-        CpuModel m(test::tiny_config(false), options(kCases[0]));
-        EXPECT_ERROR(m.set_communicator(&comm, 2), "--lora-rank=3", "--zero-level=2");
+        CpuModel m(kCases[4].config(false), options(kCases[4]));
+        m.set_communicator(&comm, 3);
+        start(m);
+        for (int j = 0; j < kA; ++j)
+            m.forward_backward(micro_batch(1, j * 2 + comm.rank(), m.config().vocab_size).view(), 1.0f / (2 * kA));
+        OptimizerParams p = params_for(1);
+        p.learning_rate = std::nextafter(p.learning_rate, 1.0f);
+        m.optimizer_step(p);
+        train(m, 2, kSteps, comm.rank(), 2, kA, b[comm.rank()]);
     });
+    EXPECT_FALSE(same_bits(a[0].values, b[0].values));
+}
+
+// A checkpoint written at ZeRO-2 or 3 (the whole adapter state, rank 0's files) continues bit for bit
+// at the level and world it was written at, at ZeRO-1, and at another number of ranks continues the
+// one-model run to fp32 rounding (the test below).
+TEST(CpuLoraDataParallel, CheckpointOfZeroTwoAndThreeResumesAtAnyLevel) {
+    const Case& c = kCases[4];  // dropout and --train-also
+    for (int level : {2, 3}) {
+        SCOPED_TRACE("written at ZeRO-" + std::to_string(level));
+        test::TempDir tmp;
+        const std::string dir = tmp / "ckpt";
+        const std::vector<Trajectory> whole = parallel(c, 2, level);
+        comm::run_ranks(2, [&](comm::Communicator& comm) {
+            CpuModel p(c.config(false), options(c));
+            p.set_communicator(&comm, level);
+            start(p);
+            Trajectory first;
+            train(p, 1, 2, comm.rank(), 2, kA, first);
+            if (comm.rank() == 0) fs::create_directories(dir);
+            comm.barrier();
+            p.save_checkpoint(dir);
+            comm.barrier();
+        });
+        for (int resume_level : {1, 2, 3}) {
+            SCOPED_TRACE("resumed at ZeRO-" + std::to_string(resume_level));
+            std::vector<Trajectory> resumed(2);
+            comm::run_ranks(2, [&](comm::Communicator& comm) {
+                CpuModel q(c.config(false), options(c));
+                q.set_communicator(&comm, resume_level);
+                q.init_random(3);
+                q.load_checkpoint(dir);
+                train(q, 3, kSteps, comm.rank(), 2, kA, resumed[comm.rank()]);
+            });
+            for (int r = 0; r < 2; ++r) {
+                EXPECT_TRUE(same_bits(resumed[r].values, whole[r].values)) << "rank " << r;
+                EXPECT_TRUE(same_bits(resumed[r].m, whole[r].m)) << "rank " << r;
+                EXPECT_TRUE(same_bits(resumed[r].v, whole[r].v)) << "rank " << r;
+                EXPECT_EQ(std::vector<float>(whole[r].losses.begin() + 2, whole[r].losses.end()), resumed[r].losses);
+            }
+        }
+    }
 }
 
 // A checkpoint of 2 ranks after 2 steps (the adapters and their moments, written by rank 0 once, with

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/cpu/cpu_model.h"
 #include "model/cpu/cpu_ops.h"
+#include "model/cpu/cpu_rank_blocks.h"
 #include "model/flag_names.h"
 
 namespace qtrain {
@@ -17,10 +18,6 @@ namespace qtrain {
 void CpuModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(zero_level >= 1 && zero_level <= 3, flag(RunFlag::ZeroLevel), "=", zero_level,
              " is not supported by the CPU model's data parallel step (1, 2 or 3)");
-    QT_CHECK(!frozen_base() || !comm || comm->world() <= 1 || zero_level == 1, flag(&LoraOptions::rank), "=",
-             options_.lora.rank, " with ", flag(RunFlag::ZeroLevel), "=", zero_level, " on ", flag(RunFlag::Device),
-             "=cpu: with several ranks the adapters are replicated and their gradient all-reduced (",
-             flag(RunFlag::ZeroLevel), "=1)");
     // LoRA dropout: rank r's passes draw the masks of the global micro-batches it trains (cpu_lora.h)
     lora_.set_ranks(comm ? comm->rank() : 0, comm ? comm->world() : 1);
     if (weights_sharded()) {
@@ -47,70 +44,57 @@ void CpuModel::adamw_range(const OptimizerParams& p, int64_t begin, int64_t end,
     }
 }
 
-// LoRA over several ranks: every rank holds the whole frozen base and the whole (small) adapters; the
-// adapters' gradient (and --train-also's) is all-reduced in rank order, so every rank computes the
-// same norm and the same replicated AdamW and keeps the same bits, with no gather afterwards.
+// LoRA over several ranks (docs/design.md, "LoRA with data parallel"): every rank holds the whole
+// frozen base (on the CPU at every ZeRO level: its ZeRO-3 shards trained state only, and the base's
+// trained --train-also tensors are the adapters') and the whole adapters. The adapters' flat space
+// (--train-also's tensors included) is split into the ranks' blocks as the full model's is: the
+// gradient is summed over the ranks (ZeRO-1 all-reduces it, ZeRO-2 and 3 reduce-scatter the blocks),
+// the norm combines the blocks' sums of squares in rank order, each rank's AdamW updates its block,
+// and the updated values and moments are all-gathered. The same bits at every level.
 StepStats CpuModel::lora_data_parallel_step(const OptimizerParams& p) {
     comm::Communicator& c = *comm_;
+    const cpu::RankBlock b = cpu::rank_block(lora_.num_elements(), c.world(), c.rank());
     StepStats stats;
-    double loss = 0.0;
-    comm::sum_scalars_over_ranks(c, &step_loss_, &loss, 1);
-    stats.loss = static_cast<float>(loss);
+    stats.loss = static_cast<float>(cpu::sum_over_ranks(c, step_loss_));
     step_loss_ = 0.0;
-    std::vector<float>& g = lora_.grads();
-    c.all_reduce(g.data(), g.data(), g.size(), DType::F32);
-    stats.grad_norm = static_cast<float>(std::sqrt(lora_.grad_sum_squares()));
-    if (!update_allowed(stats)) {  // every rank sees the same stats: none updates
-        lora_.zero_grads();
-        return stats;
-    }
+    cpu::BlockScratch scratch;
+    const float* g = cpu::sum_block_over_ranks(c, zero_level_, b, lora_.grads(), scratch);
+    stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_over_ranks(c, cpu::sum_squares(g, b.end - b.begin))));
+    lora_.zero_grads();
+    if (!update_allowed(stats)) return stats;  // every rank sees the same stats: none updates
     const float clip_scale = (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) ? p.grad_clip / stats.grad_norm : 1.0f;
-    lora_.adamw(p, clip_scale);
+    const std::vector<float> block(g, g + (b.end - b.begin));  // (the scratch is reused by the gathers)
+    lora_.adamw_range(p, b.begin, b.end, block.data(), clip_scale);
+    std::vector<float> values = lora_.values();
+    cpu::all_gather_blocks(c, b, values, scratch);
+    lora_.set_values(values);
+    cpu::all_gather_blocks(c, b, lora_.moments_m(), scratch);
+    cpu::all_gather_blocks(c, b, lora_.moments_v(), scratch);
     return stats;
 }
 
 StepStats CpuModel::data_parallel_step(const OptimizerParams& p) {
     if (frozen_base()) return lora_data_parallel_step(p);
     comm::Communicator& c = *comm_;
-    const int W = c.world(), r = c.rank();
-    const int64_t P = num_elements(), S = (P + W - 1) / W, begin = std::min<int64_t>(r * S, P),
-                  end = std::min<int64_t>(begin + S, P);
-    // the loss and the blocks' sums of squares, combined in rank order as doubles
-    auto gather_sum = [&](double x) {
-        double sum = 0.0;
-        comm::sum_scalars_over_ranks(c, &x, &sum, 1);
-        return sum;
-    };
+    const cpu::RankBlock b = cpu::rank_block(num_elements(), c.world(), c.rank());
     StepStats stats;
-    stats.loss = static_cast<float>(gather_sum(step_loss_));
+    // the loss and the blocks' sums of squares, combined in rank order as doubles
+    stats.loss = static_cast<float>(cpu::sum_over_ranks(c, step_loss_));
     step_loss_ = 0.0;
 
-    // the summed gradients of this rank's block [begin, end), padded to S elements per rank
-    std::vector<float> padded(static_cast<size_t>(S) * W, 0.0f), block(static_cast<size_t>(S));
-    std::copy(grads_.begin(), grads_.end(), padded.begin());
-    const float* g = nullptr;
-    if (zero_level_ == 1) {  // ZeRO-2 and ZeRO-3 keep only the rank's block of the summed gradient
-        c.all_reduce(padded.data(), padded.data(), padded.size(), DType::F32);
-        g = padded.data() + r * S;
-    } else {
-        c.reduce_scatter(padded.data(), block.data(), static_cast<size_t>(S), DType::F32);
-        g = block.data();
-    }
-    stats.grad_norm = static_cast<float>(std::sqrt(gather_sum(cpu::sum_squares(g, end - begin))));
+    // the summed gradients of this rank's block [begin, end)
+    cpu::BlockScratch scratch;
+    const float* g = cpu::sum_block_over_ranks(c, zero_level_, b, grads_, scratch);
+    stats.grad_norm = static_cast<float>(std::sqrt(cpu::sum_over_ranks(c, cpu::sum_squares(g, b.end - b.begin))));
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     if (!update_allowed(stats)) return stats;  // every rank sees the same stats: none updates
 
     const float clip_scale = (p.grad_clip > 0.0f && stats.grad_norm > p.grad_clip) ? p.grad_clip / stats.grad_norm : 1.0f;
-    adamw_range(p, begin, end, g, begin, clip_scale);
+    adamw_range(p, b.begin, b.end, g, b.begin, clip_scale);
     // ZeRO-3: the rank keeps its updated block; the next pass gathers what it needs (cpu_zero3.cpp)
     if (weights_sharded()) return stats;
     // every rank gets every block of the weights and moments back
-    for (std::vector<float>* state : {&params_, &adam_m_, &adam_v_}) {
-        std::copy(state->begin() + begin, state->begin() + end, block.begin());
-        std::fill(block.begin() + (end - begin), block.end(), 0.0f);
-        c.all_gather(block.data(), padded.data(), static_cast<size_t>(S), DType::F32);
-        std::copy(padded.begin(), padded.begin() + P, state->begin());
-    }
+    for (std::vector<float>* state : {&params_, &adam_m_, &adam_v_}) cpu::all_gather_blocks(c, b, *state, scratch);
     return stats;
 }
 

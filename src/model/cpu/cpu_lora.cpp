@@ -121,13 +121,23 @@ void CpuLora::backward(int l, LoraTarget t, float* dx, const float* dy, const fl
 double CpuLora::grad_sum_squares() const { return cpu::sum_squares(grads_.data(), num_elements()); }
 
 void CpuLora::adamw(const OptimizerParams& p, float clip_scale) {
+    adamw_range(p, 0, num_elements(), grads_.data(), clip_scale);
+    zero_grads();
+}
+
+void CpuLora::adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* g, float clip_scale) {
     for (size_t i = 0; i < specs_.size(); ++i) {
-        const int64_t o = offsets_[i];
-        cpu::adamw_update(value(i), grads_.data() + o, m_.data() + o, v_.data() + o, specs_[i].numel(),
+        const int64_t o = offsets_[i], lo = std::max(begin, o), hi = std::min(end, o + specs_[i].numel());
+        if (lo >= hi) continue;
+        cpu::adamw_update(value(i) + (lo - o), g + (lo - begin), m_.data() + lo, v_.data() + lo, hi - lo,
                           p.learning_rate, p.beta1, p.beta2, p.epsilon, specs_[i].decay() ? p.weight_decay : 0.0f,
                           clip_scale, p.step);
     }
-    zero_grads();
+}
+
+void CpuLora::set_values(const std::vector<float>& v) {
+    std::copy(v.begin(), v.begin() + num_elements(), params_.begin());
+    scatter();
 }
 
 void CpuLora::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

@@ -99,6 +99,14 @@ public:
     double grad_sum_squares() const;
     // AdamW on every adapter (weight decay as the run's: they are matrices), then zero gradients.
     void adamw(const OptimizerParams& p, float clip_scale);
+    // AdamW on the elements [begin, end) of the flat space only, with their gradient g (g[0] is
+    // element begin's): a data-parallel rank's block. Elementwise, so the blocks' updates are the
+    // whole update's bits. The gradients are left alone.
+    void adamw_range(const OptimizerParams& p, int64_t begin, int64_t end, const float* g, float clip_scale);
+    // The values over the flat space (the bound --train-also tensors' from the base), and the same
+    // set back (the bound ones written to the base): what the ranks all-gather after their updates.
+    std::vector<float> values() const { return gathered(); }
+    void set_values(const std::vector<float>& v);
     void zero_grads();
 
     // By PEFT name; throw naming the tensor when it is not an adapter.

@@ -105,17 +105,6 @@ void CpuModel::check_options(const ModelOptions& o) {
     QT_CHECK(o.lmhead_chunks >= 1, flag(&ModelOptions::lmhead_chunks), " must be at least 1, got ", o.lmhead_chunks);
     QT_CHECK(o.batch_size >= 1, flag(&ModelOptions::batch_size), " must be at least 1, got ", o.batch_size);
     QT_CHECK(o.seq_len >= 1, flag(&ModelOptions::seq_len), " must be at least 1, got ", o.seq_len);
-    if (o.lora.enabled()) {
-        // several ranks: the base replicated, the adapters' gradient all-reduced and AdamW replicated
-        // (cpu_data_parallel.cpp); the adapters are small, so there is nothing worth sharding
-        for (const auto& [key, on, level] :
-             {std::tuple<ModelFlag, bool, int>{&ModelOptions::shard_weights, o.shard_weights, 3},
-              {&ModelOptions::shard_gradients, o.shard_gradients, 2}})
-            QT_CHECK(!on, flag(&LoraOptions::rank), "=", o.lora.rank, " with ", flag(key), " (ZeRO-", level,
-                     ") is not supported on ", flag(RunFlag::Device), "=cpu: with several ranks the frozen base and "
-                     "the small adapters are replicated and the adapters' gradient all-reduced (",
-                     flag(RunFlag::ZeroLevel), "=1)");
-    }
 }
 
 ModelOptions CpuModel::fp32_options(int batch_size, int seq_len) {

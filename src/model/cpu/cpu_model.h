@@ -71,7 +71,8 @@ public:
     // `zero_level` 1, 2 or 3; null `comm` = a single model again (leaving ZeRO-3 gathers the whole
     // state first, collectively).
     void set_communicator(comm::Communicator* comm, int zero_level) override;
-    bool weights_sharded() const override { return comm_ != nullptr && zero_level_ == 3; }
+    // (LoRA: the frozen base stays whole on every rank at ZeRO-3 too; cpu_data_parallel.cpp)
+    bool weights_sharded() const override { return comm_ != nullptr && zero_level_ == 3 && !frozen_base(); }
     // Under ZeRO-3 the tensor's range is gathered for the read (collective).
     std::vector<float> read_tensor(const std::string& name, TensorKind kind) override;
 

@@ -160,8 +160,8 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
     QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::shard_weights), " and ", flag(&ModelOptions::gpus), "=",
              o.gpus, " (ZeRO-3 of the frozen base) is not yet supported on ", flag(RunFlag::Device),
-             "=cuda: with several ranks the base is replicated and the adapters' gradient all-reduced (",
-             flag(RunFlag::ZeroLevel), "=1); on one GPU ", flag(&ModelOptions::shard_weights),
+             "=cuda: with several ranks the base is replicated and the adapters' optimizer state sharded (",
+             flag(RunFlag::ZeroLevel), "=1|2); on one GPU ", flag(&ModelOptions::shard_weights),
              " streams the frozen base from host memory");
     // (the bf16 base's trained tensors would be written to the host copy, and the resident and slot
     // copies refreshed after every update; the FP8 base keeps them resident)
@@ -184,8 +184,8 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
 // LoRA on the GPU (lora_adapters.h) so far: a frozen base in the model dtype (with
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
 // base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
-// resident, or with --shard-weights on one GPU streamed from host memory (check_lora_streaming); on each rank with --gpus=N: replicated, the adapters' gradient
-// all-reduced, ZeRO-1. The flags that move or keep state the frozen base does not have are refused
+// resident, or with --shard-weights on one GPU streamed from host memory (check_lora_streaming); on
+// each rank with --gpus=N: replicated, with ZeRO-1/2 of the adapters (lora_adapters.h). The flags that move or keep state the frozen base does not have are refused
 // by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
@@ -195,7 +195,7 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
              "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the trained LM head stays in the model "
              "dtype: leave ", flag(&ModelOptions::fp8_lm_head), " out, or train the norms only)");
     const std::pair<ModelFlag, bool> refused[] = {
-        {&ModelOptions::shard_gradients, o.shard_gradients},
+        {&ModelOptions::shard_gradients, o.shard_gradients && o.gpus <= 1},  // (ZeRO-2 of the adapters with ranks)
         {&ModelOptions::offload_master, o.offload_master},
         {&ModelOptions::offload_opt_m, o.offload_opt_m},
         {&ModelOptions::offload_opt_v, o.offload_opt_v},
@@ -205,8 +205,8 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
     for (const auto& [key, on] : refused)
         QT_CHECK(!on, lora, " with ", flag(key), " is not yet supported on ", flag(RunFlag::Device),
                  "=cuda (the frozen base has no master, gradient or Adam moments to shard or offload; the adapters "
-                 "are small: with several ranks both are replicated and the adapters' gradient all-reduced, ",
-                 flag(RunFlag::ZeroLevel), "=1; on one GPU ", flag(&ModelOptions::shard_weights),
+                 "are small: with several ranks each keeps its block of their optimizer state, ",
+                 flag(RunFlag::ZeroLevel), "=1|2; on one GPU ", flag(&ModelOptions::shard_weights),
                  " streams the frozen base from host memory)");
     QT_CHECK(o.master_dtype == DType::F32, lora, " with ", flag(&ModelOptions::master_dtype), "=",
              dtype_name(o.master_dtype),
@@ -764,7 +764,8 @@ void CudaModel::save_hf(const std::string& dir) const {
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
     if (lora_) {  // LoRA: the PEFT adapter (the CPU model's writer), or with --merge-lora the merged model
-        lora_->download_to_host();
+        lora_->download_to_host();  // (collective with several ranks: saves_collectively)
+        if (comm_ && comm_->rank() != 0) return;
         if (!opt_.lora.merge) return lora_->host().save_adapter(dir);
         write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
             auto values = download(s.name, Which::Weights);
@@ -812,9 +813,9 @@ void CudaModel::save_hf(const std::string& dir) const {
 
 void CudaModel::save_checkpoint(const std::string& dir) const {
     if (lora_) {  // the adapters and their moments only, in the CPU model's files: the base is --model's
-        // (several ranks hold the same replicated adapters: rank 0 writes them once)
-        if (comm_ && comm_->rank() != 0) return;
+        // (several ranks: every rank's block gathered, collective; rank 0 writes the whole state once)
         lora_->download_to_host();
+        if (comm_ && comm_->rank() != 0) return;
         return lora_->host().save_checkpoint(dir);
     }
     if (moments_are_block()) return save_block_checkpoint(dir);

@@ -78,6 +78,8 @@ public:
     // gathers each layer from their owners just before use (weights.h), so forward passes, save_hf
     // and download of weights are collective.
     bool weights_sharded() const override { return weights_->sharded(); }
+    // LoRA with several ranks: each holds its block of the adapters' master, so the export gathers them
+    bool saves_collectively() const override { return weights_sharded() || (lora_ && shard_.world > 1); }
     // download(name, Weights | Grad): collective under ZeRO-3; refused for a ZeRO-2 gradient block.
     std::vector<float> read_tensor(const std::string& name, TensorKind kind) override {
         return download(name, kind == TensorKind::Gradient ? Which::Grad : Which::Weights);

@@ -36,17 +36,16 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
     QT_CHECK(comm->world() == std::max(1, opt_.gpus), "GPU model: planned for ", flag(&ModelOptions::gpus), "=",
              opt_.gpus, " but the communicator has ", comm->world(), " ranks");
     if (lora_) {
-        // LoRA: the frozen base and the adapters are replicated; only the adapters' gradient is summed
-        // over the ranks (lora_optimizer_step), so there is no block to own (shard_ gives the loss's
-        // gather its rank and world)
-        QT_CHECK(comm->world() == 1 || zero_level == 1, flag(&LoraOptions::rank), "=", opt_.lora.rank, " with ",
+        // LoRA: ZeRO-1/2 of the adapters (lora_adapters.h: each rank keeps its block's master and
+        // moments); the frozen base is replicated (shard_ gives the loss's gather its rank and world)
+        QT_CHECK(comm->world() == 1 || zero_level <= 2, flag(&LoraOptions::rank), "=", opt_.lora.rank, " with ",
                  flag(RunFlag::ZeroLevel), "=", zero_level, " on ", flag(RunFlag::Device),
-                 "=cuda: with several ranks the adapters are replicated and their gradient all-reduced (",
-                 flag(RunFlag::ZeroLevel), "=1)");
+                 "=cuda: ZeRO-3 of the frozen base over several ranks is not yet supported (the base is replicated; "
+                 "use ", flag(RunFlag::ZeroLevel), "=2, which shards the adapters' optimizer state and gradient)");
         comm_ = comm;
         zero_level_ = zero_level;
         shard_ = param_shard(layout_.total, comm->world(), comm->rank());
-        lora_->set_ranks(comm->rank(), comm->world());
+        lora_->set_communicator(comm, zero_level);
         return;
     }
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,

@@ -437,17 +437,17 @@ StepStats CudaModel::optimizer_step(const OptimizerParams& p) {
 
 // LoRA: the adapters (and --train-also's tensors, in the same flat space) are all there is to train.
 // Their one norm is clipped (the CPU model's CpuLora::grad_sum_squares), and as for the full model a
-// broken step writes nothing (imodel.h). With several ranks their gradient is all-reduced first and
-// AdamW runs on every rank; the update then writes --train-also's values into the base's weights.
+// broken step writes nothing (imodel.h). With several ranks each rank's block of their gradient is
+// summed over the ranks (ZeRO-1: all-reduced, ZeRO-2: reduce-scattered), the blocks' partial norms
+// are combined in one order on every rank, AdamW updates the block and the weights are all-gathered
+// (lora_adapters.h); the update then writes --train-also's values into the base's weights.
 StepStats CudaModel::lora_optimizer_step(const OptimizerParams& p) {
     StepStats stats;
     {
         auto t_ = timer_.scope("optimizer", stream_);
-        // several ranks: every rank sums the whole gradient (rank order), so the norm and the
-        // replicated AdamW below give every rank the same bits
-        if (comm_ && shard_.world > 1) lora_->all_reduce_grads(*comm_);
-        lora_->sum_squares(buf_.norm_partials);
-        cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, cuda::norm_partials_count(), p.grad_clip, stream_);
+        lora_->reduce_and_sum_squares(buf_.norm_partials);
+        cuda::norm_from_partials(buf_.norm_out, buf_.norm_partials, cuda::norm_partials_count() * lora_->shard().world,
+                                 p.grad_clip, stream_);
         float norm = 0;
         CUDA_CHECK(cudaMemcpyAsync(&norm, buf_.norm_out, sizeof(float), cudaMemcpyDeviceToHost, stream_));
         stats = StepStats{global_loss(), norm};  // (waits for the stream)

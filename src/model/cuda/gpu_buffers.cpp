@@ -280,12 +280,19 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     if (frozen) {
         const LoraLayout ly = make_lora_layout(c, opt.lora);
         LoraBuffers& l = b.lora;
-        l.master = lora_state.take_n<float>(ly.total);
-        l.grads = lora_state.take_n<float>(ly.total);
-        l.weights = A == DType::F32 ? static_cast<void*>(l.master) : lora_state.take_typed(ly.total, A);
-        l.opt.adam_m = lora_state.take_n<float>(ly.total);
-        l.opt.adam_v = lora_state.take_n<float>(ly.total);
-        l.opt.elements = ly.total;
+        // --gpus=N: each rank keeps the master and moments of its block of the adapters' flat space
+        // (param_shard.h, ZeRO-1/2 of the adapters); the gradient the backward accumulates and the
+        // model-dtype weights the GEMMs read are whole, padded to N blocks for the collectives (and
+        // an fp32 model's weights are then a copy of their own: the master is a block). At one GPU
+        // the block is the whole space and the weights of an fp32 model are the master.
+        const ParamShard sh = param_shard(ly.total, world, 0);
+        l.master = lora_state.take_n<float>(sh.size);
+        l.grads = lora_state.take_n<float>(sh.padded_total());
+        l.weights = A == DType::F32 && world == 1 ? static_cast<void*>(l.master)
+                                                  : lora_state.take_typed(sh.padded_total(), A);
+        l.opt.adam_m = lora_state.take_n<float>(sh.size);
+        l.opt.adam_v = lora_state.take_n<float>(sh.size);
+        l.opt.elements = sh.size;
         l.opt.num_segments = static_cast<int>(ly.specs.size());
         l.opt.segments = lora_state.take(sizeof(cuda::ParamSegment) * ly.specs.size());
         l.pass = lora_state.take_n<uint64_t>(1);

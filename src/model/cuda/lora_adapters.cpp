@@ -1,5 +1,6 @@
 #include "model/cuda/lora_adapters.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/communicator.h"
@@ -87,6 +88,9 @@ LoraAdapters::LoraAdapters(const LoraBuffers& buffers, const ModelConfig& config
       stream_(stream),
       timer_(timer),
       rows_(static_cast<int64_t>(options.batch_size) * options.seq_len),
+      // (rank 0's block of the --gpus ranks the buffers are planned for, until set_communicator: at
+      // one GPU the whole space)
+      shard_(param_shard(layout_.total, std::max(1, options.gpus), 0)),
       host_(config, options.lora) {
     optimizer_ = std::make_unique<OptimizerState>(buf_.opt, adapter_optimizer_options(options));
     std::vector<cuda::ParamSegment> segs;
@@ -159,27 +163,51 @@ void LoraAdapters::end_pass() {
     host_.set_passes(host_.passes() + static_cast<uint64_t>(world_));
 }
 
-void LoraAdapters::set_ranks(int rank, int world) {
-    rank_ = rank, world_ = world;
-    const uint64_t pass = host_.passes() + static_cast<uint64_t>(rank_);
-    CUDA_CHECK(cudaMemcpyAsync(buf_.pass, &pass, sizeof pass, cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+void LoraAdapters::set_communicator(comm::Communicator* comm, int zero_level) {
+    const int world = comm ? comm->world() : 1;
+    // (the buffers were planned for --gpus ranks: a block of another size would not fit them)
+    QT_CHECK(param_shard(layout_.total, world, 0).size <= buf_.opt.elements, "GPU model: LoRA planned for fewer ranks than the communicator's ", world);
+    // the whole state into the host mirror: from the old ranks' blocks (collective with them), or,
+    // before the first communicator, the mirror is what was last uploaded (no step runs without one)
+    if (comm_) download_to_host();
+    comm_ = world > 1 ? comm : nullptr;
+    world_ = world;
+    zero_level_ = zero_level;
+    shard_ = param_shard(layout_.total, world, comm ? comm->rank() : 0);
+    upload_from_host();  // this rank's block of it, and its next pass
 }
 
-void LoraAdapters::all_reduce_grads(comm::Communicator& comm) {
-    auto t_ = timer_.scope("lora gradient all-reduce", stream_);
-    // the padding between tensors is zero on every rank: summing the whole space adds nothing there
-    comm.all_reduce(buf_.grads, buf_.grads, static_cast<std::size_t>(layout_.total), DType::F32, stream_);
-}
-
-void LoraAdapters::sum_squares(float* partials) {
-    cuda::sum_squares_partials(partials, buf_.grads, DType::F32, layout_.total, stream_);
+void LoraAdapters::reduce_and_sum_squares(float* partials) {
+    QT_CHECK(comm_ || shard_.world == 1, "GPU model: LoRA planned for ", shard_.world,
+             " ranks needs their communicator (set_communicator) before a step");
+    const int K = cuda::norm_partials_count();
+    float* block = buf_.grads + shard_.rank * shard_.size;
+    if (comm_) {
+        auto t_ = timer_.scope("lora gradient reduction", stream_);
+        // the padding between tensors and after the last block is zero on every rank: it sums to zero
+        const std::size_t S = static_cast<std::size_t>(shard_.size);
+        if (zero_level_ == 1)
+            comm_->all_reduce(buf_.grads, buf_.grads, S * shard_.world, DType::F32, stream_);
+        else
+            comm_->reduce_scatter(buf_.grads, block, S, DType::F32, stream_);
+    }
+    cuda::sum_squares_partials(partials + shard_.rank * K, block, DType::F32, shard_.count(), stream_);
+    if (comm_) comm_->all_gather(partials + shard_.rank * K, partials, K, DType::F32, stream_);
 }
 
 void LoraAdapters::update(const cuda::AdamWArgs& args, const float* clip) {
-    // (an fp32 model's GEMMs read the master itself; a bf16 one's the copy AdamW writes)
-    optimizer_->update(args, {buf_.master, buf_.grads, act_ == DType::F32 ? nullptr : buf_.weights}, 0, layout_.total,
-                       clip, nullptr, stream_);
+    const std::size_t es = dtype_size(act_);
+    char* weights = static_cast<char*>(buf_.weights);
+    // (an fp32 model's GEMMs on one GPU read the master itself; otherwise AdamW writes the block's
+    // model-dtype copy, rounded to nearest)
+    void* block_weights = buf_.weights == buf_.master ? nullptr : weights + shard_.begin * es;
+    optimizer_->update(args, {buf_.master, buf_.grads + shard_.rank * shard_.size, block_weights}, shard_.begin,
+                       shard_.end, clip, nullptr, stream_);
+    if (comm_) {
+        auto t_ = timer_.scope("lora weight all-gather", stream_);
+        comm_->all_gather(weights + shard_.rank * shard_.size * es, weights, static_cast<std::size_t>(shard_.size),
+                          act_, stream_);
+    }
     write_base();
     zero_grads();
 }
@@ -203,10 +231,12 @@ void LoraAdapters::write_base() {
     const std::size_t es = dtype_size(act_);
     for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
         const std::size_t i = layout_.first_trained + k;
-        // rounded to nearest, as AdamW's copy of an fp32 master is: a resume's upload writes these same bits
-        // (one small conversion per tensor, outside the captured graph: ~2-4 per layer per step)
-        cuda::convert_from_f32(static_cast<char*>(base_) + base_offsets_[k] * es, act_, buf_.master + layout_.offsets[i],
-                               layout_.specs[i].numel(), stream_);
+        // the whole model-dtype weights (every rank's block, gathered): the master rounded to
+        // nearest, so a resume's upload writes these same bits (one small copy per tensor, outside
+        // the captured graph: ~2-4 per layer per step)
+        CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base_) + base_offsets_[k] * es,
+                                   static_cast<const char*>(buf_.weights) + layout_.offsets[i] * es,
+                                   layout_.specs[i].numel() * es, cudaMemcpyDeviceToDevice, stream_));
     }
 }
 
@@ -236,7 +266,7 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
 }
 
 void LoraAdapters::zero_grads() {
-    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, layout_.total * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.grads, 0, shard_.padded_total() * sizeof(float), stream_));
 }
 
 void LoraAdapters::upload_from_host() {
@@ -248,25 +278,58 @@ void LoraAdapters::upload_from_host() {
         std::memcpy(m.data() + to, host_.moments_m().data() + from, k * sizeof(float));
         std::memcpy(v.data() + to, host_.moments_v().data() + from, k * sizeof(float));
     }
-    const uint64_t pass = host_.passes() + static_cast<uint64_t>(rank_);  // (this rank's next pass)
+    const uint64_t pass = host_.passes() + static_cast<uint64_t>(shard_.rank);  // (this rank's next pass)
+    const std::size_t S = static_cast<std::size_t>(shard_.size), b = static_cast<std::size_t>(shard_.begin),
+                      c = static_cast<std::size_t>(shard_.count());
+    // this rank's block of the master and moments (the block's padding zero)
+    CUDA_CHECK(cudaMemsetAsync(buf_.master, 0, S * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.opt.adam_m, 0, S * sizeof(float), stream_));
+    CUDA_CHECK(cudaMemsetAsync(buf_.opt.adam_v, 0, S * sizeof(float), stream_));
     // ordered on the model's stream and finished on return (the host vectors go out of scope)
-    CUDA_CHECK(cudaMemcpyAsync(buf_.master, p.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_m, m.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_v, v.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.master, p.data() + b, c * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_m, m.data() + b, c * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(buf_.opt.adam_v, v.data() + b, c * sizeof(float), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(buf_.pass, &pass, sizeof pass, cudaMemcpyHostToDevice, stream_));
-    if (act_ != DType::F32) cuda::convert_from_f32(buf_.weights, act_, buf_.master, layout_.total, stream_);
+    if (buf_.weights != buf_.master) {
+        // the whole model-dtype weights from the whole values, staged in the gradient buffer (zeroed
+        // below); every rank converts them as AdamW rounds them, to nearest
+        CUDA_CHECK(cudaMemsetAsync(buf_.weights, 0, shard_.padded_total() * dtype_size(act_), stream_));
+        CUDA_CHECK(cudaMemcpyAsync(buf_.grads, p.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        if (act_ == DType::F32)
+            CUDA_CHECK(cudaMemcpyAsync(buf_.weights, buf_.grads, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+        else
+            cuda::convert_from_f32(buf_.weights, act_, buf_.grads, layout_.total, stream_);
+    }
     write_base();
     zero_grads();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void LoraAdapters::download_to_host() const {
-    const std::size_t n = static_cast<std::size_t>(layout_.total);
-    std::vector<float> p(n), m(n), v(n);
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaMemcpy(p.data(), buf_.master, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(m.data(), buf_.opt.adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(v.data(), buf_.opt.adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (!comm_ && shard_.world > 1) return;  // (before set_communicator: the mirror is current)
+    const std::size_t n = static_cast<std::size_t>(layout_.total), S = static_cast<std::size_t>(shard_.size);
+    std::vector<float> p(shard_.padded_total()), m(p.size()), v(p.size());
+    float* whole = nullptr;  // several ranks: every block, gathered
+    if (comm_) CUDA_CHECK(cudaMalloc(&whole, p.size() * sizeof(float)));
+    auto fetch = [&](const float* block, std::vector<float>& to) {
+        const float* from = block;
+        if (comm_) {
+            comm_->all_gather(block, whole, S, DType::F32, stream_);
+            from = whole;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(to.data(), from, (comm_ ? p.size() : n) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    };
+    try {
+        fetch(buf_.master, p);
+        fetch(static_cast<const float*>(buf_.opt.adam_m), m);
+        fetch(static_cast<const float*>(buf_.opt.adam_v), v);
+    } catch (...) {
+        cudaFree(whole);
+        throw;
+    }
+    if (whole) CUDA_CHECK(cudaFree(whole));
     for (std::size_t i = 0; i < layout_.specs.size(); ++i) {
         const int64_t to = host_.offsets()[i], from = layout_.offsets[i], k = layout_.specs[i].numel();
         std::memcpy(host_.params().data() + to, p.data() + from, k * sizeof(float));
@@ -284,13 +347,27 @@ int64_t LoraAdapters::spec_index(const std::string& name) const {
 std::vector<float> LoraAdapters::download(const std::string& name, Which which) const {
     const int64_t i = spec_index(name);
     const int64_t off = layout_.offsets[i], n = layout_.specs[i].numel();
-    const float* base = which == Which::Master  ? buf_.master
-                        : which == Which::Grad  ? buf_.grads
-                        : which == Which::AdamM ? static_cast<const float*>(buf_.opt.adam_m)
-                                                : static_cast<const float*>(buf_.opt.adam_v);
     std::vector<float> out(n);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaMemcpy(out.data(), base + off, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (which == Which::Grad) {  // whole on every rank (this rank's own, until the step reduces it)
+        CUDA_CHECK(cudaMemcpy(out.data(), buf_.grads + off, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return out;
+    }
+    // several ranks: the master and moments of this rank's block only (an fp32 model's master is
+    // also the whole weights, which every rank holds)
+    if (which == Which::Master && act_ == DType::F32 && comm_) {
+        CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const float*>(buf_.weights) + off, n * sizeof(float),
+                              cudaMemcpyDeviceToHost));
+        return out;
+    }
+    QT_CHECK(off >= shard_.begin && off + n <= shard_.end, "GPU model: with ", shard_.world,
+             " ranks this rank holds the LoRA master and Adam moments of its block of the adapters only, not the "
+             "whole of ",
+             name, " (download_to_host gathers them)");
+    const float* base = which == Which::Master  ? buf_.master
+                        : which == Which::AdamM ? static_cast<const float*>(buf_.opt.adam_m)
+                                                : static_cast<const float*>(buf_.opt.adam_v);
+    CUDA_CHECK(cudaMemcpy(out.data(), base + (off - shard_.begin), n * sizeof(float), cudaMemcpyDeviceToHost));
     return out;
 }
 

@@ -26,6 +26,7 @@
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/lora_layout.h"
 #include "model/cuda/optimizer_state.h"
+#include "model/cuda/param_shard.h"
 #include "model/model_options.h"
 
 namespace qtrain {
@@ -57,11 +58,12 @@ public:
     // passes and rank r's device count is it + r, so rank r draws the masks of the global micro-batch
     // it trains (CpuLora::end_pass), the masks one rank draws on the same global batch.
     void end_pass();
-    // This rank's place among the data-parallel ranks (set_communicator); world 1 without one.
-    void set_ranks(int rank, int world);
-    // Data parallel: the adapters' gradient summed over the ranks in rank order, in place (every rank
-    // then holds the whole sum and runs the same replicated AdamW).
-    void all_reduce_grads(comm::Communicator& comm);
+    // Data parallel (set_communicator; world 1 without one): this rank's place among the ranks, and
+    // ZeRO-1/2 of the adapters. Rank r owns the block param_shard(layout().total, W, r) of the flat
+    // space and keeps only its master and moments (gpu_buffers.cpp); the gradient the backward
+    // accumulates and the model-dtype weights are whole on every rank.
+    void set_communicator(comm::Communicator* comm, int zero_level);
+    const ParamShard& shard() const { return shard_; }
 
     // ---- --train-also (LoraOptions::train_also): base tensors trained in full ----
     // Their fp32 master, gradient and moments are the adapters' (layout().specs after first_trained);
@@ -78,12 +80,17 @@ public:
     void read_base_into_host(const std::string& hf_name = "");
 
     // ---- optimizer ----
-    // Sum of squares of the adapters' (and --train-also's) gradient into `partials` (cuda::norm_partials_count() floats).
-    void sum_squares(float* partials);
-    // AdamW over every adapter (weight decay as the run's: they are matrices) and --train-also tensor
-    // (decayed as the CPU's CpuLora::adamw: the embeddings, not the norms; ParamSpec::decay); clip: the
-    // device-side [norm, factor]. Then the bound base gets the new --train-also values and the
-    // gradient starts the next step at zero.
+    // This rank's block of the gradient summed over the ranks in rank order (ZeRO-1: the whole
+    // all-reduced in place; ZeRO-2: reduce-scattered in place to the blocks' owners: the same bits),
+    // then the block's sums of squares into partials + rank x K, all-gathered: `partials` holds
+    // cuda::norm_partials_count() x world floats, the same on every rank. Without ranks: the whole
+    // gradient's, as before.
+    void reduce_and_sum_squares(float* partials);
+    // AdamW over this rank's block (every adapter's and --train-also tensor's elements there; weight
+    // decay as the run's for the matrices, the CPU's CpuLora::adamw for the rest: ParamSpec::decay);
+    // clip: the device-side [norm, factor]. The model-dtype weights of every block are then
+    // all-gathered, the bound base gets the new --train-also values and the gradient starts the next
+    // step at zero.
     void update(const cuda::AdamWArgs& args, const float* clip);
     void zero_grads();
 
@@ -94,6 +101,8 @@ public:
     // Device master, moments and pass count <- the host mirror (the gradient becomes zero).
     void upload_from_host();
     // The host mirror's values and moments <- the device (the pass count is kept on the host).
+    // Collective with several ranks (each holds its block of the master and moments): every rank
+    // calls it, and every rank's mirror gets the whole state.
     void download_to_host() const;
     // One adapter tensor by its PEFT name: values (master), gradient, or a moment.
     enum class Which { Master, Grad, AdamM, AdamV };
@@ -119,7 +128,10 @@ private:
     cudaStream_t stream_;
     OpTimer& timer_;
     int64_t rows_;  // N of the planned micro-batch (the saved activations' rows)
-    int rank_ = 0, world_ = 1;  // data parallel (set_ranks)
+    comm::Communicator* comm_ = nullptr;  // data parallel (set_communicator)
+    int zero_level_ = 1;
+    int world_ = 1;    // the ranks' passes (end_pass): 1 until set_communicator
+    ParamShard shard_;
     void* base_ = nullptr;               // bind_base: the base's flat model-dtype weights
     std::vector<int64_t> base_offsets_;  // per --train-also tensor: its offset there
     std::unique_ptr<OptimizerState> optimizer_;
