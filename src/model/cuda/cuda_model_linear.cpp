@@ -115,40 +115,33 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                                       opt_.fp8_fast_accum == Fp8FastAccum::All);
 }
 
-// The adapters' targets of each fused matrix: (target, first column of its slice of the output).
+// The adapters' targets of each fused matrix and the first column of each one's slice of the output.
 namespace {
-struct TargetSlice {
-    LoraTarget t;
-    int64_t col;
-};
-// (a fixed array, not a vector: this runs for every linear step of every layer, forward and backward)
+// (fixed arrays, not vectors: this runs for every linear step of every layer, forward and backward)
 struct TargetSlices {
-    std::array<TargetSlice, 3> slice;
+    std::array<LoraTarget, 3> targets;
+    std::array<int64_t, 3> cols;
     int n;
-    const TargetSlice* begin() const { return slice.data(); }
-    const TargetSlice* end() const { return slice.data() + n; }
 };
 TargetSlices lora_slices(const ModelConfig& c, Matrix m) {
+    using T = LoraTarget;
     switch (m) {
-        case kQkv:
-            return {{{{LoraTarget::Q, 0}, {LoraTarget::K, c.q_dim()}, {LoraTarget::V, c.q_dim() + c.kv_dim()}}}, 3};
-        case kO: return {{{{LoraTarget::O, 0}}}, 1};
-        case kGateUp: return {{{{LoraTarget::Gate, 0}, {LoraTarget::Up, c.intermediate_size}}}, 2};
-        default: return {{{{LoraTarget::Down, 0}}}, 1};
+        case kQkv: return {{T::Q, T::K, T::V}, {0, c.q_dim(), c.q_dim() + c.kv_dim()}, 3};
+        case kO: return {{T::O}, {0}, 1};
+        case kGateUp: return {{T::Gate, T::Up}, {0, c.intermediate_size}, 2};
+        default: return {{T::Down}, {0}, 1};
     }
 }
 }  // namespace
 
 void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out) {
-    const std::size_t es = dtype_size(opt_.model_dtype);
-    for (const TargetSlice& s : lora_slices(config_, m))
-        lora_->forward(l, s.t, static_cast<char*>(y) + s.col * es, out, x, N, lora_training_);
+    const TargetSlices s = lora_slices(config_, m);
+    lora_->forward_matrix(l, s.targets.data(), s.cols.data(), s.n, y, out, x, N, lora_training_);
 }
 
 void CudaModel::lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out) {
-    const std::size_t es = dtype_size(opt_.model_dtype);
-    for (const TargetSlice& s : lora_slices(config_, m))
-        lora_->backward(l, s.t, dx, static_cast<const char*>(dy) + s.col * es, out, x, N);
+    const TargetSlices s = lora_slices(config_, m);
+    lora_->backward_matrix(l, s.targets.data(), s.cols.data(), s.n, dx, dy, out, x, N);
 }
 
 float* CudaModel::param_grad(int64_t off) const {

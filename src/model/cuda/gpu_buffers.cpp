@@ -298,7 +298,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         l.pass = lora_state.take_n<uint64_t>(1);
         const int64_t r = opt.lora.rank;
         l.saved = lora_act.take_typed(static_cast<std::size_t>(ly.slots) * N * r, A);
-        l.dh = lora_act.take_typed(N * r, A);
+        l.dh = lora_act.take_typed(N * r * ly.widest_stack, A);  // g of one target, or of a stacked matrix
         if (opt.lora.dropout > 0.0f) {
             l.xd = lora_act.take_typed(N * ly.widest_input, A);
             l.dxd = lora_act.take_typed(N * ly.widest_input, A);

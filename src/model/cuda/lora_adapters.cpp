@@ -96,6 +96,9 @@ LoraAdapters::LoraAdapters(const LoraBuffers& buffers, const ModelConfig& config
     std::vector<cuda::ParamSegment> segs;
     for (std::size_t i = 0; i < layout_.specs.size(); ++i)
         segs.push_back({layout_.offsets[i], layout_.specs[i].numel(), layout_.specs[i].decay() ? 1 : 0, -1});
+    // (the optimizer's table is sorted by offset; the layout's order is not the specs' order)
+    std::sort(segs.begin(), segs.end(),
+              [](const cuda::ParamSegment& a, const cuda::ParamSegment& b) { return a.offset < b.offset; });
     optimizer_->upload_segments(segs, stream_);
     host_.init(lora_.seed);
     upload_from_host();
@@ -156,6 +159,60 @@ void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64
     gemm_bwd_input(gemm_, act_, buf_.dxd, in, buf_.dh, r, A(l, t), in, N, in, r, 1.0f, 0.0f, stream_);
     cuda::lora_dropout_backward_add(act_, dx, buf_.dxd, static_cast<int64_t>(N) * in, lora_.seed, buf_.pass,
                                     static_cast<uint64_t>(i), lora_.dropout, stream_);
+}
+
+void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
+                                  const void* x, int N, bool training) {
+    LoraTarget present[3];
+    int64_t at[3];
+    int G = 0;
+    for (int j = 0; j < n; ++j)
+        if (has(l, targets[j])) present[G] = targets[j], at[G++] = cols[j];
+    const std::size_t es = dtype_size(act_);
+    if (!layout_.stacked(l, present, G)) {
+        for (int j = 0; j < G; ++j) forward(l, present[j], static_cast<char*>(y) + at[j] * es, ldy, x, N, training);
+        return;
+    }
+    const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
+    auto t_ = timer_.scope("lora gemm", stream_);
+    char* u = static_cast<char*>(saved(l, present[0]));  // [N, G r]: the G consecutive slots
+    gemm_fwd(gemm_, act_, u, w, x, in, A(l, present[0]), in, N, in, w, 1.0f, 0.0f, stream_);  // u = x [A..]^T
+    for (int j = 0; j < G; ++j) {  // y_j += s u_j B_j^T
+        const int64_t out = lora_target_shape(config_, present[j])[0];
+        gemm_fwd(gemm_, act_, static_cast<char*>(y) + at[j] * es, ldy, u + j * r * es, w, B(l, present[j]), r, N, r,
+                 out, lora_.scale(), 1.0f, stream_);
+    }
+}
+
+void LoraAdapters::backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx,
+                                   const void* dy, int64_t ldy, const void* x, int N) {
+    LoraTarget present[3];
+    int64_t at[3];
+    int G = 0;
+    for (int j = 0; j < n; ++j)
+        if (has(l, targets[j])) present[G] = targets[j], at[G++] = cols[j];
+    const std::size_t es = dtype_size(act_);
+    if (!layout_.stacked(l, present, G)) {
+        for (int j = 0; j < G; ++j) backward(l, present[j], dx, static_cast<const char*>(dy) + at[j] * es, ldy, x, N);
+        return;
+    }
+    const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
+    const float s = lora_.scale();
+    auto t_ = timer_.scope("lora gemm", stream_);
+    const char* u = static_cast<const char*>(saved(l, present[0]));
+    char* g = static_cast<char*>(buf_.dh);  // [N, G r]
+    for (int j = 0; j < G; ++j) {
+        const int i = layout_.index(l, present[j]);
+        const int64_t out = lora_target_shape(config_, present[j])[0];
+        const char* dyj = static_cast<const char*>(dy) + at[j] * es;
+        gemm_bwd_input(gemm_, act_, g + j * r * es, w, dyj, ldy, B(l, present[j]), r, N, r, out, s, 0.0f,
+                       stream_);                                                                 // g_j = s dy_j B_j
+        gemm_bwd_weight(gemm_, act_, buf_.grads + layout_.b_offset[i], dyj, ldy, u + j * r * es, w, N, r, out, s,
+                        stream_);                                                                // dB_j += s dy_j^T u_j
+    }
+    const int first = layout_.index(l, present[0]);
+    gemm_bwd_weight(gemm_, act_, buf_.grads + layout_.a_offset[first], g, w, x, in, N, in, w, 1.0f, stream_);  // dA += g^T x
+    gemm_bwd_input(gemm_, act_, dx, in, g, w, A(l, present[0]), in, N, in, w, 1.0f, 1.0f, stream_);  // dx += g [A..]
 }
 
 void LoraAdapters::end_pass() {

@@ -1,13 +1,14 @@
 // The LoRA adapters of the GPU model (issue 33, model/lora.h; docs/design.md, "LoRA adapters"): a role
 // like the weights and gradients ones. The layer program's linear steps call forward() after a
-// target's base GEMM and backward() after its input-gradient GEMM (cuda_model_layer.cpp), so the
+// target's base GEMM and backward() after its input-gradient GEMM (cuda_model_linear.cpp), so the
 // forward, the recompute and the backward share them. Per adapter of input x [N, in], A [r, in],
 // B [out, r], s = alpha / r:
 //   forward   u = drop(x) A^T (kept for the backward),  y += s u B^T
 //   backward  g = s dy B,  dB += s dy^T u,  dA += g^T drop(x),  dx += drop'(g A)
 // with every GEMM through cuBLASLt in the model dtype and the adapter gradients accumulated in fp32.
 // q, k and v (and gate, up) are column slices of one fused GEMM's output: y, dy are views with the
-// fused matrix's row stride. Dropout's mask is the CPU model's (core/lora_dropout.h), drawn from the
+// fused matrix's row stride; the layer program calls forward_matrix / backward_matrix for all of a
+// fused matrix's targets, which read x once where the layout stacks their A's (lora_layout.h). Dropout's mask is the CPU model's (core/lora_dropout.h), drawn from the
 // device's pass count so a CUDA graph replays each pass's masks. The state (fp32 master, gradient,
 // AdamW moments) lives in the buffers bind_gpu_buffers carved (GpuBuffers::lora); the host mirror
 // (CpuLora) gives the initialisation, the PEFT adapter files and the checkpoint files, so a GPU
@@ -53,6 +54,15 @@ public:
     // The adapter's gradients (fp32, accumulated) and dx[N, in] += its input gradient; dy [N, out]
     // with row stride ldy; x as in the forward.
     void backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N);
+    // The same for every adapter of one fused matrix: targets[j] writes (reads) the columns from cols[j]
+    // of y (dy), row stride ldy, all reading the one input x. Where the layout stacks them
+    // (LoraLayout::stacked: q|k|v, gate|up, no dropout) x is read once: u = x [A_1; ..; A_G]^T is one
+    // GEMM ([N, G r], the G saved slots), and so are dA += g^T x and dx += g [A_1; ..; A_G] with g the
+    // [N, G r] of every target's s dy B; otherwise one target at a time.
+    void forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
+                        const void* x, int N, bool training);
+    void backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx, const void* dy,
+                         int64_t ldy, const void* x, int N);
     // A training pass has ended: the dropout masks move on (the device count and the host's, which a
     // checkpoint records). With W data-parallel ranks both move on by W: the host's counts the global
     // passes and rank r's device count is it + r, so rank r draws the masks of the global micro-batch
