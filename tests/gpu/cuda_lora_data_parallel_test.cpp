@@ -118,32 +118,9 @@ TEST(CudaLoraDataParallelGpu, CheckpointOfTwoRanksResumesBitExact) {
     TempDir tmp;
     const std::string dir = (tmp.path / "ckpt").string();
     std::filesystem::create_directories(dir);
-    LoraRun whole, resumed;
-    for (LoraRun* r : {&whole, &resumed}) r->adapters.resize(2), r->moments.resize(2);
-    std::vector<uint64_t> passes(2);
-    run_rank_threads(
-        2, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
-        [&](int r, comm::Communicator& c) {
-            ModelOptions o = options(mode);
-            o.gpus = 2;
-            {
-                CudaModel m(cfg, o);
-                m.set_communicator(&c, save_level);
-                start(m);
-                train(m, 1, 2, r, 2, 2, nullptr);
-                m.save_checkpoint(dir);
-                c.barrier();
-                train(m, 3, kSteps, r, 2, 2, &whole);
-                keep_state(m, r, whole);
-            }
-            CudaModel m(cfg, o);
-            m.set_communicator(&c, load_level);
-            m.init_random(42);  // the base, as the engine loads it from --model before the checkpoint
-            m.load_checkpoint(dir);
-            passes[r] = m.lora()->host().passes();
-            train(m, 3, kSteps, r, 2, 2, &resumed);
-            keep_state(m, r, resumed);
-        });
+    ModelOptions two = options(mode);
+    two.gpus = 2;
+    const auto [whole, resumed, passes] = checkpoint_and_resume(cfg, two, save_level, two, load_level, dir);
     EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
     EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
     for (int r = 0; r < 2; ++r) {

@@ -151,4 +151,42 @@ inline LoraRun run(const Mode& mode, int world, int micro, int zero_level = 1, b
     return out;
 }
 
+// Two ranks through a checkpoint: steps 1-2 with `save_o` at `save_level`, a checkpoint into `dir`
+// (collective), steps 3..kSteps into `whole`; then new models with `load_o` at `load_level`, the base
+// from the seed (as the engine loads it from --model before the checkpoint), the checkpoint, steps
+// 3..kSteps into `resumed`. `passes`: each rank's LoRA pass count right after the load.
+struct ResumeRuns {
+    LoraRun whole, resumed;
+    std::vector<uint64_t> passes;
+};
+
+inline ResumeRuns checkpoint_and_resume(const ModelConfig& cfg, const ModelOptions& save_o, int save_level,
+                                        const ModelOptions& load_o, int load_level, const std::string& dir) {
+    ResumeRuns out;
+    for (LoraRun* r : {&out.whole, &out.resumed}) r->adapters.resize(2), r->moments.resize(2);
+    out.passes.resize(2);
+    run_rank_threads(
+        2, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
+        [&](int r, comm::Communicator& c) {
+            {
+                CudaModel m(cfg, save_o);
+                m.set_communicator(&c, save_level);
+                start(m);
+                train(m, 1, 2, r, 2, 2, nullptr);
+                m.save_checkpoint(dir);
+                c.barrier();
+                train(m, 3, kSteps, r, 2, 2, &out.whole);
+                keep_state(m, r, out.whole);
+            }
+            CudaModel m(cfg, load_o);
+            m.set_communicator(&c, load_level);
+            m.init_random(42);
+            m.load_checkpoint(dir);
+            out.passes[r] = m.lora()->host().passes();
+            train(m, 3, kSteps, r, 2, 2, &out.resumed);
+            keep_state(m, r, out.resumed);
+        });
+    return out;
+}
+
 }  // namespace qtrain::test::lora_ranks

@@ -156,32 +156,16 @@ TEST(CudaLoraZeroThreeGpu, CheckpointsResumeBitExactAcrossLevels) {
             TempDir tmp;
             const std::string dir = (tmp.path / "ckpt").string();
             fs::create_directories(dir);
-            LoraRun whole, resumed;
-            for (LoraRun* r : {&whole, &resumed}) r->adapters.resize(2), r->moments.resize(2);
-            run_rank_threads(2, copy_engine, [&](int r, comm::Communicator& c) {
-                {
-                    CudaModel m(cfg, rank_options(mode, 2, save_level, fp8));
-                    m.set_communicator(&c, save_level);
-                    start(m);
-                    train(m, 1, 2, r, 2, 2, nullptr);
-                    m.save_checkpoint(dir);
-                    c.barrier();
-                    train(m, 3, kSteps, r, 2, 2, &whole);
-                    keep_state(m, r, whole);
-                }
-                CudaModel m(cfg, rank_options(mode, 2, load_level, fp8));
-                m.set_communicator(&c, load_level);
-                m.init_random(42);  // the base, as the engine loads it from --model before the checkpoint
-                m.load_checkpoint(dir);
-                train(m, 3, kSteps, r, 2, 2, &resumed);
-                keep_state(m, r, resumed);
-            });
+            const auto [whole, resumed, passes] =
+                checkpoint_and_resume(cfg, rank_options(mode, 2, save_level, fp8), save_level,
+                                      rank_options(mode, 2, load_level, fp8), load_level, dir);
             ASSERT_EQ(whole.losses.size(), static_cast<std::size_t>(kSteps - 2));
             EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
             EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
             for (int r = 0; r < 2; ++r) {
                 EXPECT_TRUE(same_bits(whole.adapters[r], resumed.adapters[r])) << "rank " << r;
                 EXPECT_TRUE(same_bits(whole.moments[r], resumed.moments[r])) << "rank " << r;
+                EXPECT_EQ(passes[r], 8u) << "the global pass count: 2 steps of 2 ranks x 2 micro-batches";
             }
         }
 }

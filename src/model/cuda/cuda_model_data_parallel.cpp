@@ -45,7 +45,8 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
                  opt_.shard_weights ? "with " : "without ", flag(&ModelOptions::shard_weights), " (",
                  flag(RunFlag::ZeroLevel), "=3 and ", flag(&ModelOptions::shard_weights), " go together)");
         const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
-        QT_CHECK(!weights_->sharded() || (s.count() > 0 && fp8_base_block(layout_, s.world, s.rank).count() > 0),
+        QT_CHECK(!weights_->sharded() || (weights_->matrices_fp8_only() ? fp8_base_block(layout_, s.world, s.rank).count()
+                                                                           : s.count()) > 0,
                  "GPU model: ", comm->world(), " ranks leave rank ", comm->rank(), " no part of this ", layout_.total,
                  "-element base to keep under ZeRO-3 (fewer ranks, or a larger model)");
         comm_ = comm;
