@@ -78,7 +78,8 @@ std::string flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const 
     if (o.gpus > 1) {
         // Data parallel: sharding over the ranks (ZeRO-2, then ZeRO-3) costs communication but no PCIe
         // traffic, so it comes before offloading; with --offload-master ZeRO-3 streams the rank's block
-        // of the weights from host memory.
+        // of the weights from host memory. LoRA on the GPU takes {block, zero2} and {block, zero3}
+        // (ZeRO-3 shards its frozen base: the rung that saves most for it) and refuses the offloads after them.
         const Setting zero2 = set(&T::zero_level, "2"), zero3 = set(&T::zero_level, "3");
         ladder.insert(ladder.end(), {{block, zero2},
                                      {block, zero3},

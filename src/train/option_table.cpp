@@ -287,7 +287,7 @@ std::vector<OptionSpec> make_table() {
             "Shard the weights over the ranks (ZeRO-3, as --zero-level=3: each rank holds 1/N of them and every layer "
             "is gathered from its owners just before it is used, in the forward and again in the backward); on one "
             "GPU: stream them from host (with --lora-rank: the frozen base; on the FP8 base with FP8 gradients only "
-            "its e4m3 codes)")
+            "its e4m3 codes, which ZeRO-3 also shards and gathers instead of the bf16 weights)")
             .model(&M::shard_weights)
             .implying({turns_on(&T::shard_gradients, 1, true)}),
         opt(kMultiGpu, "shard-gradients", &T::shard_gradients, R::MayChange,
@@ -295,7 +295,7 @@ std::vector<OptionSpec> make_table() {
             "during the backward); on one GPU: needs --offload-gradients").model(&M::shard_gradients),
         opt(kMultiGpu, "zero-level", &T::zero_level, R::MayChange,
             "ZeRO level with --gpus > 1, what each rank keeps 1/N of: 1 optimizer state, 2 + gradients, 3 + weights "
-            "(LoRA: of the adapters; 3 not yet on --device=cuda)",
+            "(LoRA: of the adapters, and 3 shards the frozen base on --device=cuda)",
             range(1, 3))
             .names(RunFlag::ZeroLevel)
             .implying({turns_on(&T::shard_gradients, 2), turns_on(&T::shard_weights, 3)}),
@@ -405,10 +405,12 @@ std::vector<OptionSpec> make_table() {
         opt(kLora, "lora-rank", &T::lora_rank, R::MustMatch,
             "Train LoRA adapters of this rank on a frozen base (0 = off: full training): each target Linear gets "
             "alpha/rank * x A^T B^T, only A and B have gradients, master weights and Adam moments. --device=cpu, or "
-            "--device=cuda with the base resident in the model dtype (no --shard-weights yet); with --gpus=N every "
-            "rank holds the base and the adapters, and the adapters' optimizer state is sharded: ZeRO-1 all-reduces "
-            "their gradient, ZeRO-2 (--zero-level=2) reduce-scatters it (the same bits); --zero-level=3 is ZeRO-2 of "
-            "the adapters on --device=cpu (the base whole on every rank) and not yet supported on --device=cuda. "
+            "--device=cuda with the base resident in the model dtype (or streamed from host with --shard-weights on "
+            "one GPU); with --gpus=N every rank holds the base and the adapters, and the adapters' optimizer state is "
+            "sharded: ZeRO-1 all-reduces their gradient, ZeRO-2 (--zero-level=2) reduce-scatters it (the same bits); "
+            "--zero-level=3 is ZeRO-2 of the adapters, with the base whole on every rank on --device=cpu and sharded "
+            "on --device=cuda (each rank keeps 1/N of the bf16 base, or of the FP8 base's e4m3 codes, and gathers "
+            "each layer as it is used; the same bits as ZeRO-1/2). "
             "With --matmul-dtype=e4m3 the base is FP8: its matrices quantised to e4m3 once after the load, its GEMMs "
             "FP8 (input gradient only), the adapters' GEMMs in bf16 on the unquantised inputs. With "
             "--gradient-dtype=e4m3|e5m2 the GPU keeps only the e4m3 copies of the layer matrices (a memory saving: "

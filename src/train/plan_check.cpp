@@ -66,6 +66,15 @@ void print_plan_only(const CheckedPlan& c, const ModelConfig& cfg, const ModelOp
         plan_logger.message(cat(
             "note: the plan of each of the ", mopt.gpus, " ranks (", device == "cpu" ? "CPU ranks" : "one GPU each",
             device == "cpu" ? std::string("; the CPU model keeps its whole state on every rank)")
+            : mopt.lora.enabled() && zero == ZeroLevel::Weights
+                ? cat("; LoRA at ZeRO-3: the frozen base is one rank's block, 1/", mopt.gpus, " of it (",
+                      is_fp8(mopt.matmul_dtype) && is_fp8(mopt.gradient_dtype)  // (the FP8 base: fp8_base_only)
+                          ? "the FP8 base's e4m3 codes of the layers; its norms, biases, embedding and "
+                                "head whole on every rank"
+                          : "its model-dtype weights, beside the whole non-layer weights",
+                      "), and two layer slots the layers are gathered into; the adapters' model-dtype weights and "
+                      "gradient are whole, their fp32 master and Adam's moments one rank's block (ZeRO-2 of the "
+                      "adapters))")
             : mopt.lora.enabled()
                 ? cat("; LoRA: the frozen base, the adapters' model-dtype weights and their gradient are whole on "
                       "every rank, the adapters' fp32 master and Adam's moments one rank's block, 1/", mopt.gpus,

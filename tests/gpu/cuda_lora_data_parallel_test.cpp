@@ -9,6 +9,7 @@
 // same dtype (fp32 tightly, bf16 within bf16 noise), with recompute and CUDA graphs too. A checkpoint
 // of 2 ranks (the CPU model's adapter files, written once by rank 0) resumes bit for bit. With
 // --train-also the trained norms / embeddings ride along (their gradient in the adapters' space).
+// (ZeRO-3 of the frozen base: cuda_lora_zero3_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,136 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/cuda/copy_engine_communicator.h"
-#include "comm/thread_world.h"
-#include "cuda_lora_fixture.h"
-#include "gpu_model_fixture.h"
-#include "gpu_ranks_util.h"
-#include "model/lora.h"
+#include "cuda_lora_ranks_util.h"
 
 using namespace qtrain;
 using namespace qtrain::test;
+using namespace qtrain::test::lora_ranks;
 
 namespace {
-
-constexpr int kB = 2, kT = 48, kSteps = 5;
-
-struct Mode {
-    const char* name;
-    ModelConfig (*config)();
-    DType act;
-    float dropout;
-    bool graphs;        // recompute + CUDA graphs
-    double loss_rel;    // data_parallel_test's bounds for the dtype
-    double min_cosine;  // smallest per-tensor adapter cosine after the steps
-    uint32_t train_also = 0;  // --train-also: their gradients all-reduced with the adapters'
-};
-
-const Mode kModes[] = {
-    {"qwen2 fp32", qwen2_case, DType::F32, 0.0f, false, 1e-5, 0.999999},
-    {"qwen2 fp32 dropout", qwen2_case, DType::F32, 0.2f, false, 1e-5, 0.999999},
-    {"llama fp32 dropout", llama_case, DType::F32, 0.3f, false, 1e-5, 0.999999},
-    {"qwen3 bf16 dropout", qwen3_case, DType::BF16, 0.2f, false, 2e-3, 0.9999},
-    {"qwen2 bf16 dropout, recompute, CUDA graphs", qwen2_case, DType::BF16, 0.2f, true, 2e-3, 0.9999},
-    {"qwen2 fp32 train-also norms,embeddings", qwen2_case, DType::F32, 0.0f, false, 1e-5, 0.999999,
-     kTrainNorms | kTrainEmbeddings},
-    {"qwen3 (tied) bf16 dropout, recompute, CUDA graphs, train-also norms,embeddings", qwen3_case, DType::BF16, 0.2f,
-     true, 2e-3, 0.9999, kTrainNorms | kTrainEmbeddings},
-};
-
-ModelOptions options(const Mode& m) {
-    // (lora_gpu_options and lora_options: cuda_lora_fixture.h)
-    ModelOptions o = lora_gpu_options(m.act, kB, kT, lora_options(m.dropout, "all", m.train_also));
-    o.recompute_block = m.graphs;
-    o.use_cuda_graphs = m.graphs;
-    return o;
-}
-
-// epsilon 1e-2 as in cuda_lora_test: the update a smooth function of the gradient
-OptimizerParams params(int step) { return {1e-2f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step}; }
-
-Tokens tokens(int vocab, int step, int k) {
-    return random_tokens(kB, kT, vocab, 7919u * static_cast<uint64_t>(step) + static_cast<uint64_t>(k) + 1,
-                         Masked::Every11thFrom3);
-}
-
-// The same start everywhere: the base from the seed, B of every adapter non-zero (A: the seed's).
-void start(CudaModel& m) { start_lora_models({&m}, 42, 3); }
-
-struct LoraRun {
-    std::vector<float> losses, norms;
-    std::vector<float> initial;                // the adapters before the steps
-    std::vector<std::vector<float>> adapters;  // per rank: every adapter's master, concatenated
-    std::vector<std::vector<float>> moments;   // per rank: Adam's m and v
-};
-
-// Every adapter's master or moment, concatenated (the host mirror's order): the whole state, every
-// rank's block gathered into the mirror (collective with several ranks: every rank calls it alike).
-std::vector<float> adapters(CudaModel& m, CudaModel::Which which) {
-    m.lora()->download_to_host();
-    CpuLora& h = m.lora()->host();
-    const std::vector<float>& all = which == CudaModel::Which::Master  ? h.params()
-                                    : which == CudaModel::Which::AdamM ? h.moments_m()
-                                                                       : h.moments_v();
-    std::vector<float> out;
-    for (std::size_t i = 0; i < h.specs().size(); ++i)
-        out.insert(out.end(), all.begin() + h.offsets()[i], all.begin() + h.offsets()[i] + h.specs()[i].numel());
-    return out;
-}
-
-void train(CudaModel& m, int first, int last, int rank, int world, int micro, LoraRun* run) {
-    for (int step = first; step <= last; ++step) {
-        for (int j = 0; j < micro; ++j) {
-            const Tokens d = tokens(m.config().vocab_size, step, j * world + rank);
-            m.forward_backward(d.batch(kB, kT), 1.0f / static_cast<float>(micro * world));
-        }
-        const StepStats s = m.optimizer_step(params(step));
-        if (run && rank == 0) {
-            run->losses.push_back(s.loss);
-            run->norms.push_back(s.grad_norm);
-        }
-    }
-}
-
-void keep_state(CudaModel& m, int rank, LoraRun& run) {
-    run.adapters[rank] = adapters(m, CudaModel::Which::Master);
-    std::vector<float> mv = adapters(m, CudaModel::Which::AdamM), v = adapters(m, CudaModel::Which::AdamV);
-    mv.insert(mv.end(), v.begin(), v.end());
-    run.moments[rank] = mv;
-}
-
-// world 0: the plain one-GPU model with `micro` micro-batches per step. `fp8_base`: the FP8 e4m3 base
-// with e5m2 gradients (bf16 modes only).
-LoraRun run(const Mode& mode, int world, int micro, int zero_level = 1, bool fp8_base = false) {
-    const ModelConfig cfg = mode.config();
-    LoraRun out;
-    if (world == 0) {
-        out.adapters.resize(1);
-        out.moments.resize(1);
-        CudaModel m(cfg, options(mode));
-        start(m);
-        out.initial = adapters(m, CudaModel::Which::Master);
-        train(m, 1, kSteps, 0, 1, micro, &out);
-        keep_state(m, 0, out);
-        return out;
-    }
-    out.adapters.resize(world);
-    out.moments.resize(world);
-    run_rank_threads(
-        world, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
-        [&](int r, comm::Communicator& c) {
-            ModelOptions o = options(mode);
-            o.gpus = world;
-            o.shard_gradients = zero_level == 2;  // (what the train command sets for ZeRO-2)
-            if (fp8_base) o.matmul_dtype = DType::E4M3, o.gradient_dtype = DType::E5M2;
-            CudaModel m(cfg, o);
-            m.set_communicator(&c, zero_level);
-            start(m);
-            train(m, 1, kSteps, r, world, micro, &out);
-            keep_state(m, r, out);
-        });
-    return out;
-}
 
 // The smallest cosine over the adapter tensors of two concatenated sets.
 double worst_adapter_cosine(const Mode& mode, const std::vector<float>& a, const std::vector<float>& b,
@@ -240,32 +118,9 @@ TEST(CudaLoraDataParallelGpu, CheckpointOfTwoRanksResumesBitExact) {
     TempDir tmp;
     const std::string dir = (tmp.path / "ckpt").string();
     std::filesystem::create_directories(dir);
-    LoraRun whole, resumed;
-    for (LoraRun* r : {&whole, &resumed}) r->adapters.resize(2), r->moments.resize(2);
-    std::vector<uint64_t> passes(2);
-    run_rank_threads(
-        2, [](int r, comm::ThreadWorld& tw) { return comm::make_copy_engine_communicator(tw, r, 0); },
-        [&](int r, comm::Communicator& c) {
-            ModelOptions o = options(mode);
-            o.gpus = 2;
-            {
-                CudaModel m(cfg, o);
-                m.set_communicator(&c, save_level);
-                start(m);
-                train(m, 1, 2, r, 2, 2, nullptr);
-                m.save_checkpoint(dir);
-                c.barrier();
-                train(m, 3, kSteps, r, 2, 2, &whole);
-                keep_state(m, r, whole);
-            }
-            CudaModel m(cfg, o);
-            m.set_communicator(&c, load_level);
-            m.init_random(42);  // the base, as the engine loads it from --model before the checkpoint
-            m.load_checkpoint(dir);
-            passes[r] = m.lora()->host().passes();
-            train(m, 3, kSteps, r, 2, 2, &resumed);
-            keep_state(m, r, resumed);
-        });
+    ModelOptions two = options(mode);
+    two.gpus = 2;
+    const auto [whole, resumed, passes] = checkpoint_and_resume(cfg, two, save_level, two, load_level, dir);
     EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
     EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
     for (int r = 0; r < 2; ++r) {
@@ -283,17 +138,4 @@ TEST(CudaLoraDataParallelGpu, CheckpointOfTwoRanksResumesBitExact) {
     cpu.load_checkpoint(dir);
     EXPECT_EQ(cpu.lora().passes(), 8u);
     }
-}
-
-// ZeRO-2 of the adapters is accepted; ZeRO-3 of the frozen base over several ranks is refused by name.
-TEST(CudaLoraDataParallelGpu, ZeroThreeIsRefused) {
-    QTRAIN_REQUIRE_GPU();
-    ModelOptions o = options(kModes[0]);
-    o.gpus = 2;
-    o.shard_gradients = true;
-    EXPECT_NO_THROW((void)CudaModel(qwen2_case(), o));
-    o.shard_weights = true;  // ZeRO-3 proper: with 2 ranks, sharded weights need sharded gradients too
-    // (ZeRO-3 of the frozen base: refused by the LoRA checks, which come before the full model's)
-    o.model_dtype = o.matmul_dtype = o.gradient_dtype = DType::BF16;
-    EXPECT_ERROR((void)CudaModel(qwen2_case(), o), "--lora-rank=8", "--shard-weights", "--zero-level=1|2");
 }

@@ -189,8 +189,9 @@ TEST(TrainCliLoraGpu, ExportCheckpointMergeLoraEqualsTheRunsMergedExport) {
 // the base replicated, each rank keeping its block of the adapters' optimizer state. Against one rank with twice
 // the accumulation (dropout on: each rank draws the masks of the micro-batches it trains): the losses
 // and the adapter (fp32 master of a bf16 run) within train_cli_data_parallel_test's bf16 bounds;
-// --continue of the 2-rank run is bit-exact (eager and with CUDA graphs); ZeRO-2 gives ZeRO-1's bits,
-// ZeRO-3 is refused by name.
+// --continue of the 2-rank run is bit-exact (eager, with CUDA graphs, and at ZeRO-3 with the merged
+// export gathered from the ranks' blocks); ZeRO-2 and ZeRO-3 (the frozen base sharded: bf16 and the FP8
+// base) give ZeRO-1's bits; ZeRO-3 with CUDA graphs is refused by name.
 TEST(TrainCliLoraGpu, TwoRanksOnOneGpuEqualOneRankAndContinueBitExactly) {
     QTRAIN_REQUIRE_GPU();
     const std::string limit = "timeout 300 ", two = " --gpus=2 --gpu-ids=0,0 --memcpy-all-gather";
@@ -212,15 +213,32 @@ TEST(TrainCliLoraGpu, TwoRanksOnOneGpuEqualOneRankAndContinueBitExactly) {
         std::printf("[train lora dp] 2 ranks on one GPU vs 1 rank: adapter max rel diff %.2e\n", d);
         EXPECT_LT(d, 2e-2);  // train_cli_data_parallel_test's bound for a bf16 run
         EXPECT_EQ(read_file(f.dir / "one/adapter_config.json"), read_file(f.dir / "many/adapter_config.json"));
-        // ZeRO-2 of the adapters: ZeRO-1's losses and exported adapter bit for bit; ZeRO-3 refused by name
-        auto z2 = run_command(limit + f.base_cmd("z2", "cuda") + common + two + " --grad-accumulation=2 --zero-level=2");
-        ASSERT_EQ(z2.exit_code, 0) << z2.output;
-        EXPECT_EQ(step_losses(f.dir / "z2/log.jsonl"), l2);
-        EXPECT_EQ(read_file(f.dir / "z2/adapter_model.safetensors"), read_file(f.dir / "many/adapter_model.safetensors"));
-        expect_refused(run_command(limit + f.base_cmd("z3", "cuda") + " --steps=1" + lora + two + " --zero-level=3"),
-                       "--shard-weights");
+        // ZeRO-2 of the adapters, and ZeRO-3 (the frozen base sharded over the ranks, each layer gathered
+        // as it is used): ZeRO-1's losses and exported adapter bit for bit
+        for (const char* level : {"2", "3"}) {
+            const std::string name = std::string("z") + level;
+            auto z = run_command(limit + f.base_cmd(name, "cuda") + common + two + " --grad-accumulation=2 --zero-level=" +
+                                 level);
+            ASSERT_EQ(z.exit_code, 0) << z.output;
+            EXPECT_EQ(step_losses(f.dir / (name + "/log.jsonl")), l2) << name;
+            EXPECT_EQ(read_file(f.dir / (name + "/adapter_model.safetensors")),
+                      read_file(f.dir / "many/adapter_model.safetensors"))
+                << name;
+        }
+        // the FP8 base at ZeRO-3 (its e4m3 codes sharded and gathered): its ZeRO-1's bits
+        const std::string fp8 = " --model-dtype=bf16 --matmul-dtype=e4m3 --gradient-dtype=e5m2";
+        auto f1 = run_command(limit + f.base_cmd("f1", "cuda") + common + fp8 + two + " --grad-accumulation=2");
+        auto f3 = run_command(limit + f.base_cmd("f3", "cuda") + common + fp8 + two + " --grad-accumulation=2 --zero-level=3");
+        ASSERT_EQ(f1.exit_code, 0) << f1.output;
+        ASSERT_EQ(f3.exit_code, 0) << f3.output;
+        EXPECT_EQ(step_losses(f.dir / "f3/log.jsonl"), step_losses(f.dir / "f1/log.jsonl"));
+        EXPECT_EQ(read_file(f.dir / "f3/adapter_model.safetensors"), read_file(f.dir / "f1/adapter_model.safetensors"));
+        // CUDA graphs cannot capture ZeRO-3's gathers: refused by name
+        expect_refused(run_command(limit + f.base_cmd("z3g", "cuda") + " --steps=1" + lora + two +
+                                   " --zero-level=3 --use-cuda-graphs"),
+                       "--use-cuda-graphs");
     }
-    for (const char* extra : {"", " --use-cuda-graphs --recompute-block"}) {
+    for (const char* extra : {"", " --use-cuda-graphs --recompute-block", " --zero-level=3 --recompute-block"}) {
         SCOPED_TRACE(extra);
         Fixture f(kGpuShape);
         expect_continue_reproduces_full_run(f, "cuda", two + lora + " --merge-lora" + extra, limit);

@@ -278,7 +278,8 @@ TEST(LoraOptions, CudaPlanShowsTheStreamedFp8Base) {
                            .model_options("cuda");
     two.gpus = 2;
     ASSERT_TRUE(two.shard_weights);
-    EXPECT_ERROR(plan_model(cfg, two, "cuda"), "--lora-rank=8", "--shard-weights", "--gpus=2", "--zero-level=1|2");
+    // (with several ranks --shard-weights is ZeRO-3 of the frozen base: lora_zero3_plan_test.cpp)
+    EXPECT_NO_THROW(plan_model(cfg, two, "cuda"));
 #endif
 }
 

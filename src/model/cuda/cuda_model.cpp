@@ -132,7 +132,9 @@ void CudaModel::check_options(const ModelOptions& o) {
     // ZeRO-3 (--shard-weights with --gpus > 1, weights.h) gathers each layer's weights from their
     // owners and reduces its gradient to them as the backward produces it: it needs ZeRO-2's
     // per-layer reductions (a rank holds no whole copy to add a whole gradient to).
-    QT_CHECK(o.gpus == 1 || !o.shard_weights || gradients_reduced_per_layer(o), flag(&ModelOptions::shard_weights),
+    // (LoRA: the frozen base has no gradient to shard; ZeRO-3 shards the adapters' as ZeRO-2 does)
+    QT_CHECK(o.gpus == 1 || !o.shard_weights || o.lora.enabled() || gradients_reduced_per_layer(o),
+             flag(&ModelOptions::shard_weights),
              " with ", flag(&ModelOptions::gpus), "=", o.gpus, " is ZeRO-3: it shards the gradients too (",
              flag(RunFlag::ZeroLevel), "=3, or add ", flag(&ModelOptions::shard_gradients), ")");
     // ZeRO-2 reduces each layer's device slot to its owner, which adds it into its block: in pinned
@@ -153,24 +155,23 @@ void CudaModel::check_options(const ModelOptions& o) {
 
 // --shard-weights under LoRA streams the frozen base from pinned host memory on one GPU: with FP8
 // gradients the FP8 base's e4m3 codes (fp8_base_streamed, gpu_buffers.h), otherwise the bf16 base as
-// the full model streams its weights (quantised on arrival with --matmul-dtype=e4m3). Not ZeRO-3 of
-// the base over several ranks (there it is replicated).
+// the full model streams its weights (quantised on arrival with --matmul-dtype=e4m3). With several
+// ranks it is ZeRO-3 of the frozen base (--zero-level=3): each rank keeps its block (of the bf16
+// weights, or of the FP8 base's codes) and the layers are gathered from their owners (weights.h).
 void CudaModel::check_lora_streaming(const ModelOptions& o) {
     if (!o.shard_weights) return;
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    QT_CHECK(o.gpus <= 1, lora, " with ", flag(&ModelOptions::shard_weights), " and ", flag(&ModelOptions::gpus), "=",
-             o.gpus, " (ZeRO-3 of the frozen base) is not yet supported on ", flag(RunFlag::Device),
-             "=cuda: with several ranks the base is replicated and the adapters' optimizer state sharded (",
-             flag(RunFlag::ZeroLevel), "=1|2); on one GPU ", flag(&ModelOptions::shard_weights),
-             " streams the frozen base from host memory");
-    // (the bf16 base's trained tensors would be written to the host copy, and the resident and slot
-    // copies refreshed after every update; the FP8 base keeps them resident)
+    // (the bf16 base's trained tensors would be written to the host copy or, under ZeRO-3, to their
+    // owners' blocks, and the resident and slot copies refreshed after every update; the FP8 base keeps
+    // them resident, whole on every rank)
     QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
              " is not yet supported on ", flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::gradient_dtype), "=",
-             dtype_name(o.gradient_dtype), " (the streamed bf16 base is in host memory): use the FP8 base (",
-             flag(&ModelOptions::matmul_dtype), "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
-             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU");
+             dtype_name(o.gradient_dtype), " (the streamed bf16 base is in host memory; with ", flag(&ModelOptions::gpus),
+             " > 1, ZeRO-3, each rank holds a block of it): use the FP8 base (", flag(&ModelOptions::matmul_dtype),
+             "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU",
+             o.gpus > 1 ? cat(", or ", flag(RunFlag::ZeroLevel), "=1|2 (the base replicated)") : std::string());
     QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
              " is not supported on ", flag(RunFlag::Device),
@@ -185,8 +186,9 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
 // --matmul-dtype=e4m3 also its FP8 copies, quantised once, which the base's GEMMs read: the FP8
 // base; with FP8 gradients its layer matrices are kept only as those copies, fp8_base_only),
 // resident, or with --shard-weights on one GPU streamed from host memory (check_lora_streaming); on
-// each rank with --gpus=N: replicated, with ZeRO-1/2 of the adapters (lora_adapters.h). The flags that move or keep state the frozen base does not have are refused
-// by name.
+// each rank with --gpus=N: replicated, or with --zero-level=3 sharded over the ranks, with ZeRO-1/2 of
+// the adapters (lora_adapters.h). The flags that move or keep state the frozen base does not have are
+// refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
     // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
@@ -316,7 +318,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
     // to the ranks' equal blocks and the master (when separate) and moments are one block
     const ParamShard blocks = param_shard(layout_.total, std::max(1, opt_.gpus), 0);
-    const int64_t padded = weights_->sharded() ? blocks.size : blocks.padded_total();  // ZeRO-3: one block
+    const int64_t padded = weights_->flat_is_block() ? blocks.size : blocks.padded_total();  // ZeRO-3: one block
     const int64_t master_n = buf_.master == buf_.weights ? padded : opt_.gpus > 1 ? optimizer_->elements() : layout_.total;
     if (buf_.master) zero(buf_.master, master_n * sizeof(float));
     // (the FP8 base without bf16 matrices: the norms, biases, embedding and head only)
@@ -455,7 +457,7 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
              flag(&ModelOptions::gpus), "=", opt_.gpus, ")");
     if (master_is_block()) {
         const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
-        if (weights_->sharded()) {  // ZeRO-3: the weights of the block only (changed() sends the resident ones)
+        if (weights_->flat_is_block()) {  // ZeRO-3: the weights of the block only (changed() sends the resident ones)
             if (lo < hi)
                 store_values(static_cast<char*>(buf_.weights) + (lo - shard_.begin) * dtype_size(opt_.model_dtype),
                              opt_.model_dtype, host + (lo - off), hi - lo);
@@ -466,7 +468,8 @@ void CudaModel::upload_parameters(int64_t off, const float* host, int64_t n) {
         if (lo < hi) store_values(buf_.master + (lo - shard_.begin), DType::F32, host + (lo - off), hi - lo);
         return;
     }
-    if (weights_->sharded()) {  // ZeRO-3 with --master-dtype=bf16: the weights block is the master
+    // ZeRO-3 with --master-dtype=bf16 (the weights block is the master), or LoRA's bf16 base's block
+    if (weights_->flat_is_block()) {
         const int64_t lo = std::max(off, shard_.begin), hi = std::min(off + n, shard_.end);
         if (lo < hi) store_values(static_cast<uint16_t*>(buf_.weights) + (lo - shard_.begin), DType::BF16,
                                   host + (lo - off), hi - lo);
@@ -642,7 +645,8 @@ std::vector<float> CudaModel::fetch_values(const void* base, DType t, int64_t of
 }
 
 std::vector<float> CudaModel::download_weights(int64_t off, int64_t n) const {
-    if (!weights_->sharded())  // (the FP8 base without bf16 matrices: a non-matrix tensor's place among the others)
+    // (the FP8 base without bf16 matrices: a non-matrix tensor's place among the others, whole on every rank)
+    if (!weights_->flat_is_block())
         return fetch_values(buf_.weights, opt_.model_dtype,
                             weights_->matrices_fp8_only() ? layout_.compact_index(off) : off, n);
     // ZeRO-3: gathered from the owners into a device buffer (collective)
@@ -710,9 +714,15 @@ std::vector<float> CudaModel::download(const std::string& name, Which which) con
 std::vector<uint8_t> CudaModel::download_fp8_matrix(int l, Matrix m, bool transposed) const {
     const MatrixShape g = matrix(l, m);
     std::vector<uint8_t> out(g.rows * g.cols);
-    if (weights_->streamed() && weights_->matrices_fp8_only() && !transposed) {  // the streamed FP8 base's host codes
-        sync();
-        CUDA_CHECK(cudaMemcpy(out.data(), weights_->stored_q(g.offset), out.size(), cudaMemcpyDefault));
+    if (weights_->streamed() && weights_->matrices_fp8_only() && !transposed) {
+        // the streamed FP8 base's host codes, or under ZeRO-3 gathered from the ranks' blocks (collective)
+        void* tmp = nullptr;
+        CUDA_CHECK(cudaMalloc(&tmp, out.size()));
+        weights_->gather_codes(g.offset, g.offset + static_cast<int64_t>(out.size()), tmp, stream_);
+        const cudaError_t e = cudaStreamSynchronize(stream_);
+        if (e == cudaSuccess) CUDA_CHECK(cudaMemcpy(out.data(), tmp, out.size(), cudaMemcpyDeviceToHost));
+        cudaFree(tmp);
+        CUDA_CHECK(e);
         return out;
     }
     QT_CHECK(fp8_ && !weights_->streamed() && (!transposed || fp8_grads_),
@@ -760,31 +770,28 @@ void CudaModel::upload_master(const std::string& name, const float* data) {
 }
 
 void CudaModel::save_hf(const std::string& dir) const {
+    if (lora_) {  // LoRA: the PEFT adapter (the CPU model's writer), or with --merge-lora the merged model
+        lora_->download_to_host();  // (collective with several ranks: saves_collectively)
+        // (the merge of a base sharded over the ranks, ZeRO-3 of the bf16 base, gathers it: every rank)
+        if (comm_ && comm_->rank() != 0 && !(opt_.lora.merge && weights_->flat_is_block())) return;
+        if (!opt_.lora.merge) return lora_->host().save_adapter(dir);
+        return write_weights(dir, Which::Weights, true);
+    }
+    // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
+    write_weights(dir, master_is_block() || weights_->sharded() ? Which::Weights : Which::Master, false);
+}
+
+void CudaModel::write_weights(const std::string& dir, Which which, bool merge_lora) const {
     // HF checkpoints carry the training dtype (bf16 or fp32)
     const int64_t total = config_.num_parameters();
     int64_t done = 0;
-    if (lora_) {  // LoRA: the PEFT adapter (the CPU model's writer), or with --merge-lora the merged model
-        lora_->download_to_host();  // (collective with several ranks: saves_collectively)
-        if (comm_ && comm_->rank() != 0) return;
-        if (!opt_.lora.merge) return lora_->host().save_adapter(dir);
-        write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
-            auto values = download(s.name, Which::Weights);
-            lora_->host().merge_tensor(s, values.data());  // W + s B A, as PEFT's merge_and_unload
-            report_progress("exporting", done += s.numel(), total);
-            return values;
-        });
-        return;
-    }
-    // a block master (--gpus > 1): the whole weights, which are the master rounded as stored
-    const Which which = master_is_block() || weights_->sharded() ? Which::Weights : Which::Master;
-    if (!weights_->sharded()) {
-        write_hf_model(dir, config_, opt_.model_dtype, [&](const ParamSpec& s) {
-            auto values = download(s.name, which);
-            report_progress("exporting", done += s.numel(), total);
-            return values;
-        });
-        return;
-    }
+    auto values_of = [&](const ParamSpec& s) {
+        auto values = download(s.name, which);
+        if (merge_lora) lora_->host().merge_tensor(s, values.data());  // W + s B A, as PEFT's merge_and_unload
+        report_progress("exporting", done += s.numel(), total);
+        return values;
+    };
+    if (!weights_->flat_is_block()) return write_hf_model(dir, config_, opt_.model_dtype, values_of);
     // ZeRO-3 (collective, imodel.h): every rank gathers the tensors in the order write_hf_model asks
     // for them (canonical HF order); rank 0 writes. When rank 0's write fails it still takes part in
     // the gathers of the tensors left, so the others finish, and then reports the error.
@@ -799,9 +806,7 @@ void CudaModel::save_hf(const std::string& dir) const {
             QT_CHECK(gathered < specs.size() && specs[gathered].name == s.name,
                      "GPU model: internal error (the HF export asked for ", s.name, " out of order)");
             ++gathered;
-            auto values = download(s.name, which);
-            report_progress("exporting", done += s.numel(), total);
-            return values;
+            return values_of(s);
         });
     } catch (...) {
         for (; gathered < specs.size(); ++gathered) download(specs[gathered].name, which);

@@ -76,7 +76,8 @@ public:
     void set_communicator(comm::Communicator* comm, int zero_level) override;
     // ZeRO-3 (zero_level 3 with --shard-weights): each rank keeps only its block of the weights and
     // gathers each layer from their owners just before use (weights.h), so forward passes, save_hf
-    // and download of weights are collective.
+    // and download of weights are collective. Under LoRA the frozen base's block: its bf16 weights,
+    // or the FP8 base's e4m3 codes (the non-layer tensors whole on every rank).
     bool weights_sharded() const override { return weights_->sharded(); }
     // LoRA with several ranks: each holds its block of the adapters' master, so the export gathers them
     bool saves_collectively() const override { return weights_sharded() || (lora_ && shard_.world > 1); }
@@ -225,6 +226,9 @@ private:
     std::vector<float> fetch_values(const void* base, DType t, int64_t off, int64_t n) const;
     // n model-dtype weights from flat offset off (collective under ZeRO-3: gathered from the owners).
     std::vector<float> download_weights(int64_t off, int64_t n) const;
+    // save_hf's HF files: every tensor's `which` values (merge_lora: with the adapters merged in); with
+    // the weights a rank's block (ZeRO-3, Weights::flat_is_block) collective, rank 0 writing.
+    void write_weights(const std::string& dir, Which which, bool merge_lora) const;
 
     // ---- data parallel (cuda_model_data_parallel.cpp) ----
     // Whether the master is a rank's block rather than the whole flat space (--gpus > 1 with an fp32

@@ -37,15 +37,23 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
              opt_.gpus, " but the communicator has ", comm->world(), " ranks");
     if (lora_) {
         // LoRA: ZeRO-1/2 of the adapters (lora_adapters.h: each rank keeps its block's master and
-        // moments); the frozen base is replicated (shard_ gives the loss's gather its rank and world)
-        QT_CHECK(comm->world() == 1 || zero_level <= 2, flag(&LoraOptions::rank), "=", opt_.lora.rank, " with ",
-                 flag(RunFlag::ZeroLevel), "=", zero_level, " on ", flag(RunFlag::Device),
-                 "=cuda: ZeRO-3 of the frozen base over several ranks is not yet supported (the base is replicated; "
-                 "use ", flag(RunFlag::ZeroLevel), "=2, which shards the adapters' optimizer state and gradient)");
+        // moments; ZeRO-3 is ZeRO-2 of them). The frozen base is replicated, or under ZeRO-3 (planned
+        // with --shard-weights) each rank keeps its block and the layers are gathered as they are used
+        // (weights.h); shard_ is that block, and gives the loss's gather its rank and world.
+        QT_CHECK(comm->world() == 1 || (zero_level == 3) == opt_.shard_weights, "GPU model: ",
+                 flag(&LoraOptions::rank), "=", opt_.lora.rank, " at ZeRO-", zero_level, " but the model was planned ",
+                 opt_.shard_weights ? "with " : "without ", flag(&ModelOptions::shard_weights), " (",
+                 flag(RunFlag::ZeroLevel), "=3 and ", flag(&ModelOptions::shard_weights), " go together)");
+        const ParamShard s = param_shard(layout_.total, comm->world(), comm->rank());
+        QT_CHECK(!weights_->sharded() || (weights_->matrices_fp8_only() ? fp8_base_block(layout_, s.world, s.rank).count()
+                                                                           : s.count()) > 0,
+                 "GPU model: ", comm->world(), " ranks leave rank ", comm->rank(), " no part of this ", layout_.total,
+                 "-element base to keep under ZeRO-3 (fewer ranks, or a larger model)");
         comm_ = comm;
         zero_level_ = zero_level;
-        shard_ = param_shard(layout_.total, comm->world(), comm->rank());
+        shard_ = s;
         lora_->set_communicator(comm, zero_level);
+        if (weights_->sharded()) weights_->set_communicator(comm, s);
         return;
     }
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,

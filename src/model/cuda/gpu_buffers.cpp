@@ -58,7 +58,8 @@ bool streamed_quants_persist(const ModelOptions& o) {
 }
 
 bool gradients_reduced_per_layer(const ModelOptions& o) {
-    return o.gpus > 1 && o.shard_gradients && !o.use_cuda_graphs;
+    // (LoRA: the frozen base has no gradient; ZeRO-2 there is of the adapters, lora_adapters.h)
+    return o.gpus > 1 && o.shard_gradients && !o.use_cuda_graphs && !o.lora.enabled();
 }
 
 bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
@@ -75,7 +76,8 @@ bool embedding_weights_on_host(const ModelConfig& c, const ModelOptions& o) {
 bool weights_sharded_over_ranks(const ModelOptions& o) { return o.shard_weights && o.gpus > 1; }
 
 bool fp8_weights_gathered(const ModelOptions& o) {
-    return weights_sharded_over_ranks(o) && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+    // (LoRA's FP8 base gathers the codes its load made, not codes quantised after each update)
+    return weights_sharded_over_ranks(o) && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype) && !o.lora.enabled();
 }
 
 bool fp8_base_only(const ModelOptions& o) {
@@ -90,6 +92,10 @@ bool fp8_transposes_just_in_time(const ModelOptions& o) {
 }
 
 bool fp8_base_streamed(const ModelOptions& o) { return fp8_base_only(o) && o.shard_weights; }
+
+ParamShard fp8_base_block(const GpuParamLayout& layout, int world, int rank) {
+    return param_shard(layout.layers_end() - layout.layer_begin(0), world, rank);
+}
 
 bool weights_on_host(const ModelOptions& o) {
     // (the streamed FP8 base moves its e4m3 codes only; its model-dtype tensors stay resident)
@@ -142,16 +148,19 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
     // updates; an fp32 model's master is its weights, so it stays whole.
     const int world = std::max(1, opt.gpus);
     const ParamShard shard = param_shard(P, world, 0);
-    // LoRA: the frozen base is its model-dtype weights only (one GPU, resident: check_options)
+    // LoRA: the frozen base is its model-dtype weights only (resident, or streamed from the host on one
+    // GPU; under ZeRO-3 the rank's block of them, as the full model's, or for the FP8 base the rank's
+    // block of its layers' codes: fp8_base_block)
     const bool frozen = opt.lora.enabled();
     const int64_t Pp = shard.padded_total(), owned = frozen ? 0 : world > 1 ? shard.size : P;
     b.master = frozen ? nullptr
                : opt.master_dtype == DType::F32 ? master.take_n<float>(A == DType::F32 ? Pp : owned)
                                                 : nullptr;
+    // (ZeRO-3 needs --model-dtype=bf16, check_options: the block is never an fp32 master)
     b.weights = fp8_base_only(opt)                ? weights.take_typed(layout.compact_total(), A)  // no matrices
+                : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
                 : frozen                          ? weights.take_typed(Pp, A)
                 : (A == DType::F32)               ? static_cast<void*>(b.master)
-                : weights_sharded_over_ranks(opt) ? weights.take_typed(shard.size, A)  // ZeRO-3: the block
                                                   : weights.take_typed(Pp, A);
     const bool per_layer = gradients_reduced_per_layer(opt);
     b.grads = frozen ? nullptr : grads.take_typed(per_layer ? shard.size : Pp, opt.param_grad_dtype);
@@ -309,8 +318,10 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         const bool jit = fp8_transposes_just_in_time(opt);
         if (fp8_base_only(opt)) {  // LoRA's FP8 base: the layers' span only (the head's below)
             const int64_t layers_n = layout.layers_end() - layout.layer_begin(0);
-            if (opt.shard_weights) {  // streamed (fp8_base_streamed): the codes on the host, two device slots
-                b.wq = base_host.take(layers_n);
+            if (opt.shard_weights) {  // streamed (fp8_base_streamed): two device slots the layers pass through
+                // ZeRO-3: the rank's block of the codes on the device (fp8_base_block); one GPU: all on the host
+                b.wq = weights_sharded_over_ranks(opt) ? quants.take(fp8_base_block(layout, world, 0).size)
+                                                       : base_host.take(layers_n);
                 for (void*& s : b.quant_slots) s = wslots.take(span);
             } else {
                 b.wq = quants.take(layers_n);

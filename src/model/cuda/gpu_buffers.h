@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/lora_layout.h"
+#include "model/cuda/param_shard.h"
 #include "model/memory_plan.h"
 #include "model/model_config.h"
 #include "model/model_options.h"
@@ -167,8 +168,9 @@ struct GpuBuffers {
     // --fp8-weight-transposes=jit (fp8_transposes_just_in_time): no wTq; the backward's input-gradient
     // GEMM reads one matrix's transposed codes at a time from here ([in, out], the largest layer
     // matrix's bytes), which Weights::transposed writes from wq (or a streamed slot) just before it.
-    // Streamed (fp8_base_streamed): wq is in pinned host memory and the layers' codes pass through
-    // quant_slots (one layer span each, layer l in slot l % 2).
+    // Streamed (fp8_base_streamed): wq is in pinned host memory (ZeRO-3: the rank's block of it on the
+    // device, fp8_base_block) and the layers' codes pass through quant_slots (one layer span each, layer
+    // l in slot l % 2).
     void* wT_scratch = nullptr;
 
     // Weight streaming (--shard-weights on one GPU): `weights` is the whole flat copy in pinned host
@@ -235,6 +237,8 @@ bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
 // block of the gradient (plus the non-layer gradients, reduced before the update). Not with
 // --use-cuda-graphs (the reductions would be inside the captured backward, which the copy-engine
 // communicator cannot be): then the whole gradient is kept and reduce-scattered after the backward.
+// Not under LoRA: the frozen base has no gradient (ZeRO-2 of the adapters reduce-scatters theirs after
+// the backward, lora_adapters.h).
 bool gradients_reduced_per_layer(const ModelOptions& opt);
 // Whether the embedding lookup reads its rows from the pinned host weights (untied models with
 // --shard-weights on one GPU): resident_weights then holds only the final norm and the LM head.
@@ -249,7 +253,8 @@ bool weights_sharded_over_ranks(const ModelOptions& opt);
 bool weights_on_host(const ModelOptions& opt);
 // ZeRO-3 with --matmul-dtype=e4m3 and FP8 gradients: each rank quantises its block of the layer
 // matrices once per step with the whole matrices' scales, and the layers are gathered as FP8 bytes
-// (half the traffic of bf16; the backward needs no bf16 matrix with FP8 gradients).
+// (half the traffic of bf16; the backward needs no bf16 matrix with FP8 gradients). The full model's:
+// LoRA's FP8 base gathers the codes its load made once (fp8_base_streamed).
 bool fp8_weights_gathered(const ModelOptions& opt);
 // LoRA on an FP8 base with FP8 gradients (--lora-rank, --matmul-dtype=e4m3, --gradient-dtype=e4m3|e5m2):
 // no GEMM reads the base's bf16 matrices (the forward and the input gradient read the e4m3 copies; a
@@ -283,7 +288,16 @@ bool fp8_transposes_just_in_time(const ModelOptions& opt);
 // resident; nothing is quantised as it arrives (the codes are the load's), so the GEMMs read the bytes
 // the resident base holds. (--shard-weights under LoRA with bf16 gradients streams the bf16 base as
 // the full model streams its weights: weights_on_host.)
+// ZeRO-3 under LoRA (--shard-weights with --gpus > 1) uses the same slots, but wq is on the device and
+// holds only the rank's block of the layers' codes (fp8_base_block); each layer's codes are gathered
+// from their owners into its slot (weights.h). The load sees every whole matrix on every rank, so each
+// rank quantises it with the whole matrix's scale and keeps its part: the gathered codes are the
+// unsharded base's, bit for bit.
 bool fp8_base_streamed(const ModelOptions& opt);
+// The FP8 base's block of rank `rank` under ZeRO-3: param_shard over the layers' span of codes (one byte
+// per element from layout.layer_begin(0) to layout.layers_end(); the non-layer tensors are resident in
+// `weights` on every rank and have no codes), so each rank keeps 1/N of the codes.
+ParamShard fp8_base_block(const GpuParamLayout& layout, int world, int rank);
 
 // Binds every buffer into the arenas (Weights, Master, Gradients, Adam M, Adam V, Activations,
 // Workspace, Host staging, Quants, Weight slots, Gradient slots, Residuals, Optimizer staging,

@@ -15,8 +15,9 @@
 // the device: 1 byte per weight crosses PCIe instead of 2, and the codes are those of re-quantising.
 //
 // LoRA's FP8 base streamed (fp8_base_streamed): the load quantises each matrix once (in slot 0, then
-// copied to the pinned host codes); gather(l) copies the layer's codes (one layer span of bytes) into
-// its slot, nothing is quantised or transposed as it arrives, and the backward transposes each
+// copied to the pinned host codes; under ZeRO-3 the part in the rank's block to its device block);
+// gather(l) copies the layer's codes (one layer span of bytes) into its slot (ZeRO-3: from their
+// owners), nothing is quantised or transposed as it arrives, and the backward transposes each
 // matrix just in time from the slot as it does from the resident codes.
 //
 // Streaming does the same arithmetic in the same order as the flat buffers, so results are
@@ -86,6 +87,7 @@ void Weights::set_communicator(comm::Communicator* comm, const ParamShard& shard
     QT_CHECK(sharded_, "weights: internal error (a communicator for weights that are not sharded)");
     comm_ = comm;
     shard_ = shard;
+    if (fp8_only_) code_block_ = fp8_base_block(layout_, shard.world, shard.rank);
 }
 
 // ---- where the weights come from ----
@@ -95,15 +97,20 @@ void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t s
 }
 
 void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t) {
+    fill_from_owners(lo, hi, dst, stream, block, t, shard_, 0);
+}
+
+void Weights::fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t,
+                               const ParamShard& blocks, int64_t origin) {
     QT_CHECK(comm_, "weights: internal error (ZeRO-3 weights gathered before set_communicator)");
     const std::size_t es = dtype_size(t);
-    for (int o = 0; o < shard_.world; ++o) {
-        // rank o's block [o * size, o * size + size) of the flat space, cut to the range
-        const int64_t ob = static_cast<int64_t>(o) * shard_.size;
-        const int64_t a = std::max(lo, ob), b = std::min(hi, ob + shard_.size);
+    for (int o = 0; o < blocks.world; ++o) {
+        // rank o's block [origin + o * size, + size) of the flat space, cut to the range
+        const int64_t ob = origin + static_cast<int64_t>(o) * blocks.size;
+        const int64_t a = std::max(lo, ob), b = std::min(hi, ob + blocks.size);
         if (a >= b) continue;
         char* d = static_cast<char*>(dst) + (a - lo) * es;
-        if (o == shard_.rank)  // the owner places its part, then sends it (broadcast is in place)
+        if (o == blocks.rank)  // the owner places its part, then sends it (broadcast is in place)
             CUDA_CHECK(cudaMemcpyAsync(d, static_cast<const char*>(block) + (a - ob) * es, (b - a) * es,
                                        cudaMemcpyDefault, stream));
         comm_->broadcast(d, static_cast<std::size_t>(b - a), t, o, stream);
@@ -202,8 +209,9 @@ void Weights::gather(int l) {
     const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
     if (fp8_only_) {  // the streamed FP8 base: the layer's codes as the load made them (its norms are resident)
         CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
-        CUDA_CHECK(cudaMemcpyAsync(buf_.quant_slots[s], fp8_layer_weight(layout_, buf_.wq, begin), span,
-                                   cudaMemcpyDefault, copy_stream_));
+        // (ZeRO-3: the whole span from its owners, one or two broadcasts; the bytes at the norms' and
+        // biases' places are never read)
+        gather_codes(begin, begin + span, buf_.quant_slots[s], copy_stream_);
         CUDA_CHECK(cudaEventRecord(ready_[s], copy_stream_));
         slot_has_matrices_[s] = false;
         slot_layer_[s] = l;
@@ -402,21 +410,42 @@ void Weights::quantize_matrix(int l, Matrix m, const void* w) {
     void* qt = jit_transpose_ ? buf_.wT_scratch : const_cast<void*>(qT(off));
     if (!streamed_) return quantize_one(l, m, w, const_cast<void*>(q(off)), qt, compute_, false);
     // streamed: quantised on the device into slot 0 (at the matrix's place in a layer span; a copy in
-    // flight there has finished first), then copied to the pinned host codes; slot 0 holds no layer after
+    // flight there has finished first), then copied to the pinned host codes — under ZeRO-3 only the
+    // part in this rank's block (every rank quantises the whole matrix, so every part has the whole
+    // matrix's scale); slot 0 holds no layer after
     QT_CHECK(jit_transpose_, "weights: internal error (the streamed FP8 base keeps no transposed copies)");
+    QT_CHECK(!sharded_ || comm_, "weights: internal error (the FP8 base loaded before set_communicator: which "
+             "block to keep is not known yet)");
     const int64_t rel = off - layout_.layer_begin(l);
     char* slot = static_cast<char*>(buf_.quant_slots[0]) + rel;
     CUDA_CHECK(cudaStreamWaitEvent(compute_, ready_[0], 0));
     quantize_one(l, m, w, slot, qt, compute_, false);
     const MatrixShape g = layer_matrix(layout_, config_, l, m);
-    CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(stored_q(off)), slot, g.rows * g.cols, cudaMemcpyDefault, compute_));
+    int64_t a = off, b = off + g.rows * g.cols;  // the part this rank keeps (flat offsets)
+    char* dst = static_cast<char*>(buf_.wq);
+    if (sharded_) {
+        const int64_t ob = layout_.layer_begin(0) + static_cast<int64_t>(code_block_.rank) * code_block_.size;
+        a = std::max(a, ob), b = std::min(b, ob + code_block_.size);
+        dst += a - ob;
+    } else {
+        dst += a - layout_.layer_begin(0);
+    }
+    if (a < b) CUDA_CHECK(cudaMemcpyAsync(dst, slot + (a - off), b - a, cudaMemcpyDefault, compute_));
     slot_layer_[0] = -1;
     CUDA_CHECK(cudaEventRecord(free_[0], compute_));  // (the next copy into slot 0 waits for this one)
 }
 
 const void* Weights::stored_q(int64_t off) const {
-    QT_CHECK(fp8_only_, "weights: internal error (stored FP8 codes outside the FP8 base)");
+    QT_CHECK(fp8_only_ && !sharded_, "weights: internal error (stored FP8 codes outside the FP8 base, or of a rank's "
+             "block: gather_codes)");
     return fp8_layer_weight(layout_, buf_.wq, off);
+}
+
+void Weights::gather_codes(int64_t lo, int64_t hi, void* dst, cudaStream_t stream) {
+    QT_CHECK(fp8_only_ && lo >= layout_.layer_begin(0) && lo <= hi && hi <= layout_.layers_end(),
+             "weights: internal error (FP8 base codes ", lo, "..", hi, ")");
+    if (sharded_) return fill_from_owners(lo, hi, dst, stream, buf_.wq, DType::U8, code_block_, layout_.layer_begin(0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, fp8_layer_weight(layout_, buf_.wq, lo), hi - lo, cudaMemcpyDefault, stream));
 }
 
 void Weights::transpose_layer_quants(int l, const void* q_layer, void* qT_layer, cudaStream_t stream) {

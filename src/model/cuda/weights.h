@@ -23,7 +23,12 @@
 //
 // LoRA's FP8 base streamed (--shard-weights under LoRA, fp8_base_streamed in gpu_buffers.h) uses the
 // same slots, events and copy stream for its layers' e4m3 codes (kept in pinned host memory); its
-// model-dtype tensors (norms, biases, embedding, head) stay resident.
+// model-dtype tensors (norms, biases, embedding, head) stay resident. Under ZeRO-3 the rank keeps only
+// its block of the codes on the device (fp8_base_block) and gather(l) fills the slot from the owners,
+// as above but one byte per element; the load quantised every whole matrix on every rank, so the
+// scales are the whole matrices' and the gathered codes the unsharded ones. LoRA's bf16 base under
+// ZeRO-3 is the full model's case (the model-dtype block, gathered), without updates: nothing is
+// reduced or re-quantised after a step.
 //
 // --fp8-weight-transposes=jit (fp8_transposes_just_in_time) drops the transposed copies of the full
 // model's layer matrices (wTq, or quantT_slots when streamed / ZeRO-3): quantize() and the slots write
@@ -69,7 +74,11 @@ public:
     // ZeRO-3: `comm` is the data-parallel world and `shard` this rank's block, which the flat copy
     // holds. Before it is set (the model's construction) changed() leaves the resident copies alone.
     void set_communicator(comm::Communicator* comm, const ParamShard& shard);
+    // Whether the layers are gathered over the ranks (ZeRO-3: collective), and whether `flat` is the
+    // rank's block of the model-dtype weights (ZeRO-3 but for LoRA's FP8 base, whose `flat` holds its
+    // non-matrix tensors whole on every rank and whose block is of its codes).
     bool sharded() const { return sharded_; }
+    bool flat_is_block() const { return sharded_ && !fp8_only_; }
     // The whole flat model-dtype copy (pinned host memory when streamed; the master itself in fp32;
     // under ZeRO-3 the rank's block, element 0 = the block's first).
     void* flat() const { return flat_; }
@@ -132,6 +141,10 @@ public:
     // The FP8 base's row-major codes at flat offset off where they are kept: on the device, or in
     // pinned host memory when streamed (what the load wrote; the tests read it).
     const void* stored_q(int64_t off) const;
+    // The FP8 base's row-major codes of the flat range [lo, hi) (within the layers) into dst (device
+    // memory), on `stream`: from the owners' blocks under ZeRO-3 (collective: every rank calls it with
+    // the same range), else copied from where they are kept. What the tests compare with the unsharded.
+    void gather_codes(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
     void sync() const;  // waits for the copy stream
 
     // CUDA graphs with streaming (one GPU). Which layers a pass copies in is decided on the host from
@@ -170,8 +183,12 @@ private:
     void transpose_layer_quants(int l, const void* q, void* qT, cudaStream_t stream);
     // ZeRO-3: dst (element lo) = the flat weights [lo, hi), from the rank(s) whose blocks hold them.
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream);
-    // The same from each owner's `block` of elements of type t (the weights, or their FP8 codes).
+    // The same from each owner's `block` of elements of type t (the weights, or their FP8 codes); rank
+    // o's block holds [origin + o * blocks.size, + blocks.size) of the flat space (the weights' blocks:
+    // shard_ from 0; LoRA's FP8 base: code_block_ from the first layer).
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t);
+    void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t,
+                          const ParamShard& blocks, int64_t origin);
     // The LM head's FP8 copies from its resident model-dtype weights, on the compute stream.
     void quantize_lm_head();
     // ZeRO-3 with FP8 weights (fp8_weights_gathered): every matrix's abs-max over the ranks' parts
@@ -197,6 +214,7 @@ private:
     bool jit_transpose_ = false;       // no transposed e4m3 copies kept (fp8_transposes_just_in_time)
     comm::Communicator* comm_ = nullptr;
     ParamShard shard_;
+    ParamShard code_block_;  // LoRA's FP8 base under ZeRO-3: the rank's block of the layers' codes (buf_.wq)
     bool embed_on_host_ = false;       // embedding_weights_on_host (gpu_buffers.h)
     bool persist_quants_ = false;      // streamed_quants_persist (gpu_buffers.h)
     cudaStream_t compute_ = nullptr;
