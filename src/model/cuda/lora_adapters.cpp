@@ -161,13 +161,20 @@ void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64
                                     static_cast<uint64_t>(i), lora_.dropout, stream_);
 }
 
+LoraAdapters::Adapted LoraAdapters::adapted(int l, const LoraTarget* targets, const int64_t* cols, int n) const {
+    QT_CHECK(n <= 3, "GPU model: internal error (", n, " LoRA targets of one matrix)");
+    Adapted a;
+    for (int j = 0; j < n; ++j)
+        if (has(l, targets[j])) a.targets[a.n] = targets[j], a.cols[a.n++] = cols[j];
+    return a;
+}
+
 void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
                                   const void* x, int N, bool training) {
-    LoraTarget present[3];
-    int64_t at[3];
-    int G = 0;
-    for (int j = 0; j < n; ++j)
-        if (has(l, targets[j])) present[G] = targets[j], at[G++] = cols[j];
+    const Adapted a = adapted(l, targets, cols, n);
+    const LoraTarget* present = a.targets;  // (G of them, writing from columns at[j])
+    const int64_t* at = a.cols;
+    const int G = a.n;
     const std::size_t es = dtype_size(act_);
     if (!layout_.stacked(l, present, G)) {
         for (int j = 0; j < G; ++j) forward(l, present[j], static_cast<char*>(y) + at[j] * es, ldy, x, N, training);
@@ -186,12 +193,11 @@ void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_
 
 void LoraAdapters::backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx,
                                    const void* dy, int64_t ldy, const void* x, int N) {
-    LoraTarget present[3];
-    int64_t at[3];
-    int G = 0;
-    for (int j = 0; j < n; ++j)
-        if (has(l, targets[j])) present[G] = targets[j], at[G++] = cols[j];
+    const Adapted a = adapted(l, targets, cols, n);
     const std::size_t es = dtype_size(act_);
+    const LoraTarget* present = a.targets;  // (G of them, reading dy from columns at[j])
+    const int64_t* at = a.cols;
+    const int G = a.n;
     if (!layout_.stacked(l, present, G)) {
         for (int j = 0; j < G; ++j) backward(l, present[j], dx, static_cast<const char*>(dy) + at[j] * es, ldy, x, N);
         return;

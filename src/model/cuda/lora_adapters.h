@@ -119,6 +119,13 @@ public:
     std::vector<float> download(const std::string& name, Which which) const;
 
 private:
+    // The targets of one fused matrix that have an adapter in layer l, with their output columns.
+    struct Adapted {
+        LoraTarget targets[3];
+        int64_t cols[3];
+        int n = 0;
+    };
+    Adapted adapted(int l, const LoraTarget* targets, const int64_t* cols, int n) const;
     int64_t spec_index(const std::string& name) const;
     // the model-dtype A and B of (l, t), and the saved u
     const void* A(int l, LoraTarget t) const;
