@@ -16,82 +16,12 @@
 #include <vector>
 
 #include "bench_check.h"
+#include "bench_lt_fp8_gemm.h"
 #include "core/dtype.h"
 #include "cuda/fp8.h"
 #include "cuda/kernels.h"
 
-namespace {
-
 using qtrain::DType;
-constexpr size_t kWorkspace = 32ull << 20;
-
-// One TN FP8 GEMM, C[m, n] (fp32) += A[k, m]^T B[k, n]: the shape of a weight gradient.
-struct DwGemm {
-    cublasLtHandle_t h;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-    void *A, *B, *C, *ws;
-    float* scale;
-    int64_t m, n, k;
-
-    DwGemm(cublasLtHandle_t handle, int64_t m_, int64_t n_, int64_t k_) : h(handle), m(m_), n(n_), k(k_) {
-        LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof nn));
-        int8_t fa = 1;
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
-        CK(cudaMalloc(&scale, 16));
-        const float one = 1.0f;
-        CK(cudaMemcpy(scale, &one, 4, cudaMemcpyHostToDevice));
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale, sizeof scale));
-        LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale, sizeof scale));
-        LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
-        LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E5M2, k, n, k));
-        LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
-        cublasLtMatmulPreference_t pref;
-        LT(cublasLtMatmulPreferenceCreate(&pref));
-        size_t wsb = kWorkspace;
-        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        LT(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &found));
-        bench_fail_if(found == 0, "cublasLtMatmulAlgoGetHeuristic", "no algorithm", __FILE__, __LINE__);
-        algo = res.algo;
-        cublasLtMatmulPreferenceDestroy(pref);
-        CK(cudaMalloc(&A, m * k));
-        CK(cudaMalloc(&B, n * k));
-        CK(cudaMalloc(&C, m * n * 4));
-        CK(cudaMalloc(&ws, kWorkspace));
-        CK(cudaMemset(A, 0x30, m * k));  // 0x30: a small normal value in both FP8 formats
-        CK(cudaMemset(B, 0x30, n * k));
-        CK(cudaMemset(C, 0, m * n * 4));
-    }
-    void run(cudaStream_t s) {
-        const float alpha = 1.0f, beta = 1.0f;
-        LT(cublasLtMatmul(h, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &algo, ws, kWorkspace, s));
-    }
-};
-
-float time_ms(const std::function<void()>& body, cudaStream_t s, int reps) {
-    body();  // warm-up (module loading)
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, s));
-    for (int r = 0; r < reps; ++r) body();
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return ms / reps;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
     const std::string model = argc > 1 ? argv[1] : "0.5b";
@@ -175,7 +105,7 @@ int main(int argc, char** argv) {
                 "two-stream", "gemm-high", "overlap");
     const int reps = 30;
     for (const auto& g : gemms) {
-        DwGemm gemm(h, g.m, g.n, N);
+        LtFp8Gemm gemm(h, g.m, g.n, N, CUDA_R_8F_E5M2, CUDA_R_32F, 1.0f);  // (dW: fp32, accumulated)
         for (const auto& m : mems) {
             const float tg = time_ms([&] { gemm.run(main_s); }, main_s, reps);
             const float tm = time_ms([&] { m.run(main_s); }, main_s, reps);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -151,6 +152,22 @@ inline void expect_lora_step_matches_cpu(CudaModel& gpu, CpuModel& cpu, const Lo
     for (const ParamSpec& s : cpu.lora().specs()) {
         std::vector<float> ref(cpu.lora().param(s.name), cpu.lora().param(s.name) + s.numel());
         EXPECT_LT(rel_max_error(gpu.download(s.name, CudaModel::Which::Master), ref), 1e-5) << s.name;
+    }
+}
+
+// Three passes (tokens of seed 10 + step, scale 0.5) on both, each followed by the comparison of
+// expect_lora_step_matches_cpu (gradients, then an AdamW step on both); `label` names the printed lines.
+inline void expect_lora_steps_match_cpu(CudaModel& gpu, CpuModel& cpu, const ModelConfig& cfg, int B, int T,
+                                        bool fp32, const std::string& label) {
+    for (int step = 1; step <= 3; ++step) {
+        SCOPED_TRACE(step);
+        const Tokens d = random_tokens(B, T, cfg.vocab_size, 10 + step, Masked::Every11thFrom3);
+        cpu.forward_backward(d.batch(B, T), 0.5f);
+        gpu.forward_backward(d.batch(B, T), 0.5f);
+        const LoraAgreement a = compare_lora_grads(gpu, cpu);
+        std::printf("[%s step %d] adapter grads: worst rel %.3g (%s), worst cosine %.6f\n", label.c_str(), step,
+                    a.worst_rel, a.worst.c_str(), a.worst_cos);
+        expect_lora_step_matches_cpu(gpu, cpu, a, step, fp32);
     }
 }
 
