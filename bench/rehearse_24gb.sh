@@ -73,6 +73,18 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
                       --offload-opt-v $STREAM --lmhead-chunks=8 $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     14b-fp8-stream) run 14b-fp8-stream Qwen2.5-14B 8 4 --recompute-block $OFFLOAD $STREAM --lmhead-chunks=8 \
                       $FP8 ;;
+    # Session 22's candidates for issue 32's 24 GiB rows (7B >= 12k, 14B >= 6.5k; not yet run): what came since
+    # session 9 — FP8 fast accumulation in the backward too, --fp8-weight-transposes=jit (the slots keep no
+    # transposed copies), CUDA graphs with streaming and offload — and the largest micro-batches the plan fits
+    # (--plan-only, session 22: 7B 42 at 23,872 MiB / 107.3 GiB pinned; 14B with residual offload 20 at
+    # 16,483 MiB / 119.4 GiB pinned, the most the one-GPU machine's ~125 GiB of pinnable memory leaves room for).
+    # -ga2 keeps session 9's global batch shape (the b38 rows); -ga4 as the -ga4 rows above.
+    7b-fp8-s22-ga2|7b-fp8-s22-ga4) run "$cfg" Qwen2.5-7B 42 "${cfg##*-ga}" --recompute-block $OFFLOAD $STREAM \
+                     --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 --fp8-fast-accum=all \
+                     --fp8-weight-transposes=jit --use-cuda-graphs ;;
+    14b-fp8-s22-ga4) run "$cfg" Qwen2.5-14B 20 4 --recompute-block --offload-opt-m --offload-opt-v $STREAM \
+                     --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 --master-dtype=bf16 \
+                     --param-grad-dtype=bf16 --fp8-fast-accum=all --fp8-weight-transposes=jit --use-cuda-graphs ;;
     *) echo "unknown configuration $cfg" ;;
   esac
 done
