@@ -101,4 +101,12 @@ inline ZeroLevel zero_level(const ModelOptions& o) {
     return o.shard_weights ? ZeroLevel::Weights : o.shard_gradients ? ZeroLevel::Gradients : ZeroLevel::Optimizer;
 }
 
+// Whether --fp8-weight-transposes chooses anything: the full model with FP8 matmuls and FP8 gradients
+// keeps transposed e4m3 weight copies unless it says jit (a bf16 backward reads the bf16 weights; LoRA's
+// FP8 base transposes just in time whatever it says). The GPU model's layout (gpu_buffers.cpp) and the
+// memory ladder (train/memory_fit.cpp) both ask this one question.
+inline bool fp8_weight_transposes_apply(const ModelOptions& o) {
+    return is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype) && !o.lora.enabled();
+}
+
 }  // namespace qtrain

@@ -100,8 +100,7 @@ std::string flags_that_fit(const ModelConfig& cfg, const TrainOptions& o, const 
     // It is bit-identical and costs ~0.5% of the step (one transpose of each matrix per backward) for a
     // byte per parameter, so it comes before any recomputation. (LoRA's FP8 base does it anyway.)
     const ModelOptions given = o.model_options(device);
-    if (device == "cuda" && is_fp8(given.matmul_dtype) && is_fp8(given.gradient_dtype) && !given.lora.enabled() &&
-        !given.fp8_transposes_jit) {
+    if (device == "cuda" && fp8_weight_transposes_apply(given) && !given.fp8_transposes_jit) {
         const Setting jit = set(&T::fp8_weight_transposes, "jit");
         for (std::vector<Setting>& rung : ladder) rung.insert(rung.begin(), jit);
         ladder.insert(ladder.begin(), {jit});

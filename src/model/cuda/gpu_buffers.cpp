@@ -88,7 +88,7 @@ bool fp8_base_transposes_in_backward(const ModelOptions& o) { return fp8_base_on
 
 bool fp8_transposes_just_in_time(const ModelOptions& o) {
     if (fp8_base_only(o)) return fp8_base_transposes_in_backward(o);
-    return o.fp8_transposes_jit && is_fp8(o.matmul_dtype) && is_fp8(o.gradient_dtype);
+    return o.fp8_transposes_jit && fp8_weight_transposes_apply(o);
 }
 
 bool fp8_base_streamed(const ModelOptions& o) { return fp8_base_only(o) && o.shard_weights; }
