@@ -72,12 +72,16 @@ int main(int argc, char** argv) {
     void* u = device_bf16(N * 3 * r);
     void* g = device_bf16(N * 3 * r);
     void* A = device_bf16(3 * r * widest_in);
-    void* B = device_bf16(widest_out * r);
+    // (B [out, G r] as one dense matrix: gate_up's is [2 I, 2 r], the largest; the model's stacked B's are
+    // block-diagonal, so the bench's backward g = dy B does up to G times the model's work: an upper bound)
+    int64_t widest_b = 0;
+    for (const Matrix& m : matrices) widest_b = std::max<int64_t>(widest_b, m.out * m.stacked * r);
+    void* B = device_bf16(widest_b);
     float *dA = nullptr, *dB = nullptr;
     CK(cudaMalloc(&dA, 3 * r * widest_in * 4));
-    CK(cudaMalloc(&dB, widest_out * r * 4));
+    CK(cudaMalloc(&dB, widest_b * 4));
     CK(cudaMemset(dA, 0, 3 * r * widest_in * 4));
-    CK(cudaMemset(dB, 0, widest_out * r * 4));
+    CK(cudaMemset(dB, 0, widest_b * 4));
 
     std::printf("Qwen2.5-7B, %lld tokens, rank %lld, %d SMs; ms per pair; gain = serial - concurrent\n",
                 static_cast<long long>(N), static_cast<long long>(r), sms);

@@ -48,6 +48,11 @@ void ThreadWorld::claim(int rank) {
     claimed_[rank] = true;
 }
 
+void ThreadWorld::keep_until_destroyed(std::shared_ptr<const void> resources) {
+    std::lock_guard lock(mutex_);
+    kept_.push_back(std::move(resources));
+}
+
 void ThreadWorld::leave(int rank) {
     std::lock_guard lock(mutex_);
     QT_CHECK(rank >= 0 && rank < world_, "ThreadWorld::leave: rank ", rank, " is not in a world of ", world_);

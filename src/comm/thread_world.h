@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -48,6 +49,10 @@ public:
     // ---- for the communicators over a ThreadWorld (thread_communicator.cpp, cuda/copy_engine_communicator.cpp) ----
     // Records that rank `rank`'s communicator exists; a second one for the same rank is an error.
     void claim(int rank);
+    // Keeps what a rank's peers may still reach after that rank's communicator is gone (the copy-engine
+    // backend's events: a peer leaving its last collective's final meeting still waits on them) until
+    // the world itself is destroyed, after every rank's thread has ended.
+    void keep_until_destroyed(std::shared_ptr<const void> resources);
     enum class Op : uint8_t { AllReduce, ReduceScatter, Reduce, AllGather, Broadcast, Barrier };
     struct Call {
         Op op = Op::Barrier;
@@ -88,6 +93,7 @@ private:
     std::vector<bool> left_;
     std::vector<bool> claimed_;
     std::vector<Call> calls_;
+    std::vector<std::shared_ptr<const void>> kept_;  // keep_until_destroyed
     std::optional<std::string> failure_;
     int failed_rank_ = -1;
 };

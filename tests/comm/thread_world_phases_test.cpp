@@ -1,10 +1,11 @@
 // What the GPU backends add to the ThreadWorld and run_ranks (src/comm/cuda/ builds on them): the
-// opaque handle each rank publishes with its call, the extra meeting inside a collective
+// opaque handle each rank publishes with its call (and what it points at, kept until the world ends), the extra meeting inside a collective
 // (meet_within) with the world's failure semantics, and run_ranks over another backend's communicators.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +99,26 @@ TEST(CommThreadWorldPhases, ATimeoutInMeetWithinNamesThePhase) {
     }
     other.join();
     EXPECT_TRUE(Contains(error, "all_reduce #0 (count 5, fp32), shares summed: rank(s) 1 of 2 did not arrive"));
+}
+
+// What a handle points at may be reached by a peer after its rank returned (the copy-engine backend's
+// events): the world keeps what it is given until it is itself destroyed, and releases it then.
+TEST(CommThreadWorldPhases, KeptResourcesLiveUntilTheWorldIsDestroyed) {
+    auto released = std::make_shared<std::atomic<int>>(0);
+    {
+        ThreadWorld w(2);
+        for (int r = 0; r < 2; ++r) {
+            std::shared_ptr<int> thing(new int(r), [released](int* p) {
+                ++*released;
+                delete p;
+            });
+            w.keep_until_destroyed(thing);
+        }  // (the world holds the only references now)
+        w.leave(0);
+        w.leave(1);
+        EXPECT_EQ(released->load(), 0) << "released before the world was destroyed";
+    }
+    EXPECT_EQ(released->load(), 2);
 }
 
 TEST(CommThreadWorldPhases, RunRanksUsesTheGivenCommunicatorsMadeBeforeAnyRankRuns) {

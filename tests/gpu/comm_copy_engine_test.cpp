@@ -145,6 +145,24 @@ void one_all_reduce(Communicator& c, cudaStream_t s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+// A rank that returns right after its last collective destroys its communicator while a peer, past the
+// final meeting, may still be queueing its stream's waits on that rank's `done` event: the events stay
+// with the world (ThreadWorld::keep_until_destroyed). Before that, a LoRA ZeRO-3 test on the H200 failed
+// once in its whole suite with cudaErrorContextIsDestroyed from that wait. The race is timing-dependent,
+// so this runs many short worlds; it is not certain to fail on every run without the fix.
+TEST(CommCopyEngineLifetime, PeersOutliveARankThatReturnsRightAfterItsLastCollective) {
+    QTRAIN_REQUIRE_GPU();
+    for (int round = 0; round < 200; ++round) {
+        comm::ThreadWorld w(3, 30s);
+        run_on_device_0(w, [](Communicator& c, cudaStream_t s) {
+            DeviceBuffer mine(256 * 4), all(3 * 256 * 4);
+            fill_async(mine.get(), c.rank(), mine.bytes(), s);
+            c.all_gather(mine.get(), all.get(), 256, DType::F32, s);
+            // (no synchronisation: the buffers' cudaFree and the communicator's end follow at once)
+        });
+    }
+}
+
 TEST(CommCopyEngineFailure, ARankThatThrowsBeforeACollectiveStopsTheOthers) {
     QTRAIN_REQUIRE_GPU();
     // The timeout is long: only the failure report can release ranks 0 and 2 in time.

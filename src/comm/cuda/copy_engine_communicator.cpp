@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "comm/block_layout.h"
@@ -34,11 +35,26 @@ const char* op_name(Op op) {
 
 // What a rank shows its peers at every collective (through Call::handle): its device and the events
 // their streams wait on. The same objects for the communicator's whole life; only their records change.
+// They outlive it, kept by the ThreadWorld (keep_until_destroyed): a peer that has passed the last
+// collective's final meeting may still be queueing its waits on `done` when this rank returns and
+// destroys its communicator (seen on the H200 as cudaErrorContextIsDestroyed from cudaStreamWaitEvent).
 struct Published {
     int device = 0;
     cudaEvent_t ready = nullptr;   // recorded at the call: the rank's buffers hold their inputs
     cudaEvent_t summed = nullptr;  // all_reduce: the rank's share is summed into its recv
     cudaEvent_t done = nullptr;    // the rank has finished reading its peers' buffers
+
+    Published() = default;
+    Published(const Published&) = delete;
+    Published& operator=(const Published&) = delete;
+    ~Published() {  // (with the world, after every rank's thread: no stream waits on them any more)
+        int current = 0;
+        if (cudaGetDevice(&current) != cudaSuccess) return;  // (the CUDA runtime is shutting down)
+        cudaSetDevice(device);
+        for (cudaEvent_t e : {ready, summed, done})
+            if (e) cudaEventDestroy(e);
+        cudaSetDevice(current);
+    }
 };
 
 }  // namespace
@@ -48,7 +64,8 @@ struct CopyEngineState {
     const int rank;
     const int device;
     const std::string name;  // for messages
-    Published mine;
+    std::shared_ptr<Published> published = std::make_shared<Published>();  // (also kept by the world)
+    Published& mine = *published;
     StagingBuffer staging;
     uint64_t seq = 0;
     std::vector<int> peer_devices_seen;  // devices whose peer access this rank has settled
@@ -179,16 +196,13 @@ CopyEngineCommunicator::CopyEngineCommunicator(ThreadWorld& world, int rank, int
     state_ = std::make_unique<CopyEngineState>(world, rank, device);
     DeviceScope scope(device);
     state_->mine.device = device;
+    world.keep_until_destroyed(state_->published);  // (the events are destroyed with the world: Published)
     for (cudaEvent_t* e : {&state_->mine.ready, &state_->mine.summed, &state_->mine.done})
         QT_COMM_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
 }
 
-CopyEngineCommunicator::~CopyEngineCommunicator() {
-    // Streams that still wait on these events keep them alive until they complete (CUDA's rule for
-    // destroyed events), so nothing waits here; the staging's destructor waits for the device.
-    for (cudaEvent_t e : {state_->mine.ready, state_->mine.summed, state_->mine.done})
-        if (e) cudaEventDestroy(e);
-}
+// (the staging's destructor waits for the device; the published events stay with the world)
+CopyEngineCommunicator::~CopyEngineCommunicator() = default;
 
 int CopyEngineCommunicator::rank() const { return state_->rank; }
 int CopyEngineCommunicator::world() const { return state_->world.world(); }

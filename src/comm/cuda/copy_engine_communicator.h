@@ -32,7 +32,9 @@
 //      after the call in stream order. (A reduce waits only where data is read: the root for every
 //      peer's `ready`, a non-root for the root's `done`.)
 // Every wait is for an event recorded before the meeting that published it, so no stream ever
-// waits for host work that has not happened yet (no deadlock, whatever the thread timing).
+// waits for host work that has not happened yet (no deadlock, whatever the thread timing). A rank's
+// events live as long as the world (ThreadWorld::keep_until_destroyed), not its communicator: after
+// the last meeting a peer may still be queueing its wait on them while this rank has already returned.
 //
 // Staging: the communicator's own device memory (comm/cuda/staging_buffer.h): reserve() it outside
 // of steps, or it grows on first use. Each collective's stream also waits for this rank's previous
@@ -58,7 +60,7 @@ struct CopyEngineState;  // copy_engine_communicator.cpp
 class CopyEngineCommunicator final : public Communicator {
 public:
     // Rank `rank` of `world`, on CUDA device `device` (which must exist). Creates its events on that
-    // device; `world` must outlive it. Any thread may construct it; its collectives may be called
+    // device, which `world` keeps until it is destroyed; `world` must outlive it. Any thread may construct it; its collectives may be called
     // from any thread (one at a time), whichever device that thread has current.
     CopyEngineCommunicator(ThreadWorld& world, int rank, int device);
     ~CopyEngineCommunicator() override;

@@ -36,6 +36,8 @@ size_t CpuLora::index(const std::string& name) const {
     return it->second;
 }
 
+int64_t CpuLora::offset(const std::string& name) const { return offsets_[index(name)]; }
+
 size_t CpuLora::prefix_len() { return std::char_traits<char>::length(kPeftPrefix); }
 
 float* CpuLora::trained_grad(const std::string& hf_name) {

@@ -117,6 +117,7 @@ public:
     bool has(const std::string& name) const { return index_.count(name) != 0; }
     const ParamSpec& spec(const std::string& name) const { return specs_[index(name)]; }
     const std::vector<int64_t>& offsets() const { return offsets_; }
+    int64_t offset(const std::string& name) const;  // of its values in params() / moments_m() / moments_v()
     std::vector<float>& params() { return params_; }
     std::vector<float>& grads() { return grads_; }
     std::vector<float>& moments_m() { return m_; }
@@ -140,7 +141,6 @@ private:
     // mask_ = the pass's mask of (l, t) over n inputs (0 or 1 / (1 - p)); xd_ = x * mask_.
     const float* dropped_input(int l, LoraTarget t, const float* x, int64_t n);
     size_t index(const std::string& name) const;
-    int64_t offset(const std::string& name) const { return offsets_[index(name)]; }
     int slot(int l, LoraTarget t) const { return l * kLoraTargets + static_cast<int>(t); }
     LoraOptions lora_;
     ModelConfig cfg_;

@@ -481,10 +481,16 @@ std::vector<float> LoraAdapters::download(const std::string& name, Which which) 
                               cudaMemcpyDeviceToHost));
         return out;
     }
-    QT_CHECK(off >= shard_.begin && off + n <= shard_.end, "GPU model: with ", shard_.world,
-             " ranks this rank holds the LoRA master and Adam moments of its block of the adapters only, not the "
-             "whole of ",
-             name, " (download_to_host gathers them)");
+    // (otherwise each rank holds the master and moments of its block only: every block gathered into the
+    // host mirror, collective, as upload_master is; before set_communicator the mirror is current)
+    if (shard_.world > 1) {
+        download_to_host();
+        const std::vector<float>& all = which == Which::Master  ? host_.params()
+                                        : which == Which::AdamM ? host_.moments_m()
+                                                                : host_.moments_v();
+        std::copy_n(all.begin() + host_.offset(name), n, out.begin());
+        return out;
+    }
     const float* base = which == Which::Master  ? buf_.master
                         : which == Which::AdamM ? static_cast<const float*>(buf_.opt.adam_m)
                                                 : static_cast<const float*>(buf_.opt.adam_v);

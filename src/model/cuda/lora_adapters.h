@@ -126,7 +126,8 @@ public:
     // Collective with several ranks (each holds its block of the master and moments): every rank
     // calls it, and every rank's mirror gets the whole state.
     void download_to_host() const;
-    // One adapter tensor by its PEFT name: values (master), gradient, or a moment.
+    // One adapter tensor by its PEFT name: values (master), gradient, or a moment. With several ranks the
+    // master and moments come through the host mirror (download_to_host): collective, every rank calls it.
     enum class Which { Master, Grad, AdamM, AdamV };
     std::vector<float> download(const std::string& name, Which which) const;
 
