@@ -5,8 +5,10 @@
 # GA=n sets --grad-accumulation (default 1); SKIP=n leaves out the first n steps (default 3; --gemm-autotune
 # needs ~25: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
 # steps after those, and the plan's memory.
-# STOP_AFTER=n kills train once n steps are logged (SIGKILL: no checkpoint, no HF export; for the
-# 7B/14B rehearsals, whose export takes a minute or more). Where nvidia-smi exists, peak_mib is the
+# STOP_AFTER=n kills train once n steps are logged (SIGKILL: no checkpoint, no HF export, which takes a
+# minute or more at 7B/14B); default STEPS, STOP_AFTER= (empty) runs train to its end. A train still
+# running when this script ends (a `timeout` around it) is killed with it, so it cannot hold the GPU's
+# memory (or write over the next run's train.out) after the script is gone. Where nvidia-smi exists, peak_mib is the
 # highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +24,12 @@ TOKENS="$WORK/random.bin"; [ "$VOCAB" = 151643 ] || TOKENS="$WORK/random-$VOCAB.
 fi
 [ -f "$TOKENS" ] || python3 bench/make_random_tokens.py "$TOKENS" --tokens 40000000 --vocab "$VOCAB" >/dev/null
 STEPS=${STEPS:-12}
+STOP_AFTER=${STOP_AFTER-$STEPS}
 rm -f "$WORK/log.jsonl"
+train=; smi=
+cleanup() { set +e; [ -z "$train" ] || kill -9 $train 2>/dev/null; [ -z "$smi" ] || kill $smi 2>/dev/null; return 0; }
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
 smi=$!
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$TOKENS" \
