@@ -39,7 +39,7 @@ cudaDataType_t cuda_type(DType t) {
 
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int, bool,
-                       bool, int, bool, int, int>;
+                       bool, int, bool, int>;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -107,7 +107,6 @@ struct GemmRunner::Impl {
     std::size_t workspace_bytes = 0;
     std::map<Key, Plan> plans;
     bool autotune = false;
-    int sm_count_target = 0;  // set_sm_count_target
     GemmTuningStats stats;
 
     ~Impl() {
@@ -125,8 +124,7 @@ struct GemmRunner::Impl {
         const bool fp8 = is_fp8(op.a_type) || is_fp8(op.b_type);
         return Key{op.trans_a, op.trans_b, op.m, op.n, op.k, op.lda, op.ldb, op.ldc, static_cast<int>(op.a_type),
                    static_cast<int>(op.b_type), static_cast<int>(op.c_type), static_cast<int>(op.bias_type),
-                   op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum, op.min_alignment,
-                   op.sm_count_target};
+                   op.bias != nullptr, op.beta != 0.0f, fp8, fp8 && op.fp8_fast_accum, op.min_alignment};
     }
 
     Plan& plan_for(const Key& key, const GemmOp& op) {
@@ -154,10 +152,6 @@ struct GemmRunner::Impl {
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &op.a_scale, sizeof op.a_scale));
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &op.b_scale, sizeof op.b_scale));
-        }
-        if (op.sm_count_target > 0) {  // (the heuristic then picks algorithms for that many SMs)
-            const int32_t sms = op.sm_count_target;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
         }
         const int64_t a_rows = op.trans_a ? op.k : op.m, a_cols = op.trans_a ? op.m : op.k;
         const int64_t b_rows = op.trans_b ? op.n : op.k, b_cols = op.trans_b ? op.k : op.n;
@@ -261,14 +255,7 @@ std::size_t GemmRunner::cached_shapes() const { return impl_->plans.size(); }
 
 GemmTuningStats GemmRunner::tuning_stats() const { return impl_->stats; }
 
-void GemmRunner::set_sm_count_target(int sms) {
-    QT_CHECK(sms >= 0, "GEMM: SM count target ", sms, " (0 = every SM)");
-    impl_->sm_count_target = sms;
-}
-
-void GemmRunner::run(const GemmOp& given, cudaStream_t stream) {
-    GemmOp op = given;
-    if (op.sm_count_target == 0) op.sm_count_target = impl_->sm_count_target;
+void GemmRunner::run(const GemmOp& op, cudaStream_t stream) {
     if (is_fp8(op.a_type) || is_fp8(op.b_type)) check_fp8_op(op);
     const Key key = Impl::key_of(op);
     Plan& p = impl_->plan_for(key, op);

@@ -55,10 +55,6 @@ struct GemmOp {
     // view into a slice of a fused matrix, e.g. the LoRA adapters' part of q|k|v): the heuristic is
     // then asked only for algorithms that accept that alignment.
     int min_alignment = 0;
-    // The SMs cuBLASLt should plan for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET): fewer than the device's
-    // leaves the rest to kernels on another stream (LoRA's adapters beside the frozen base's GEMMs,
-    // --lora-overlap-sms). 0: the runner's default (set_sm_count_target), itself 0 = every SM.
-    int sm_count_target = 0;
 };
 
 // What autotuning found (GemmRunner with autotune on): shapes decided, and for those the summed time of
@@ -88,9 +84,6 @@ public:
     GemmRunner& operator=(const GemmRunner&) = delete;
 
     void run(const GemmOp& op, cudaStream_t stream);
-    // The SM count every later op of this runner plans for unless it names its own (GemmOp::sm_count_target);
-    // 0 (the default): every SM. A host-side setting: set it around the calls it is for.
-    void set_sm_count_target(int sms);
 
     // ---- row-major helpers (see the table above) ----
     void linear_forward(void* y, DType y_type, const void* x, const void* w, DType in_type, const void* bias,

@@ -64,9 +64,6 @@ struct ModelOptions {
     // is block-causal per document and RoPE restarts at each document.
     bool document_masking = false;
     int lmhead_chunks = 1;
-    // --lora-overlap-sms: LoRA's adapter GEMMs that do not need the base's output run on a second stream
-    // beside the base GEMM, which plans for (device SMs - this) SMs (LoraAdapters, GemmOp::sm_count_target); 0 = off.
-    int lora_overlap_sms = 0;
     int attn_bwd_chunks = 1;
     AttentionImpl attention = AttentionImpl::Auto;
     // cuDNN attention with document masking: document slots per row of its ragged batch

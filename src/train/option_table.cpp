@@ -321,12 +321,6 @@ std::vector<OptionSpec> make_table() {
             .model(&M::use_cuda_graphs),
         opt(kPerf, "lmhead-chunks", &T::lmhead_chunks, R::MayChange,
             "Compute the LM head + loss in this many chunks of tokens").model(&M::lmhead_chunks),
-        opt(kPerf, "lora-overlap-sms", &T::lora_overlap_sms, R::MayChange,
-            "With --lora-rank on the GPU (no --lora-dropout): run the adapters' GEMMs that do not wait for the base "
-            "(u = x A^T; g = dy B, dB, dA) on a second stream while the frozen base's GEMM of the same matrix runs, "
-            "which is told to leave this many SMs to them (cuBLASLt's SM count target). 0 (default): off, every "
-            "GEMM on one stream. Experimental (issue 33): the base GEMMs may pick other algorithms for fewer SMs, so "
-            "results differ from 0 in the last bits").model(&M::lora_overlap_sms),
         opt(kPerf, "attn-bwd-chunks", &T::attn_bwd_chunks, R::MayChange,
             "Run the attention backward in this many chunks of sequences (must divide --batch-size); its workspace "
             "holds one chunk").model(&M::attn_bwd_chunks),

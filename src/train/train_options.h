@@ -55,7 +55,6 @@ struct TrainOptions {
     // performance
     bool use_cuda_graphs = false;
     int lmhead_chunks = 1;
-    int lora_overlap_sms = 0;  // ModelOptions::lora_overlap_sms
     int attn_bwd_chunks = 1;
     std::string attention = "auto";
     std::string fp8_weight_transposes = "kept";  // kept | jit (ModelOptions::fp8_transposes_jit)

@@ -123,35 +123,6 @@ TEST(LoraOptions, CudaPlanShowsTheFrozenBaseAndRefusesWhatIsNotWrittenYet) {
 // the backward makes one matrix at a time in "Transpose scratch", the largest matrix's bytes), no
 // master / gradients / moments, and none of the full FP8 run's transposed inputs (no dW). With bf16 gradients the bf16 base stays in "Weights" (the input-gradient GEMMs read it); with
 // FP8 gradients its layer matrices are gone from there (the norms, biases, embedding and head stay).
-// --lora-overlap-sms: the adapters' second stream has its own GEMM runner (one more GEMM workspace in the plan);
-// it needs LoRA without dropout, and is a GPU setting.
-TEST(LoraOptions, OverlapPlansASecondGemmWorkspaceAndNamesWhatItNeeds) {
-#ifndef QTRAIN_HAVE_CUDA
-    GTEST_SKIP() << "this build has no CUDA backend";
-#else
-    const ModelConfig cfg = preset_config("Qwen2.5-0.5B");
-    auto with = [&](std::vector<std::string> extra, const std::string& device = "cuda") {
-        extra.insert(extra.end(), {"--seq-len=16", "--batch-size=1"});
-        return train_options_from_args(extra).model_options(device);
-    };
-    auto bytes = [](const MemoryPlan& p, const std::string& category) {
-        for (const auto& e : p.entries)
-            if (e.category == category) return static_cast<int64_t>(e.device_bytes);
-        return int64_t{-1};
-    };
-    const MemoryPlan one = plan_model(cfg, with({"--lora-rank=8"}), "cuda");
-    const MemoryPlan two = plan_model(cfg, with({"--lora-rank=8", "--lora-overlap-sms=16"}), "cuda");
-    EXPECT_EQ(bytes(two, "Workspace") - bytes(one, "Workspace"), int64_t{64} << 20);
-    EXPECT_EQ(two.total_device() - one.total_device(), uint64_t{64} << 20);
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-overlap-sms=16"}), "cuda"), "--lora-overlap-sms=16", "--lora-rank");
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--lora-dropout=0.1", "--lora-overlap-sms=16"}), "cuda"),
-                 "--lora-overlap-sms=16", "--lora-dropout");
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--lora-overlap-sms=-2"}), "cuda"), "--lora-overlap-sms=-2");
-    EXPECT_ERROR(plan_model(cfg, with({"--lora-rank=8", "--lora-overlap-sms=16"}, "cpu"), "cpu"),
-                 "--lora-overlap-sms", "--device=cpu");
-#endif
-}
-
 TEST(LoraOptions, CudaPlanShowsTheFp8Base) {
 #ifndef QTRAIN_HAVE_CUDA
     GTEST_SKIP() << "this build has no CUDA backend";

@@ -42,7 +42,7 @@ const std::map<std::string, ModelFlag>& spelled_keys() {
         QT_KEY(&ModelOptions::document_masking), QT_KEY(&ModelOptions::lmhead_chunks),
         QT_KEY(&ModelOptions::attn_bwd_chunks), QT_KEY(&ModelOptions::attention),
         QT_KEY(&ModelOptions::max_docs_per_row),
-        QT_KEY(&ModelOptions::fp8_fast_accum), QT_KEY(&ModelOptions::fp8_transposes_jit), QT_KEY(&ModelOptions::lora_overlap_sms),
+        QT_KEY(&ModelOptions::fp8_fast_accum), QT_KEY(&ModelOptions::fp8_transposes_jit),
         QT_KEY(&ModelOptions::gemm_autotune),
         QT_KEY(&ModelOptions::memory_limit), QT_KEY(&LoraOptions::rank), QT_KEY(&LoraOptions::alpha),
         QT_KEY(&LoraOptions::dropout), QT_KEY(&LoraOptions::targets), QT_KEY(&LoraOptions::init),

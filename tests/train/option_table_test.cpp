@@ -48,7 +48,7 @@ TEST(OptionTable, ResumeRulesAreTheOldHandWrittenSets) {
         "recompute-block", "offload-residual", "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants",
         "offload-gradients", "offload-double-buffer", "persistent-quants", "write-combined", "memcpy-all-gather",
         "shard-weights", "shard-gradients", "zero-level", "comm-timeout", "rendezvous-timeout", "gpu-ids", "use-cuda-graphs", "lmhead-chunks", "attn-bwd-chunks",
-        "attention", "gemm-autotune", "lora-from", "merge-lora", "lora-overlap-sms",
+        "attention", "gemm-autotune", "lora-from", "merge-lora",
         "max-docs-per-row",        // added since (issue 31: cuDNN's ragged attention)
         "fp8-weight-transposes"};  // issue 32: bit-identical, and no checkpoint holds the transposed copies
     const Names kInvocation = {"continue", "overwrite", "force-resume", "plan-only"};
@@ -166,7 +166,7 @@ TEST(OptionTable, TheModelReadsTheFlagsTheHandWrittenCopyDid) {
         "memcpy-all-gather", "gpus", "shard-weights", "shard-gradients", "use-cuda-graphs", "lmhead-chunks",
         "attn-bwd-chunks", "attention", "fp8-fast-accum", "gemm-autotune", "memory-limit",
         "document-masking",  // added since (issue 31); its auto is resolved on the train files
-        "lora-rank", "lora-from", "merge-lora", "lora-overlap-sms",  // issue 33: ModelOptions::lora (+ the overlap)
+        "lora-rank", "lora-from", "merge-lora",  // issue 33: ModelOptions::lora
         "lm-head-dtype",                         // issue 32: ModelOptions::fp8_lm_head
         "max-docs-per-row",                      // issue 31: cuDNN's ragged attention
         "fp8-weight-transposes"};                // issue 32: ModelOptions::fp8_transposes_jit

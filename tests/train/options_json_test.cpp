@@ -31,7 +31,7 @@ const char* const kOldDefaultJson =
     R"("force-resume":false,"fp8-fast-accum":"off","fp8-weight-transposes":"kept","from-scratch":false,"gemm-autotune":false,"gpu-ids":"",)"
     R"("gpus":1,"grad-accumulation":4,"grad-clip":1.0,"gradient-dtype":"","host-memory-limit":"",)"
     R"("learning-rate":9.999999747378752e-06,"lm-head-dtype":"bf16","lmhead-chunks":1,"log-file":"","lora-alpha":8.0,"lora-dropout":0.0,)"
-    R"("lora-from":"","lora-init":"kaiming","lora-overlap-sms":0,"lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
+    R"("lora-from":"","lora-init":"kaiming","lora-rank":0,"lora-targets":"all","loss-normalization":"auto",)"
     R"("lr-schedule":"cosine",)"
     R"("master-dtype":"fp32","matmul-dtype":"","max-docs-per-row":32,"memcpy-all-gather":false,"memory-limit":"","merge-lora":false,)"
     R"("model":"",)"
@@ -51,7 +51,7 @@ const std::set<std::string> kOldKeys = {
     "eval-every-n-steps",
     "eval-file", "eval-num-steps", "final-lr-fraction", "force-resume", "fp8-fast-accum", "fp8-weight-transposes", "from-scratch",
     "gemm-autotune", "gpu-ids", "gpus", "grad-accumulation", "grad-clip", "gradient-dtype", "host-memory-limit",
-    "learning-rate", "lm-head-dtype", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-from", "lora-init", "lora-overlap-sms", "lora-rank",
+    "learning-rate", "lm-head-dtype", "lmhead-chunks", "log-file", "lora-alpha", "lora-dropout", "lora-from", "lora-init", "lora-rank",
     "lora-targets", "loss-normalization", "lr-schedule", "master-dtype", "matmul-dtype", "max-docs-per-row",
     "memcpy-all-gather", "memory-limit", "merge-lora", "model", "model-dtype", "offload-double-buffer", "offload-gradients",
     "offload-master", "offload-opt-m", "offload-opt-v", "offload-quants", "offload-residual", "opt-m-dtype",

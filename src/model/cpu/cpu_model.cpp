@@ -92,7 +92,6 @@ void CpuModel::check_options(const ModelOptions& o) {
                                                 {&ModelOptions::gemm_autotune, o.gemm_autotune},
                                                 {&ModelOptions::fp8_fast_accum, o.fp8_fast_accum != Fp8FastAccum::Off},
                                                 {&ModelOptions::fp8_transposes_jit, o.fp8_transposes_jit},
-                                                {&ModelOptions::lora_overlap_sms, o.lora_overlap_sms != 0},
                                                 {&ModelOptions::attention, o.attention != AttentionImpl::Auto},
                                                 {&ModelOptions::attn_bwd_chunks, o.attn_bwd_chunks != 1},
                                                 {&ModelOptions::max_docs_per_row, o.max_docs_per_row != 32}};

@@ -103,13 +103,6 @@ void CudaModel::check_options(const ModelOptions& o) {
              "=jit needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 and ", flag(&ModelOptions::gradient_dtype),
              "=e4m3|e5m2 (only FP8 gradients keep transposed e4m3 weight copies; without them there is nothing to "
              "transpose just in time): add them, or drop ", flag(&ModelOptions::fp8_transposes_jit));
-    // the adapters' second stream (lora_adapters.h): only the adapters' GEMMs go there, and with dropout
-    // each target's masked input is one scratch buffer the streams would share
-    QT_CHECK(o.lora_overlap_sms >= 0, flag(&ModelOptions::lora_overlap_sms), "=", o.lora_overlap_sms,
-             ": the SMs left to the adapters' stream, 0 (off) or more");
-    QT_CHECK(o.lora_overlap_sms == 0 || (o.lora.enabled() && o.lora.dropout <= 0.0f),
-             flag(&ModelOptions::lora_overlap_sms), "=", o.lora_overlap_sms, " needs ", flag(&LoraOptions::rank),
-             " without ", flag(&LoraOptions::dropout), " (it overlaps the adapters' GEMMs with the frozen base's)");
     QT_CHECK(o.fp8_fast_accum == Fp8FastAccum::Off || fp8, flag(&ModelOptions::fp8_fast_accum),
              " applies to FP8 GEMMs: it needs ", flag(&ModelOptions::matmul_dtype), "=e4m3 (or drop it)");
     QT_CHECK(o.fp8_fast_accum != Fp8FastAccum::All || is_fp8(o.gradient_dtype), flag(&ModelOptions::fp8_fast_accum),

@@ -174,19 +174,6 @@ private:
     // LoRA: the adapters of matrix m's targets (q, k, v of q|k|v; gate, up of gate|up; o; down), each on
     // its column slice of the fused output y / gradient dy (row stride `out`), called by linear_fwd /
     // linear_bwd right after the base GEMMs. training: dropout acts (lora_training_).
-    // --lora-overlap-sms (cuda_model_linear.cpp): starts the adapters' side-stream GEMMs of (l, m) and holds
-    // the model's GEMM runner at the base's SM target until end() or the end of the scope.
-    struct BaseBesideAdapters {
-        BaseBesideAdapters(GemmRunner* g, int sms);
-        ~BaseBesideAdapters() { end(); }
-        BaseBesideAdapters(const BaseBesideAdapters&) = delete;
-        BaseBesideAdapters& operator=(const BaseBesideAdapters&) = delete;
-        BaseBesideAdapters(BaseBesideAdapters&& o) noexcept : gemm(o.gemm) { o.gemm = nullptr; }
-        void end();
-        GemmRunner* gemm;
-    };
-    BaseBesideAdapters lora_begin_fwd(int l, Matrix m, const void* x, int N);
-    BaseBesideAdapters lora_begin_bwd(int l, Matrix m, const void* dy, const void* x, int N, int out);
     void lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out);
     void lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out);
     // Where the gradient of flat parameter element `off` accumulates: the gradients role's; for a

@@ -25,13 +25,11 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
                            bool amax_ready) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
-    BaseBesideAdapters overlap = lora_begin_fwd(l, m, x, N);
     if (!fp8_) {
         {
             auto t_ = timer_.scope("gemm fwd", stream_);
             gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_);
         }
-        overlap.end();
         if (lora_) lora_fwd(l, m, y, x, N, out);  // LoRA: y += s drop(x) A^T B^T on each target's slice
         return;
     }
@@ -52,7 +50,6 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
                                   opt_.fp8_fast_accum != Fp8FastAccum::Off);
     }
     // LoRA on the FP8 base: the adapters read the unquantised x, in the model dtype
-    overlap.end();
     if (lora_) lora_fwd(l, m, y, x, N, out);
 }
 
@@ -60,7 +57,6 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                            bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
-    BaseBesideAdapters overlap = lora_begin_bwd(l, m, dy, x, N, out);
     if (!fp8_grads_) {
         const void* w = weights_->at(off);
         {
@@ -68,7 +64,6 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
             gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
         }
         if (lora_) {  // a frozen base: no weight gradient; the adapters' gradients and input gradient
-            overlap.end();
             lora_bwd(l, m, dx, dy, x, N, out);
             return;
         }
@@ -111,7 +106,6 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                                          stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
     }
     if (lora_) {
-        overlap.end();
         lora_bwd(l, m, dx, dy, x, N, out);
         return;
     }
@@ -139,31 +133,6 @@ TargetSlices lora_slices(const ModelConfig& c, Matrix m) {
     }
 }
 }  // namespace
-
-// --lora-overlap-sms: the adapters' GEMMs that need no base output start on their stream now, and the
-// base GEMMs of this linear step plan for fewer SMs until `overlap` ends (before the adapters' own GEMMs; the runner's
-// setting is host state: the GEMMs queued meanwhile are the base's only).
-CudaModel::BaseBesideAdapters::BaseBesideAdapters(GemmRunner* g, int sms) : gemm(sms > 0 ? g : nullptr) {
-    if (gemm) gemm->set_sm_count_target(sms);
-}
-void CudaModel::BaseBesideAdapters::end() {
-    if (gemm) gemm->set_sm_count_target(0);
-    gemm = nullptr;
-}
-
-CudaModel::BaseBesideAdapters CudaModel::lora_begin_fwd(int l, Matrix m, const void* x, int N) {
-    if (!lora_ || !lora_->overlapping()) return BaseBesideAdapters(nullptr, 0);
-    const TargetSlices s = lora_slices(config_, m);
-    lora_->begin_forward(l, s.targets.data(), s.cols.data(), s.n, x, N);
-    return BaseBesideAdapters(gemm_.get(), lora_->base_sm_target());
-}
-
-CudaModel::BaseBesideAdapters CudaModel::lora_begin_bwd(int l, Matrix m, const void* dy, const void* x, int N, int out) {
-    if (!lora_ || !lora_->overlapping()) return BaseBesideAdapters(nullptr, 0);
-    const TargetSlices s = lora_slices(config_, m);
-    lora_->begin_backward(l, s.targets.data(), s.cols.data(), s.n, dy, out, x, N);
-    return BaseBesideAdapters(gemm_.get(), lora_->base_sm_target());
-}
 
 void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out) {
     const TargetSlices s = lora_slices(config_, m);

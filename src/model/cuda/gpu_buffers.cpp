@@ -393,10 +393,7 @@ MemoryPlan gpu_memory_plan(const ModelConfig& cfg, const ModelOptions& opt, cons
                             a.category == "Streamed base"))
             continue;  // no FP8, no streaming, no residual offload, ...
         if (a.pinned_host) plan.add(a.category, 0, a.used);
-        else  // (the GEMM runners' own workspaces: the model's, and the adapters' second stream's)
-            plan.add(a.category, a.used + (a.category == "Workspace"
-                                               ? kGemmWorkspaceBytes * (opt.lora_overlap_sms > 0 ? 2 : 1)
-                                               : 0));
+        else plan.add(a.category, a.used + (a.category == "Workspace" ? kGemmWorkspaceBytes : 0));
     }
     return plan;
 }

@@ -102,26 +102,9 @@ LoraAdapters::LoraAdapters(const LoraBuffers& buffers, const ModelConfig& config
     optimizer_->upload_segments(segs, stream_);
     host_.init(lora_.seed);
     upload_from_host();
-    if (options.lora_overlap_sms > 0) {
-        int device = 0, sms = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        QT_CHECK(options.lora_overlap_sms < sms, flag(&ModelOptions::lora_overlap_sms), "=", options.lora_overlap_sms,
-                 ": this GPU has ", sms, " SMs; leave the base's GEMMs at least one (e.g. 8 to 32)");
-        base_sms_ = sms - options.lora_overlap_sms;
-        side_gemm_ = std::make_unique<GemmRunner>(kGemmWorkspaceBytes, options.gemm_autotune);
-        CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
-    }
 }
 
-LoraAdapters::~LoraAdapters() {
-    if (!side_) return;
-    cudaStreamSynchronize(side_);
-    cudaEventDestroy(fork_), cudaEventDestroy(joined_);
-    cudaStreamDestroy(side_);
-}
+LoraAdapters::~LoraAdapters() = default;
 
 const void* LoraAdapters::A(int l, LoraTarget t) const {
     return static_cast<const char*>(buf_.weights) + layout_.a_offset[layout_.index(l, t)] * dtype_size(act_);
@@ -186,81 +169,25 @@ LoraAdapters::Adapted LoraAdapters::adapted(int l, const LoraTarget* targets, co
     return a;
 }
 
-void LoraAdapters::group_down(int l, const Adapted& a, const void* x, int N, GemmRunner& g, cudaStream_t s) {
-    const int64_t r = lora_.rank, in = lora_target_shape(config_, a.targets[0])[1], w = a.n * r;
-    auto t_ = timer_.scope("lora gemm", s);
-    // u = x [A..]^T into the G consecutive slots, one [N, G r] matrix
-    gemm_fwd(g, act_, saved(l, a.targets[0]), w, x, in, A(l, a.targets[0]), in, N, in, w, 1.0f, 0.0f, s);
-}
-
-void LoraAdapters::group_grads(int l, const Adapted& a, const void* dy, int64_t ldy, const void* x, int N,
-                               GemmRunner& g, cudaStream_t s) {
-    const std::size_t es = dtype_size(act_);
-    const int64_t r = lora_.rank, in = lora_target_shape(config_, a.targets[0])[1], w = a.n * r;
-    const float scale = lora_.scale();
-    auto t_ = timer_.scope("lora gemm", s);
-    const char* u = static_cast<const char*>(saved(l, a.targets[0]));
-    char* gs = static_cast<char*>(buf_.dh);  // [N, G r]
-    for (int j = 0; j < a.n; ++j) {
-        const int i = layout_.index(l, a.targets[j]);
-        const int64_t out = lora_target_shape(config_, a.targets[j])[0];
-        const char* dyj = static_cast<const char*>(dy) + a.cols[j] * es;
-        gemm_bwd_input(g, act_, gs + j * r * es, w, dyj, ldy, B(l, a.targets[j]), r, N, r, out, scale, 0.0f,
-                       s);  // g_j = s dy_j B_j
-        gemm_bwd_weight(g, act_, buf_.grads + layout_.b_offset[i], dyj, ldy, u + j * r * es, w, N, r, out, scale,
-                        s);  // dB_j += s dy_j^T u_j
-    }
-    gemm_bwd_weight(g, act_, buf_.grads + layout_.a_offset[layout_.index(l, a.targets[0])], gs, w, x, in, N, in, w,
-                    1.0f, s);  // dA += g^T x
-}
-
-void LoraAdapters::begin_forward(int l, const LoraTarget* targets, const int64_t* cols, int n, const void* x, int N) {
-    if (!side_) return;
-    const Adapted a = adapted(l, targets, cols, n);
-    if (a.n == 0 || !grouped(l, a)) return;
-    CUDA_CHECK(cudaEventRecord(fork_, stream_));  // (x is ready on the compute stream)
-    CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
-    group_down(l, a, x, N, *side_gemm_, side_);
-    CUDA_CHECK(cudaEventRecord(joined_, side_));
-    pending_ = true;
-}
-
-void LoraAdapters::begin_backward(int l, const LoraTarget* targets, const int64_t* cols, int n, const void* dy,
-                                  int64_t ldy, const void* x, int N) {
-    if (!side_) return;
-    const Adapted a = adapted(l, targets, cols, n);
-    if (a.n == 0 || !grouped(l, a)) return;
-    CUDA_CHECK(cudaEventRecord(fork_, stream_));  // (dy is ready on the compute stream)
-    CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
-    group_grads(l, a, dy, ldy, x, N, *side_gemm_, side_);
-    CUDA_CHECK(cudaEventRecord(joined_, side_));
-    pending_ = true;
-}
-
-bool LoraAdapters::join_side() {
-    if (!pending_) return false;
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, joined_, 0));
-    pending_ = false;
-    return true;
-}
-
 void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
                                   const void* x, int N, bool training) {
     const Adapted a = adapted(l, targets, cols, n);
+    const LoraTarget* present = a.targets;  // (G of them, writing from columns at[j])
+    const int64_t* at = a.cols;
+    const int G = a.n;
     const std::size_t es = dtype_size(act_);
-    const bool joined = join_side();
-    if (!joined && !layout_.stacked(l, a.targets, a.n)) {
-        for (int j = 0; j < a.n; ++j) forward(l, a.targets[j], static_cast<char*>(y) + a.cols[j] * es, ldy, x, N, training);
+    if (!layout_.stacked(l, present, G)) {
+        for (int j = 0; j < G; ++j) forward(l, present[j], static_cast<char*>(y) + at[j] * es, ldy, x, N, training);
         return;
     }
-    if (!joined) group_down(l, a, x, N, gemm_, stream_);
-    const int64_t r = lora_.rank, w = a.n * r;
+    const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
     auto t_ = timer_.scope("lora gemm", stream_);
-    const char* u = static_cast<const char*>(saved(l, a.targets[0]));  // [N, G r]
-    for (int j = 0; j < a.n; ++j) {  // y_j += s u_j B_j^T
-        const int64_t out = lora_target_shape(config_, a.targets[j])[0];
-        gemm_fwd(gemm_, act_, static_cast<char*>(y) + a.cols[j] * es, ldy, u + j * r * es, w, B(l, a.targets[j]), r, N,
-                 r, out, lora_.scale(), 1.0f, stream_);
+    char* u = static_cast<char*>(saved(l, present[0]));  // [N, G r]: the G consecutive slots
+    gemm_fwd(gemm_, act_, u, w, x, in, A(l, present[0]), in, N, in, w, 1.0f, 0.0f, stream_);  // u = x [A..]^T
+    for (int j = 0; j < G; ++j) {  // y_j += s u_j B_j^T
+        const int64_t out = lora_target_shape(config_, present[j])[0];
+        gemm_fwd(gemm_, act_, static_cast<char*>(y) + at[j] * es, ldy, u + j * r * es, w, B(l, present[j]), r, N, r,
+                 out, lora_.scale(), 1.0f, stream_);
     }
 }
 
@@ -268,15 +195,30 @@ void LoraAdapters::backward_matrix(int l, const LoraTarget* targets, const int64
                                    const void* dy, int64_t ldy, const void* x, int N) {
     const Adapted a = adapted(l, targets, cols, n);
     const std::size_t es = dtype_size(act_);
-    const bool joined = join_side();
-    if (!joined && !layout_.stacked(l, a.targets, a.n)) {
-        for (int j = 0; j < a.n; ++j) backward(l, a.targets[j], dx, static_cast<const char*>(dy) + a.cols[j] * es, ldy, x, N);
+    const LoraTarget* present = a.targets;  // (G of them, reading dy from columns at[j])
+    const int64_t* at = a.cols;
+    const int G = a.n;
+    if (!layout_.stacked(l, present, G)) {
+        for (int j = 0; j < G; ++j) backward(l, present[j], dx, static_cast<const char*>(dy) + at[j] * es, ldy, x, N);
         return;
     }
-    if (!joined) group_grads(l, a, dy, ldy, x, N, gemm_, stream_);
-    const int64_t r = lora_.rank, in = lora_target_shape(config_, a.targets[0])[1], w = a.n * r;
+    const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
+    const float s = lora_.scale();
     auto t_ = timer_.scope("lora gemm", stream_);
-    gemm_bwd_input(gemm_, act_, dx, in, buf_.dh, w, A(l, a.targets[0]), in, N, in, w, 1.0f, 1.0f, stream_);  // dx += g [A..]
+    const char* u = static_cast<const char*>(saved(l, present[0]));
+    char* g = static_cast<char*>(buf_.dh);  // [N, G r]
+    for (int j = 0; j < G; ++j) {
+        const int i = layout_.index(l, present[j]);
+        const int64_t out = lora_target_shape(config_, present[j])[0];
+        const char* dyj = static_cast<const char*>(dy) + at[j] * es;
+        gemm_bwd_input(gemm_, act_, g + j * r * es, w, dyj, ldy, B(l, present[j]), r, N, r, out, s, 0.0f,
+                       stream_);                                                                 // g_j = s dy_j B_j
+        gemm_bwd_weight(gemm_, act_, buf_.grads + layout_.b_offset[i], dyj, ldy, u + j * r * es, w, N, r, out, s,
+                        stream_);                                                                // dB_j += s dy_j^T u_j
+    }
+    const int first = layout_.index(l, present[0]);
+    gemm_bwd_weight(gemm_, act_, buf_.grads + layout_.a_offset[first], g, w, x, in, N, in, w, 1.0f, stream_);  // dA += g^T x
+    gemm_bwd_input(gemm_, act_, dx, in, g, w, A(l, present[0]), in, N, in, w, 1.0f, 1.0f, stream_);  // dx += g [A..]
 }
 
 void LoraAdapters::end_pass() {

@@ -59,18 +59,6 @@ public:
     // (LoraLayout::stacked: q|k|v, gate|up, no dropout) x is read once: u = x [A_1; ..; A_G]^T is one
     // GEMM ([N, G r], the G saved slots), and so are dA += g^T x and dx += g [A_1; ..; A_G] with g the
     // [N, G r] of every target's s dy B; otherwise one target at a time.
-    // --lora-overlap-sms (overlapping()): begin_forward / begin_backward queue, on the adapters' own
-    // stream and GEMM runner, the GEMMs of one fused matrix's adapters that do not read the base's
-    // output — forward u = x [A..]^T; backward g = s dy B, dB += s dy^T u, dA += g^T x — right before
-    // the base's GEMM of that matrix goes on the compute stream (which the base GEMM shares with them
-    // by planning for base_sm_target() SMs); forward_matrix / backward_matrix then make the compute
-    // stream wait for them and queue the rest (y += s u B^T; dx += g [A..]). A matrix whose targets
-    // do not run stacked (lora_layout.h) stays on the compute stream. Otherwise begin_* do nothing.
-    bool overlapping() const { return side_ != nullptr; }
-    int base_sm_target() const { return base_sms_; }
-    void begin_forward(int l, const LoraTarget* targets, const int64_t* cols, int n, const void* x, int N);
-    void begin_backward(int l, const LoraTarget* targets, const int64_t* cols, int n, const void* dy, int64_t ldy,
-                        const void* x, int N);
     void forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
                         const void* x, int N, bool training);
     void backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx, const void* dy,
@@ -139,20 +127,6 @@ private:
         int n = 0;
     };
     Adapted adapted(int l, const LoraTarget* targets, const int64_t* cols, int n) const;
-    // Whether a's adapters run as one group (stacked, or a single target): what the overlap takes.
-    bool grouped(int l, const Adapted& a) const { return a.n == 1 || layout_.stacked(l, a.targets, a.n); }
-    // The group's GEMMs that do not read the base's output, with runner g on stream s: forward u (the
-    // group's saved slots, [N, G r]); backward g (buf_.dh, [N, G r]), each dB and the group's dA.
-    void group_down(int l, const Adapted& a, const void* x, int N, GemmRunner& g, cudaStream_t s);
-    void group_grads(int l, const Adapted& a, const void* dy, int64_t ldy, const void* x, int N, GemmRunner& g,
-                     cudaStream_t s);
-    // The compute stream waits for what begin_* queued on the side stream (false: nothing is pending).
-    bool join_side();
-    std::unique_ptr<GemmRunner> side_gemm_;  // --lora-overlap-sms: the side stream's GEMMs, own workspace
-    cudaStream_t side_ = nullptr;
-    cudaEvent_t fork_ = nullptr, joined_ = nullptr;
-    bool pending_ = false;                    // begin_* queued work forward_/backward_matrix has not joined
-    int base_sms_ = 0;                        // the SMs the base's GEMMs plan for (0: every SM)
     int64_t spec_index(const std::string& name) const;
     // the model-dtype A and B of (l, t), and the saved u
     const void* A(int l, LoraTarget t) const;
