@@ -511,6 +511,48 @@ TEST(Fp8Gemm, LinearBackwardWeightAccumulates) {
         }
 }
 
+// LoRA's adapters written first (lora_adapters.h, writes_whole): the frozen base's forward and
+// input-gradient GEMMs add their product onto the bf16 y / dx the adapters wrote (beta = 1, C = D bf16),
+// with a bias in the forward, with and without fast accumulation.
+TEST(Fp8Gemm, ForwardAndInputGradientAccumulateOntoABf16Output) {
+    QTRAIN_REQUIRE_GPU();
+    GemmRunner gemm;
+    ScaleSlots slots(2);
+    const std::vector<float> x = random_vector(kN * kIn, 650), w = random_vector(kOut * kIn, 651, 0.02f);
+    const std::vector<float> dy = random_vector(kN * kOut, 652, 1e-3f);
+    const std::vector<float> bias = round_bf16(random_vector(kOut, 653, 0.5f));
+    const std::vector<float> y0 = round_bf16(random_vector(kN * kOut, 654, 0.5f));
+    const std::vector<float> dx0 = round_bf16(random_vector(kN * kIn, 655, 1e-3f));
+    DeviceBuffer gbias(bias, DType::BF16);
+    for (bool fast : {false, true}) {
+        const std::string fwd = cat("forward y bf16 += x W^T + bias", fast ? ", fast accumulation" : "");
+        SCOPED_TRACE(fwd);
+        QuantOperand xq = quantise(x, kN, kIn, DType::E4M3, false, slots, 0);
+        QuantOperand wq = quantise(w, kOut, kIn, DType::E4M3, false, slots, 1);
+        DeviceBuffer gy(y0, DType::BF16);
+        gemm.linear_forward_fp8(gy.get(), DType::BF16, xq.q.get(), xq.type, slots[0], wq.q.get(), wq.type, slots[1],
+                                gbias.get(), kN, kIn, kOut, nullptr, 1.0f, fast);
+        sync_device();
+        std::vector<float> ref = y0;
+        fp8_gemm_reference(ref.data(), xq.host.data(), xq.type, xq.inv, wq.host.data(), wq.type, wq.inv, bias.data(),
+                           kN, kOut, kIn, 1.0f);
+        EXPECT_TRUE(Close(fwd, gy.download(), ref, 1e-2, kOut));
+
+        const std::string bwd = cat("input gradient dx bf16 += dy W", fast ? ", fast accumulation" : "");
+        SCOPED_TRACE(bwd);
+        QuantOperand dyq = quantise(dy, kN, kOut, DType::E5M2, false, slots, 0);
+        QuantOperand wtq = quantise(w, kOut, kIn, DType::E4M3, true, slots, 1);  // W^T: [in, out]
+        DeviceBuffer gdx(dx0, DType::BF16);
+        gemm.linear_backward_input_fp8(gdx.get(), DType::BF16, dyq.q.get(), dyq.type, slots[0], wtq.q.get(),
+                                       wtq.type, slots[1], kN, kIn, kOut, nullptr, 1.0f, fast);
+        sync_device();
+        std::vector<float> dref = dx0;
+        fp8_gemm_reference(dref.data(), dyq.host.data(), dyq.type, dyq.inv, wtq.host.data(), wtq.type, wtq.inv,
+                           nullptr, kN, kIn, kOut, 1.0f);
+        EXPECT_TRUE(Close(bwd, gdx.download(), dref, 1e-2, kIn));
+    }
+}
+
 TEST(Fp8Gemm, FastAccumulation) {
     QTRAIN_REQUIRE_GPU();
     GemmRunner gemm;

@@ -344,6 +344,17 @@ TEST_P(KernelTest, LinearForwardAndBackwardThroughCublasLt) {
     EXPECT_LT(rel_max_error(gy.download(), y), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdx.download(), dx), tol(1e-5, 8e-3));
     EXPECT_LT(rel_max_error(gdw.download(), dw), tol(1e-5, 1e-5));  // fp32 output, fp32 accumulation
+
+    // beta = 1 onto what LoRA's adapters wrote first (lora_adapters.h, writes_whole): y += x W^T + b, dx += dy W
+    auto y0 = in(random_vector(N * OC, 25)), dx0 = in(random_vector(N * IC, 26));
+    DeviceBuffer gy1(y0, act()), gdx1(dx0, act());
+    gemm.linear_forward(gy1.get(), act(), gx.get(), gw.get(), act(), gb.get(), N, IC, OC, nullptr, 1.0f);
+    gemm.linear_backward_input(gdx1.get(), act(), gdy.get(), gw.get(), act(), N, IC, OC, nullptr, 1.0f);
+    auto y1 = y0, dx1 = dx0;
+    for (std::size_t i = 0; i < y1.size(); ++i) y1[i] += y[i];
+    for (std::size_t i = 0; i < dx1.size(); ++i) dx1[i] += dx[i];
+    EXPECT_LT(rel_max_error(gy1.download(), y1), tol(1e-5, 8e-3));
+    EXPECT_LT(rel_max_error(gdx1.download(), dx1), tol(1e-5, 8e-3));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, KernelTest, ::testing::Values(DType::F32, DType::BF16),

@@ -25,12 +25,17 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
                            bool amax_ready) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
+    // LoRA: y += s drop(x) A^T B^T on each target's slice, after the base GEMM; or, where the adapters
+    // cover all of y without dropout, before it: they write y and the base GEMM adds onto it (beta = 1)
+    const bool first = lora_ && lora_writes_whole(l, m);
+    if (first) lora_fwd(l, m, y, x, N, out, true);
+    const float beta = first ? 1.0f : 0.0f;
     if (!fp8_) {
         {
             auto t_ = timer_.scope("gemm fwd", stream_);
-            gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_);
+            gemm_->linear_forward(y, A, x, weights_->at(off), A, bias, N, in, out, stream_, beta);
         }
-        if (lora_) lora_fwd(l, m, y, x, N, out);  // LoRA: y += s drop(x) A^T B^T on each target's slice
+        if (lora_ && !first) lora_fwd(l, m, y, x, N, out, false);
         return;
     }
     float* xa = fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActAmax, m));
@@ -46,25 +51,30 @@ void CudaModel::linear_fwd(int l, Matrix m, void* y, const void* x, const void* 
     {
         auto t_ = timer_.scope("gemm fwd", stream_);
         gemm_->linear_forward_fp8(y, A, buf_.xq, DType::E4M3, xi, weights_->q(off), DType::E4M3,
-                                  weights_->inv_scale(l, m), bias, N, in, out, stream_, 0.0f,
+                                  weights_->inv_scale(l, m), bias, N, in, out, stream_, beta,
                                   opt_.fp8_fast_accum != Fp8FastAccum::Off);
     }
     // LoRA on the FP8 base: the adapters read the unquantised x, in the model dtype
-    if (lora_) lora_fwd(l, m, y, x, N, out);
+    if (lora_ && !first) lora_fwd(l, m, y, x, N, out, false);
 }
 
 void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int in, int out,
                            bool amax_ready, bool dy_quantized) {
     const DType A = opt_.model_dtype;
     const int64_t off = matrix(l, m).offset;
+    // LoRA, a frozen base: no weight gradient; the adapters' gradients and their part of dx, after the
+    // base's input-gradient GEMM, or (covering all of dx, no dropout) before it, which then adds onto it
+    const bool first = lora_ && lora_writes_whole(l, m);
+    const float beta = first ? 1.0f : 0.0f;
     if (!fp8_grads_) {
         const void* w = weights_->at(off);
+        if (first) lora_bwd(l, m, dx, dy, x, N, out, true);
         {
             auto t_ = timer_.scope("gemm bwd dx", stream_);
-            gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_);
+            gemm_->linear_backward_input(dx, A, dy, w, A, N, in, out, stream_, beta);
         }
-        if (lora_) {  // a frozen base: no weight gradient; the adapters' gradients and input gradient
-            lora_bwd(l, m, dx, dy, x, N, out);
+        if (lora_) {
+            if (!first) lora_bwd(l, m, dx, dy, x, N, out, false);
             return;
         }
         float* dw = grads_->at(off);
@@ -97,16 +107,17 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
             xT = buf_.xTq;
         }
     }
+    if (first) lora_bwd(l, m, dx, dy, x, N, out, true);
     // W^T: kept, or for the FP8 base transposed now into its scratch (weights.h; timed apart from the GEMM)
     const void* wT = weights_->transposed(l, m);
     {
         auto t_ = timer_.scope("gemm bwd dx", stream_);
         gemm_->linear_backward_input_fp8(dx, A, buf_.dyq, gd, gi, wT,
                                          DType::E4M3, weights_->inv_scale(l, m), N, in, out,
-                                         stream_, 0.0f, opt_.fp8_fast_accum == Fp8FastAccum::All);
+                                         stream_, beta, opt_.fp8_fast_accum == Fp8FastAccum::All);
     }
     if (lora_) {
-        lora_bwd(l, m, dx, dy, x, N, out);
+        if (!first) lora_bwd(l, m, dx, dy, x, N, out, false);
         return;
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);
@@ -134,14 +145,19 @@ TargetSlices lora_slices(const ModelConfig& c, Matrix m) {
 }
 }  // namespace
 
-void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out) {
+bool CudaModel::lora_writes_whole(int l, Matrix m) const {
     const TargetSlices s = lora_slices(config_, m);
-    lora_->forward_matrix(l, s.targets.data(), s.cols.data(), s.n, y, out, x, N, lora_training_);
+    return lora_->writes_whole(l, s.targets.data(), s.n);
 }
 
-void CudaModel::lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out) {
+void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out, bool write) {
     const TargetSlices s = lora_slices(config_, m);
-    lora_->backward_matrix(l, s.targets.data(), s.cols.data(), s.n, dx, dy, out, x, N);
+    lora_->forward_matrix(l, s.targets.data(), s.cols.data(), s.n, y, out, x, N, lora_training_, write);
+}
+
+void CudaModel::lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out, bool write) {
+    const TargetSlices s = lora_slices(config_, m);
+    lora_->backward_matrix(l, s.targets.data(), s.cols.data(), s.n, dx, dy, out, x, N, write);
 }
 
 float* CudaModel::param_grad(int64_t off) const {

@@ -126,7 +126,10 @@ const void* LoraAdapters::dropped(int l, LoraTarget t, const void* x, int64_t n,
     return buf_.xd;
 }
 
-void LoraAdapters::forward(int l, LoraTarget t, void* y, int64_t ldy, const void* x, int N, bool training) {
+void LoraAdapters::forward(int l, LoraTarget t, void* y, int64_t ldy, const void* x, int N, bool training,
+                           bool write) {
+    QT_CHECK(!write || (has(l, t) && lora_.dropout <= 0.0f),
+             "GPU model: internal error (a LoRA forward asked to write y it does not cover)");
     if (!has(l, t)) return;
     const auto [out, in] = lora_target_shape(config_, t);
     const int64_t r = lora_.rank;
@@ -134,10 +137,14 @@ void LoraAdapters::forward(int l, LoraTarget t, void* y, int64_t ldy, const void
     auto t_ = timer_.scope("lora gemm", stream_);
     void* u = saved(l, t);
     gemm_fwd(gemm_, act_, u, r, xin, in, A(l, t), in, N, in, r, 1.0f, 0.0f, stream_);  // u = drop(x) A^T
-    gemm_fwd(gemm_, act_, y, ldy, u, r, B(l, t), r, N, r, out, lora_.scale(), 1.0f, stream_);  // y += s u B^T
+    gemm_fwd(gemm_, act_, y, ldy, u, r, B(l, t), r, N, r, out, lora_.scale(), write ? 0.0f : 1.0f,
+             stream_);  // y += s u B^T (write: y =)
 }
 
-void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N) {
+void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N,
+                            bool write) {
+    QT_CHECK(!write || (has(l, t) && lora_.dropout <= 0.0f),
+             "GPU model: internal error (a LoRA backward asked to write dx it does not cover)");
     if (!has(l, t)) return;
     const auto [out, in] = lora_target_shape(config_, t);
     const int64_t r = lora_.rank;
@@ -152,7 +159,8 @@ void LoraAdapters::backward(int l, LoraTarget t, void* dx, const void* dy, int64
     gemm_bwd_weight(gemm_, act_, dB, dy, ldy, saved(l, t), r, N, r, out, s, stream_);        // dB += s dy^T u
     gemm_bwd_weight(gemm_, act_, dA, buf_.dh, r, xin, in, N, in, r, 1.0f, stream_);          // dA += g^T drop(x)
     if (!dropping) {
-        gemm_bwd_input(gemm_, act_, dx, in, buf_.dh, r, A(l, t), in, N, in, r, 1.0f, 1.0f, stream_);  // dx += g A
+        gemm_bwd_input(gemm_, act_, dx, in, buf_.dh, r, A(l, t), in, N, in, r, 1.0f, write ? 0.0f : 1.0f,
+                       stream_);  // dx += g A (write: dx =)
         return;
     }
     // dx += mask * (g A): through the forward's mask (the base's path has none)
@@ -169,15 +177,25 @@ LoraAdapters::Adapted LoraAdapters::adapted(int l, const LoraTarget* targets, co
     return a;
 }
 
+bool LoraAdapters::writes_whole(int l, const LoraTarget* targets, int n) const {
+    if (lora_.dropout > 0.0f) return false;
+    for (int j = 0; j < n; ++j)
+        if (!has(l, targets[j])) return false;
+    return true;
+}
+
 void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
-                                  const void* x, int N, bool training) {
+                                  const void* x, int N, bool training, bool write) {
+    QT_CHECK(!write || writes_whole(l, targets, n),
+             "GPU model: internal error (LoRA adapters asked to write a matrix's output they do not cover)");
     const Adapted a = adapted(l, targets, cols, n);
     const LoraTarget* present = a.targets;  // (G of them, writing from columns at[j])
     const int64_t* at = a.cols;
     const int G = a.n;
     const std::size_t es = dtype_size(act_);
     if (!layout_.stacked(l, present, G)) {
-        for (int j = 0; j < G; ++j) forward(l, present[j], static_cast<char*>(y) + at[j] * es, ldy, x, N, training);
+        for (int j = 0; j < G; ++j)
+            forward(l, present[j], static_cast<char*>(y) + at[j] * es, ldy, x, N, training, write);
         return;
     }
     const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
@@ -187,19 +205,23 @@ void LoraAdapters::forward_matrix(int l, const LoraTarget* targets, const int64_
     for (int j = 0; j < G; ++j) {  // y_j += s u_j B_j^T
         const int64_t out = lora_target_shape(config_, present[j])[0];
         gemm_fwd(gemm_, act_, static_cast<char*>(y) + at[j] * es, ldy, u + j * r * es, w, B(l, present[j]), r, N, r,
-                 out, lora_.scale(), 1.0f, stream_);
+                 out, lora_.scale(), write ? 0.0f : 1.0f, stream_);
     }
 }
 
 void LoraAdapters::backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx,
-                                   const void* dy, int64_t ldy, const void* x, int N) {
+                                   const void* dy, int64_t ldy, const void* x, int N, bool write) {
+    QT_CHECK(!write || writes_whole(l, targets, n),
+             "GPU model: internal error (LoRA adapters asked to write an input gradient they do not cover)");
     const Adapted a = adapted(l, targets, cols, n);
     const std::size_t es = dtype_size(act_);
     const LoraTarget* present = a.targets;  // (G of them, reading dy from columns at[j])
     const int64_t* at = a.cols;
     const int G = a.n;
     if (!layout_.stacked(l, present, G)) {
-        for (int j = 0; j < G; ++j) backward(l, present[j], dx, static_cast<const char*>(dy) + at[j] * es, ldy, x, N);
+        // (every target adds to the one dx: with `write` the first writes it)
+        for (int j = 0; j < G; ++j)
+            backward(l, present[j], dx, static_cast<const char*>(dy) + at[j] * es, ldy, x, N, write && j == 0);
         return;
     }
     const int64_t r = lora_.rank, in = lora_target_shape(config_, present[0])[1], w = G * r;
@@ -218,7 +240,8 @@ void LoraAdapters::backward_matrix(int l, const LoraTarget* targets, const int64
     }
     const int first = layout_.index(l, present[0]);
     gemm_bwd_weight(gemm_, act_, buf_.grads + layout_.a_offset[first], g, w, x, in, N, in, w, 1.0f, stream_);  // dA += g^T x
-    gemm_bwd_input(gemm_, act_, dx, in, g, w, A(l, present[0]), in, N, in, w, 1.0f, 1.0f, stream_);  // dx += g [A..]
+    gemm_bwd_input(gemm_, act_, dx, in, g, w, A(l, present[0]), in, N, in, w, 1.0f, write ? 0.0f : 1.0f,
+                   stream_);  // dx += g [A..] (write: dx =)
 }
 
 void LoraAdapters::end_pass() {

@@ -49,20 +49,28 @@ public:
     bool has(int l, LoraTarget t) const { return layout_.has(l, t); }
 
     // y[N, out] (row stride ldy) += s drop(x) A^T B^T for layer l's target t (nothing without an adapter);
-    // x [N, in] contiguous. training: dropout acts (a training forward or its recompute).
-    void forward(int l, LoraTarget t, void* y, int64_t ldy, const void* x, int N, bool training);
+    // x [N, in] contiguous. training: dropout acts (a training forward or its recompute). `write`: y =
+    // instead of += (the base GEMM then accumulates onto it: writes_whole).
+    void forward(int l, LoraTarget t, void* y, int64_t ldy, const void* x, int N, bool training, bool write = false);
     // The adapter's gradients (fp32, accumulated) and dx[N, in] += its input gradient; dy [N, out]
-    // with row stride ldy; x as in the forward.
-    void backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N);
+    // with row stride ldy; x as in the forward. `write`: dx = (no dropout only).
+    void backward(int l, LoraTarget t, void* dx, const void* dy, int64_t ldy, const void* x, int N,
+                  bool write = false);
     // The same for every adapter of one fused matrix: targets[j] writes (reads) the columns from cols[j]
     // of y (dy), row stride ldy, all reading the one input x. Where the layout stacks them
     // (LoraLayout::stacked: q|k|v, gate|up, no dropout) x is read once: u = x [A_1; ..; A_G]^T is one
     // GEMM ([N, G r], the G saved slots), and so are dA += g^T x and dx += g [A_1; ..; A_G] with g the
     // [N, G r] of every target's s dy B; otherwise one target at a time.
+    // `write`: the adapters write y (dx) instead of adding to it, which writes_whole must allow.
     void forward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* y, int64_t ldy,
-                        const void* x, int N, bool training);
+                        const void* x, int N, bool training, bool write = false);
     void backward_matrix(int l, const LoraTarget* targets, const int64_t* cols, int n, void* dx, const void* dy,
-                         int64_t ldy, const void* x, int N);
+                         int64_t ldy, const void* x, int N, bool write = false);
+    // Whether the adapters of one fused matrix (targets as for forward_matrix) cover all of its output
+    // and input gradient, with no dropout: then they can run first and write y and dx, and the frozen
+    // base's GEMM accumulate onto them (beta = 1, read in its epilogue) instead of a thin GEMM reading and
+    // writing y / dx again after it (docs/perf-notes.md, session 23's lever 5).
+    bool writes_whole(int l, const LoraTarget* targets, int n) const;
     // A training pass has ended: the dropout masks move on (the device count and the host's, which a
     // checkpoint records). With W data-parallel ranks both move on by W: the host's counts the global
     // passes and rank r's device count is it + r, so rank r draws the masks of the global micro-batch
