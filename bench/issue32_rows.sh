@@ -48,6 +48,9 @@ for row in "$@"; do
         --attention=flash ;;
     seq16k)  # 0.5B FP8 at seq 16384 against HF + torch.compile (issue 32: >= 2.5x; 2.2x on 2026-12-03)
       SEQ=16384 GA=${GA:-1} q Qwen2.5-0.5B 2 1 $F8
+      # + the FP8 LM head (opt-in, numerics changed; docs/perf-notes.md session 23: the tied 151,936 x 896 head is
+      # ~15% of the step's flop at seq 16384, in bf16 until now)
+      SEQ=16384 GA=${GA:-1} q Qwen2.5-0.5B 2 1 $F8 --lm-head-dtype=e4m3
       (cd bench && timeout 400 python3 torch_baseline.py --model Qwen2.5-0.5B --batch 2 --seq-len 16384 --compile 2>&1 | tail -1) ;;
     *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-fp8 14b-bf16 14b-fp8 7b-best 14b-best 14b-best-bf16 14b-best-fp8 llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
        exit 2 ;;
