@@ -38,14 +38,12 @@ namespace {
 #include <unordered_map>
 #include <vector>
 
-#include <cudnn_frontend.h>
-
-#include "cuda/check.h"
+#include "cuda/cudnn_graph_util.h"
 
 namespace qtrain::detail {
 namespace {
 
-namespace fe = cudnn_frontend;
+using namespace cudnn;  // fe, check_fe, handles, Layout, input, build, workspace_of (cudnn_graph_util.h)
 
 // Tensor ids of the variant packs. The ragged graphs add a ragged-offset tensor per data tensor
 // (several of them point at the same device array) and the sequence lengths.
@@ -53,59 +51,6 @@ enum Uid : int64_t {
     kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV,
     kQOff, kKOff, kVOff, kOOff, kStatsOff, kdOOff, kdQOff, kdKOff, kdVOff, kSeqQ, kSeqKV
 };
-
-void check_fe(fe::error_t e, const char* what) {
-    QT_CHECK(e.is_good(), "cuDNN attention: ", what, " failed: ", e.get_message());
-}
-
-// False on a machine without a GPU (--plan-only there), with CUDA's sticky error state cleared.
-bool gpu_visible() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) return true;
-    cudaGetLastError();
-    return false;
-}
-
-int current_device() {
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    return dev;
-}
-
-// One handle per (thread, device): a cuDNN handle is bound to the device current at creation and
-// must not be used by two threads at once (threads mode runs one thread per GPU).
-cudnnHandle_t handle_for_current_device() {
-    struct Handles {
-        std::map<int, cudnnHandle_t> by_device;
-        ~Handles() {
-            for (auto& [dev, h] : by_device) cudnnDestroy(h);
-        }
-    };
-    thread_local Handles handles;
-    const int dev = current_device();
-    auto it = handles.by_device.find(dev);
-    if (it != handles.by_device.end()) return it->second;
-    cudnnHandle_t h = nullptr;
-    const cudnnStatus_t st = cudnnCreate(&h);
-    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnCreate failed on device ", dev, ": ",
-             cudnnGetErrorString(st));
-    handles.by_device.emplace(dev, h);
-    return h;
-}
-
-// Packed layouts of attention.h as cuDNN's [batch, head, seq, dim] tensors.
-struct Layout {
-    int64_t B, T, Hq, Hkv, D, C;  // C: elements per qkv row, (Hq + 2*Hkv) * D
-    explicit Layout(const AttentionShape& s)
-        : B(s.B), T(s.T), Hq(s.Hq), Hkv(s.Hkv), D(s.D), C(static_cast<int64_t>(s.Hq + 2 * s.Hkv) * s.D) {}
-    std::vector<int64_t> qkv_stride() const { return {T * C, D, C, 1}; }     // q, k, v, dq, dk, dv
-    std::vector<int64_t> out_stride() const { return {T * Hq * D, D, Hq * D, 1}; }  // out, dout
-};
-
-std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, int64_t uid,
-                                                   std::vector<int64_t> dim, std::vector<int64_t> stride) {
-    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
-}
 
 // q, k and v: strided views of the packed qkv rows (pointers offset in the variant pack).
 std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 3> qkv_inputs(fe::graph::Graph& g, const Layout& L) {
@@ -120,14 +65,6 @@ std::unique_ptr<fe::graph::Graph> new_graph() {
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     return g;
-}
-
-void build(fe::graph::Graph& g, cudnnHandle_t h, const char* what) {
-    check_fe(g.validate(), what);
-    check_fe(g.build_operation_graph(h), what);
-    check_fe(g.create_execution_plans({fe::HeurMode_t::A}), what);
-    check_fe(g.check_support(h), what);
-    check_fe(g.build_plans(h), what);
 }
 
 std::unique_ptr<fe::graph::Graph> build_forward(const AttentionShape& s, cudnnHandle_t h) {
@@ -327,12 +264,6 @@ const fe::graph::Graph& graph_for(Pass pass, const AttentionShape& s, cudnnHandl
     return *g;
 }
 
-int64_t workspace_of(const fe::graph::Graph& g) {
-    int64_t bytes = 0;
-    check_fe(g.get_workspace_size(bytes), "querying the workspace size");
-    return bytes;
-}
-
 // q, k and v start at column 0, Hq*D and (Hq+Hkv)*D of each packed row.
 template <class P>
 P offset(P base, int64_t elements) {
@@ -356,12 +287,7 @@ void execute(Pass pass, const AttentionShape& s, std::unordered_map<int64_t, voi
                        : pass == Pass::RaggedForward  ? "the ragged (document-masked) forward"
                                                       : "the ragged (document-masked) backward";
     cudnnHandle_t h = handle_for_current_device();
-    const fe::graph::Graph& g = graph_for(pass, s, h);
-    QT_CHECK(workspace != nullptr || workspace_of(g) == 0, "cuDNN attention: ", what, " needs ", workspace_of(g),
-             " bytes of workspace and got none");
-    const cudnnStatus_t st = cudnnSetStream(h, stream);
-    QT_CHECK(st == CUDNN_STATUS_SUCCESS, "cuDNN attention: cudnnSetStream failed: ", cudnnGetErrorString(st));
-    check_fe(g.execute(h, pack, workspace), what);
+    cudnn::execute(graph_for(pass, s, h), h, pack, workspace, stream, what);
 }
 
 }  // namespace
