@@ -52,16 +52,21 @@ using qtrain::AttentionBackend;
 using qtrain::AttentionShape;
 using qtrain::DType;
 
+// Element i's uniform value in [-2, 2) (a hash of i and the seed).
+__device__ float uniform_pm2(size_t i, uint32_t seed) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    return (h >> 8) * (4.0f / 16777216.0f) - 2.0f;
+}
+
 __global__ void fill_uniform(void* dst, size_t n, bool bf16, uint32_t seed) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-        h ^= h >> 16;
-        h *= 0x7feb352du;
-        h ^= h >> 15;
-        h *= 0x846ca68bu;
-        h ^= h >> 16;
-        const float x = (h >> 8) * (4.0f / 16777216.0f) - 2.0f;
+        const float x = uniform_pm2(i, seed);
         if (bf16)
             static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16(x);
         else
@@ -73,12 +78,7 @@ __global__ void fill_uniform(void* dst, size_t n, bool bf16, uint32_t seed) {
 __global__ void fill_uniform_fp8(uint8_t* dst, size_t n, bool e5m2, uint32_t seed) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-        h ^= h >> 16;
-        h *= 0x7feb352du;
-        h ^= h >> 15;
-        const float x = (h >> 8) * (4.0f / 16777216.0f) - 2.0f;
-        dst[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+        dst[i] = __nv_cvt_float_to_fp8(uniform_pm2(i, seed), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
     }
 }
 

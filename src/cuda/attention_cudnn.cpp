@@ -59,13 +59,7 @@ std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 3> qkv_inputs(fe::grap
             input(g, "v", kV, {L.B, L.Hkv, L.T, L.D}, L.qkv_stride())};
 }
 
-std::unique_ptr<fe::graph::Graph> new_graph() {
-    auto g = std::make_unique<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    return g;
-}
+std::unique_ptr<fe::graph::Graph> new_graph() { return cudnn::new_graph(fe::DataType_t::BFLOAT16); }
 
 std::unique_ptr<fe::graph::Graph> build_forward(const AttentionShape& s, cudnnHandle_t h) {
     const Layout L(s);

@@ -34,13 +34,7 @@ fe::DataType_t fe_type(DType t) {
     return t == DType::E4M3 ? fe::DataType_t::FP8_E4M3 : fe::DataType_t::FP8_E5M2;
 }
 
-std::unique_ptr<fe::graph::Graph> new_fp8_graph() {
-    auto g = std::make_unique<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::FP8_E4M3)
-        .set_intermediate_data_type(fe::DataType_t::FLOAT)
-        .set_compute_data_type(fe::DataType_t::FLOAT);
-    return g;
-}
+std::unique_ptr<fe::graph::Graph> new_fp8_graph() { return new_graph(fe::DataType_t::FP8_E4M3); }
 
 // One fp32 scalar in device memory (a scale, a descale or an amax).
 std::shared_ptr<fe::graph::Tensor_attributes> scalar(fe::graph::Graph& g, const char* name, int64_t uid) {

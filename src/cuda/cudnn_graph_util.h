@@ -75,6 +75,14 @@ struct Layout {
     std::vector<int64_t> stats_stride() const { return {Hq * T, T, 1, 1}; }
 };
 
+// A graph with inputs and outputs of type `io` (bf16, or FP8 e4m3), fp32 inside.
+inline std::unique_ptr<fe::graph::Graph> new_graph(fe::DataType_t io) {
+    auto g = std::make_unique<fe::graph::Graph>();
+    g->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+        fe::DataType_t::FLOAT);
+    return g;
+}
+
 inline std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, int64_t uid,
                                                           std::vector<int64_t> dim, std::vector<int64_t> stride) {
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
