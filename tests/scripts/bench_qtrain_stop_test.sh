@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# ctest BenchQtrainStops: bench/bench_qtrain.sh against a stand-in `train` that logs steps and then keeps
+# running (as a real one does while it exports the HF model): by default the bench stops it after the
+# timed steps and prints its JSON line; a `timeout` around the bench leaves no train behind (a survivor
+# held the H200's memory in session 23); STOP_AFTER= (empty) waits for train to end by itself.
+#   tests/scripts/bench_qtrain_stop_test.sh SOURCE_DIR
+set -euo pipefail
+src="${1:?usage: bench_qtrain_stop_test.sh SOURCE_DIR}"
+tmp="$(mktemp -d)"
+trap 'pkill -f "$tmp/bin/train" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+mkdir -p "$tmp/bin" "$tmp/work"
+# the stand-in: one step line a second; then it "exports" for $LINGER seconds
+cat > "$tmp/bin/train" <<'SH'
+#!/usr/bin/env bash
+for a in "$@"; do case $a in --log-file=*) log=${a#--log-file=} ;; --steps=*) steps=${a#--steps=} ;; esac; done
+echo '{"log": "allocator", "stats": [{"device": 1073741824}]}' > "$log"
+echo '{"log": "sol", "flops_per_token": 1000}' >> "$log"
+for ((i = 1; i <= steps; ++i)); do
+  sleep 0.3
+  echo '{"log": "step", "step_tokens": 1000, "duration_ms": 10, "loss": 1.5}' >> "$log"
+done
+sleep "${LINGER:-60}"
+SH
+chmod +x "$tmp/bin/train"
+: > "$tmp/tokens.bin"
+run() { BUILD_DIR="$tmp/bin" BENCH_DIR="$tmp/work" TOKENS="$tmp/tokens.bin" SKIP=0 "$@"; }
+alive() { pgrep -f "$tmp/bin/train" >/dev/null; }
+
+# 1. the default: stopped after STEPS steps, JSON printed, exit 0, nothing left running
+start=$(date +%s)
+out=$(run env STEPS=3 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "default run exited $?"
+[ $(( $(date +%s) - start )) -lt 30 ] || fail "the bench waited for train's export"
+echo "$out" | grep -q '"tokens_per_s": 100000' || fail "no JSON line with the steps' rate: $out"
+sleep 0.5
+alive && fail "train still running after the bench returned"
+
+# 2. a timeout around the bench takes train with it
+set +e
+run env STEPS=100 timeout 2 "$src/bench/bench_qtrain.sh" M 1 >/dev/null 2>&1
+rc=$?
+set -e
+[ $rc -eq 124 ] || fail "timeout gave exit $rc, expected 124"
+sleep 0.5
+alive && fail "train survived the timeout around the bench"
+
+# 3. STOP_AFTER= (empty): the bench waits for train to end by itself
+out=$(run env STEPS=2 STOP_AFTER= LINGER=1 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "run to the end exited $?"
+echo "$out" | grep -q '"tokens_per_s"' || fail "no JSON line after a run to the end: $out"
+echo "bench_qtrain.sh stops, times out and runs to the end as documented"
