@@ -60,8 +60,9 @@ struct CopyEngineState;  // copy_engine_communicator.cpp
 class CopyEngineCommunicator final : public Communicator {
 public:
     // Rank `rank` of `world`, on CUDA device `device` (which must exist). Creates its events on that
-    // device, which `world` keeps until it is destroyed; `world` must outlive it. Any thread may construct it; its collectives may be called
-    // from any thread (one at a time), whichever device that thread has current.
+    // device, which `world` keeps until it is destroyed; `world` must outlive it. Any thread may
+    // construct it; its collectives may be called from any thread (one at a time), whichever device
+    // that thread has current.
     CopyEngineCommunicator(ThreadWorld& world, int rank, int device);
     ~CopyEngineCommunicator() override;
 

@@ -173,10 +173,9 @@ private:
                     bool amax_ready = false, bool dy_quantized = false);
     // LoRA: the adapters of matrix m's targets (q, k, v of q|k|v; gate, up of gate|up; o; down), each on
     // its column slice of the fused output y / gradient dy (row stride `out`), called by linear_fwd /
-    // linear_bwd right after the base GEMMs, or, where they cover all of y and dx without dropout
-    // (lora_writes_whole), right before them, and the base GEMMs accumulate onto what they wrote (beta = 1).
+    // linear_bwd right after the base GEMMs, or, with `write`, right before them where they cover all of y
+    // and dx without dropout (lora_writes_whole): they write y (dx) and the base GEMM adds onto it (beta = 1).
     // training: dropout acts (lora_training_).
-    // `write`: the adapters write y (dx) and the base GEMM, run after them, adds onto it (lora_writes_whole)
     void lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out, bool write);
     void lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out, bool write);
     bool lora_writes_whole(int l, Matrix m) const;
