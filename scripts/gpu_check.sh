@@ -75,7 +75,8 @@ for phase in $PHASES; do
         echo -n "$cfg: "; STEPS=40 SKIP=28 timeout 200 bench/bench_qtrain.sh $cfg 2>&1 | tail -1
         grep -h "GEMM autotune" /tmp/qtrain-bench/train.out || true
       done
-      timeout 60 $B/gemm_algo_bench 0.5b 16384 16 | tail -3 ;;
+      timeout 120 $B/step_floor_bench --model=Qwen2.5-0.5B --from-scratch --batch-size=16 --seq-len=1024 $F8 \
+        --fp8-fast-accum=all | tail -4 ;;
     aboptim)  # zero-copy vs double-buffered optimizer, 7B streamed under 24 GiB (~6 min)
       STEPS=5 TIMEOUT=200 bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4
       STEPS=5 TIMEOUT=200 EXTRA=--offload-double-buffer bench/rehearse_24gb.sh 7b-fp8-stream-bf16master 2>&1 | tail -4 ;;

@@ -1,0 +1,236 @@
+// The measured floor of one training command's GEMMs and attention on this GPU (issue 32's per-op
+// accounting): takes `train`'s own flags, lists the micro-batch's GEMMs as the GPU model runs them
+// (model/cuda/step_gemms.h: each matrix's forward, recompute, dx and dW, the LM head by chunks, in the
+// dtypes, fast accumulation and beta the flags give) and times each shape alone with the model's own
+// GemmRunner, twice: cuBLASLt's first heuristic choice (what a run without --gemm-autotune uses) and the
+// fastest of its candidates (--gemm-autotune's choice: the floor). Then the attention forward and
+// backward at the micro-batch's shape with the backend the model would choose (+ the forward again
+// when the recompute re-runs it), and the device-to-device copy rate (the floor of the elementwise
+// ops, which `QTRAIN_TIME_BREAKDOWN=1` times in the step). What is not here: LoRA's adapters
+// (bench/lora_overlap_bench), norms, SwiGLU, RoPE, quantisation, the optimizer, copies to and from
+// the host.
+//
+// usage: step_floor_bench TRAIN_FLAGS...   e.g.
+//   step_floor_bench --model=Qwen2.5-7B --from-scratch --batch-size=4 --seq-len=1024 --model-dtype=bf16 \
+//       --lmhead-chunks=2 --attn-bwd-chunks=2
+// (the flags of bench/bench_qtrain.sh's command; --train-file is not needed). One line per GEMM shape,
+// totals per micro-batch, and a last line of JSON. Operands hold small constant values: only time counts.
+// --list (first argument): print the GEMM list and its flop without timing anything (no GPU needed).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench_check.h"
+#include "core/dtype.h"
+#include "cuda/attention.h"
+#include "cuda/gemm.h"
+#include "model/cuda/attention_choice.h"
+#include "model/cuda/gpu_buffers.h"
+#include "model/cuda/step_gemms.h"
+#include "model/model_config.h"
+#include "train/model_source.h"
+#include "train/train_options.h"
+
+using namespace qtrain;
+
+namespace {
+
+void* device_bytes(std::size_t n) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, std::max<std::size_t>(n, 256)));
+    CK(cudaMemset(p, 0x3c, std::max<std::size_t>(n, 256)));  // bf16 ~0.011, e4m3 1.5, e5m2 1.0, fp32 ~0.012
+    return p;
+}
+
+// Milliseconds per call of f: `warm` untimed calls, then `reps` timed back to back on `s`.
+template <class F>
+double time_calls(F&& f, cudaStream_t s, int warm, int reps) {
+    for (int i = 0; i < warm; ++i) f();
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, s));
+    for (int i = 0; i < reps; ++i) f();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ms / reps;
+}
+
+struct Operands {
+    void *w, *act, *act2, *out, *bias;
+    float* scale;
+};
+
+// One call of g as CudaModel makes it (cuda_model_linear.cpp, cuda_model_step.cpp).
+void run_gemm(GemmRunner& r, const StepGemm& g, const Operands& p, cudaStream_t s) {
+    const DType A = g.dtype;
+    const void* bias = g.bias ? p.bias : nullptr;
+    switch (g.pass) {
+        case GemmPass::Forward:
+        case GemmPass::Recompute:
+            if (g.fp8)
+                r.linear_forward_fp8(p.out, A, p.act, DType::E4M3, p.scale, p.w, DType::E4M3, p.scale, bias, g.tokens,
+                                     g.in, g.out, s, g.beta, g.fast_accum);
+            else
+                r.linear_forward(p.out, A, p.act, p.w, A, bias, g.tokens, g.in, g.out, s, g.beta);
+            return;
+        case GemmPass::InputGrad:
+            if (g.fp8)
+                r.linear_backward_input_fp8(p.out, A, p.act, g.grad_dtype, p.scale, p.w, DType::E4M3, p.scale, g.tokens,
+                                            g.in, g.out, s, g.beta, g.fast_accum);
+            else
+                r.linear_backward_input(p.out, A, p.act, p.w, A, g.tokens, g.in, g.out, s, g.beta);
+            return;
+        case GemmPass::WeightGrad:
+            if (g.fp8)
+                r.linear_backward_weight_fp8(p.out, DType::F32, p.act, g.grad_dtype, p.scale, p.act2, DType::E4M3,
+                                             p.scale, g.tokens, g.in, g.out, true, s, g.fast_accum);
+            else
+                r.linear_backward_weight(p.out, DType::F32, p.act, p.act2, A, g.tokens, g.in, g.out, true, s);
+            return;
+    }
+}
+
+int run(int argc, char** argv) {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    const bool list_only = !args.empty() && args[0] == "--list";
+    if (list_only) args.erase(args.begin());
+    if (std::find(args.begin(), args.end(), "--train-file") == args.end()) args.push_back("--train-file=unused.bin");
+    const TrainOptions topt = train_options_from_args(args);
+    const ModelConfig c = resolve_model_source(topt).config;
+    const ModelOptions o = topt.model_options("cuda");
+    const int B = o.batch_size, T = o.seq_len;
+    const int64_t N = static_cast<int64_t>(B) * T;
+    const std::vector<StepGemm> gemms = step_gemms(c, o);
+    if (list_only) {
+        for (const StepGemm& g : gemms)
+            std::printf("%-20s %6lld %6lld %6lld %5d %s%s%s\n", g.name.c_str(), static_cast<long long>(g.tokens),
+                        static_cast<long long>(g.in), static_cast<long long>(g.out), g.calls,
+                        g.fp8 ? "fp8" : std::string(dtype_name(g.dtype)).c_str(), g.fast_accum ? " fast" : "",
+                        g.beta != 0.0f ? " beta1" : "");
+        std::printf("%.4g flop per micro-batch of %lld tokens (%.4g a token)\n", total_flop(gemms),
+                    static_cast<long long>(N), total_flop(gemms) / N);
+        return 0;
+    }
+
+    std::size_t w_bytes = 0, act_bytes = 0, out_bytes = 0, bias_bytes = 0;
+    for (const StepGemm& g : gemms) {
+        const std::size_t es = dtype_size(g.dtype);
+        w_bytes = std::max<std::size_t>(w_bytes, g.in * g.out * es);
+        act_bytes = std::max<std::size_t>(act_bytes, g.tokens * std::max(g.in, g.out) * es);
+        out_bytes = std::max<std::size_t>(out_bytes, std::max<std::size_t>(g.tokens * std::max(g.in, g.out) * es, g.in * g.out * 4));
+        bias_bytes = std::max<std::size_t>(bias_bytes, g.out * 4);
+    }
+    Operands p{device_bytes(w_bytes), device_bytes(act_bytes), device_bytes(act_bytes), device_bytes(out_bytes),
+               device_bytes(bias_bytes), nullptr};
+    const float one = 1.0f;
+    CK(cudaMalloc(&p.scale, 16));
+    CK(cudaMemcpy(p.scale, &one, sizeof one, cudaMemcpyHostToDevice));
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+
+    GemmRunner heuristic(kGemmWorkspaceBytes, false), tuned(kGemmWorkspaceBytes, true);
+    std::printf("%s on %s, micro-batch %d x %d = %lld tokens; ms per call (the mean of back-to-back calls)\n",
+                c.architecture.c_str(), prop.name, B, T, static_cast<long long>(N));
+    std::printf("%-20s %6s %6s %6s %5s %-14s | %9s %7s | %9s %7s | %9s\n", "gemm", "tokens", "in", "out", "calls",
+                "operands", "heuristic", "TF/s", "best", "TF/s", "ms/mb");
+    double heur_total = 0, best_total = 0, flop_total = 0;
+    for (const StepGemm& g : gemms) {
+        const double flop1 = 2.0 * g.tokens * g.in * g.out;
+        const int reps = std::clamp(static_cast<int>(2e13 / flop1), 5, 200);
+        auto call_h = [&] { run_gemm(heuristic, g, p, s); };
+        auto call_t = [&] { run_gemm(tuned, g, p, s); };
+        const double h_ms = time_calls(call_h, s, 2, reps);
+        // the tuned runner tries its candidates on its first calls (cuda/gemm.h), then keeps the fastest
+        const int trials = GemmRunner::kAutotuneCandidates * (GemmRunner::kAutotuneSamples + 1) + 2;
+        const double t_ms = time_calls(call_t, s, trials, reps);
+        const DType second = g.pass == GemmPass::Forward || g.pass == GemmPass::Recompute ? DType::E4M3 : g.grad_dtype;
+        const std::string ops = g.fp8 ? "e4m3 x " + std::string(dtype_name(second)) + (g.fast_accum ? " fast" : "")
+                                      : std::string(dtype_name(g.dtype));
+        std::printf("%-20s %6lld %6lld %6lld %5d %-14s | %9.4f %7.1f | %9.4f %7.1f | %9.3f%s\n", g.name.c_str(),
+                    static_cast<long long>(g.tokens), static_cast<long long>(g.in), static_cast<long long>(g.out),
+                    g.calls, ops.c_str(), h_ms, flop1 / (h_ms * 1e9), t_ms, flop1 / (t_ms * 1e9), t_ms * g.calls,
+                    g.beta != 0.0f ? "  (beta 1)" : "");
+        heur_total += h_ms * g.calls;
+        best_total += t_ms * g.calls;
+        flop_total += g.flop();
+    }
+    const GemmTuningStats st = tuned.tuning_stats();
+    std::printf("GEMMs per micro-batch: %.2f ms with the heuristic's choice, %.2f ms with the best of %d candidates "
+                "(%.1f TFLOP/s over %.3g flop; %d shapes tuned, %d still exploring)\n",
+                heur_total, best_total, GemmRunner::kAutotuneCandidates, flop_total / (best_total * 1e9), flop_total,
+                st.shapes_tuned, st.shapes_exploring);
+
+    // attention: the backend and shape the model would use (not with document masking: its kernels
+    // depend on the documents)
+    double att_fwd = 0, att_bwd = 0;
+    int att_fwd_calls = 1;
+    const bool recompute_att = o.recompute_att || o.recompute_block;
+    if (recompute_att) att_fwd_calls = 2;
+    const AttentionBackend backend = choose_attention_backend(c, o);
+    const AttentionShape as = attention_shape(c, o, B, T, backend);
+    {
+        const DType A = o.model_dtype;
+        const std::size_t es = dtype_size(A);
+        const std::size_t qkv_n = static_cast<std::size_t>(N) * (as.Hq + 2 * as.Hkv) * as.D;
+        const std::size_t out_n = static_cast<std::size_t>(N) * as.Hq * as.D;
+        void* qkv = device_bytes(qkv_n * es);
+        void* dqkv = device_bytes(qkv_n * es);
+        void* out = device_bytes(out_n * es);
+        void* dout = device_bytes(out_n * es);
+        float* lse = static_cast<float*>(device_bytes(static_cast<std::size_t>(B) * as.Hq * T * 4));
+        const std::size_t ws_bytes = attention_backward_workspace_bytes(A, as, o.attn_bwd_chunks, backend);
+        void* ws = ws_bytes ? device_bytes(ws_bytes) : nullptr;
+        att_fwd = time_calls([&] { attention_forward(A, out, lse, qkv, as, s, nullptr, backend, ws); }, s, 2, 10);
+        att_bwd = time_calls(
+            [&] { attention_backward(A, dqkv, dout, qkv, out, lse, ws, as, s, o.attn_bwd_chunks, backend); }, s, 2, 10);
+        for (void* q : {qkv, dqkv, out, dout, static_cast<void*>(lse), ws})
+            if (q) CK(cudaFree(q));
+    }
+    const double att_flop = 4.0 * B * as.Hq * static_cast<double>(T) * T * as.D / 2 * (att_fwd_calls + 2.5);
+    std::printf("attention (%s, B %d T %d Hq %d Hkv %d D %d, backward in %d chunks): forward %.3f ms (x%d), backward "
+                "%.3f ms: %.2f ms per micro-batch over %d layers (%.1f TFLOP/s, causal flop counted as SDPA does)\n",
+                backend == AttentionBackend::Cudnn ? "cudnn" : "flash", B, T, as.Hq, as.Hkv, as.D, o.attn_bwd_chunks,
+                att_fwd, att_fwd_calls, att_bwd, (att_fwd * att_fwd_calls + att_bwd) * c.num_hidden_layers,
+                c.num_hidden_layers, att_flop / ((att_fwd * att_fwd_calls + att_bwd) * 1e9));
+    const double att_total = (att_fwd * att_fwd_calls + att_bwd) * c.num_hidden_layers;
+
+    // the copy rate: the elementwise ops' floor (bytes read + written)
+    const std::size_t copy_bytes = std::size_t{1} << 30;
+    void* src = device_bytes(copy_bytes);
+    void* dst = device_bytes(copy_bytes);
+    const double copy_ms =
+        time_calls([&] { CK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s)); }, s, 2, 10);
+    const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e9);
+    std::printf("device copy: %.2f TB/s (read + write)\n", copy_tbs);
+
+    const double floor_ms = best_total + att_total;
+    std::printf("floor of GEMMs + attention: %.2f ms per micro-batch of %lld tokens = at most %.0f tokens/s "
+                "(before norms, SwiGLU, RoPE, quantisation, the optimizer and host copies)\n",
+                floor_ms, static_cast<long long>(N), N / (floor_ms * 1e-3));
+    std::printf("{\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"gemm_ms_heuristic\": %.3f, \"gemm_ms_best\": %.3f, "
+                "\"attention_ms\": %.3f, \"copy_tb_s\": %.3f, \"floor_tokens_per_s\": %.0f}\n",
+                topt.model.c_str(), B, T, heur_total, best_total, att_total, copy_tbs, N / (floor_ms * 1e-3));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "step_floor_bench: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,186 @@
+// The list of a micro-batch's GEMMs (src/model/cuda/step_gemms.h) that bench/step_floor_bench times:
+// its flop against the speed-of-light count the [T] line uses (train/sol.h), what LoRA, recompute,
+// LM-head chunks and the FP8 flags change in it. CUDA-free: runs on any machine.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "model/cuda/step_gemms.h"
+#include "model/lora.h"
+#include "model/model_config.h"
+#include "model/model_options.h"
+#include "train/sol.h"
+
+using namespace qtrain;
+
+namespace {
+
+ModelOptions micro_batch(int B, int T) {
+    ModelOptions o;
+    o.batch_size = B;
+    o.seq_len = T;
+    return o;
+}
+
+std::map<std::string, StepGemm> by_name(const std::vector<StepGemm>& list) {
+    std::map<std::string, StepGemm> m;
+    for (const StepGemm& g : list) EXPECT_TRUE(m.emplace(g.name, g).second) << g.name << " twice";
+    return m;
+}
+
+// 6 x (every matmul parameter, the LM head included) per token: sol.h's count without its attention term
+double sol_matmul_flop(const ModelConfig& c, int B, int T) {
+    const double attention = 6.0 * c.num_hidden_layers * T * c.q_dim();
+    return (training_flops_per_token(c, T) - attention) * B * T;
+}
+
+}  // namespace
+
+TEST(StepGemms, FullModelIsSixFlopPerMatmulParameterAndToken) {
+    for (const char* name : {"Qwen2.5-7B", "Qwen2.5-0.5B", "Qwen3-8B", "Llama-3.2-1B"}) {
+        const ModelConfig c = preset_config(name);
+        const std::vector<StepGemm> list = step_gemms(c, micro_batch(3, 512));
+        EXPECT_EQ(list.size(), 15u) << name;  // 4 matrices x (fwd, dx, dw) + the head's three
+        EXPECT_NEAR(total_flop(list) / sol_matmul_flop(c, 3, 512), 1.0, 1e-12) << name;
+        for (const StepGemm& g : list) {
+            EXPECT_EQ(g.tokens, 3 * 512) << g.name;
+            EXPECT_EQ(g.calls, g.name.find("lm head") == std::string::npos ? c.num_hidden_layers : 1) << g.name;
+            EXPECT_FALSE(g.fp8) << g.name;
+            EXPECT_EQ(g.beta, g.pass == GemmPass::WeightGrad ? 1.0f : 0.0f) << g.name;
+        }
+    }
+}
+
+TEST(StepGemms, ShapesAreTheLayerMatricesAndTheHead) {
+    const ModelConfig c = preset_config("Qwen2.5-7B");  // h 3584, 28 q heads and 4 kv heads of 128, I 18944
+    const auto m = by_name(step_gemms(c, micro_batch(4, 1024)));
+    EXPECT_EQ(m.at("fwd qkv").in, 3584);
+    EXPECT_EQ(m.at("fwd qkv").out, 3584 + 2 * 512);
+    EXPECT_TRUE(m.at("fwd qkv").bias);  // Qwen2's q|k|v bias
+    EXPECT_FALSE(m.at("fwd o").bias);
+    EXPECT_EQ(m.at("dx gate|up").out, 2 * 18944);
+    EXPECT_EQ(m.at("dw down").in, 18944);
+    EXPECT_EQ(m.at("fwd lm head").out, 152064);
+    EXPECT_EQ(m.at("fwd lm head").in, 3584);
+}
+
+TEST(StepGemms, LoraHasNoWeightGradientAndItsBaseAccumulatesOntoTheAdapters) {
+    ModelConfig c = preset_config("Qwen2.5-7B");
+    ModelOptions o = micro_batch(12, 2048);
+    o.lora.rank = 16;
+    auto m = by_name(step_gemms(c, o));
+    EXPECT_EQ(m.size(), 10u);  // fwd and dx of the four matrices and the frozen head
+    for (const auto& [name, g] : m) EXPECT_NE(g.pass, GemmPass::WeightGrad) << name;
+    EXPECT_NEAR(total_flop(step_gemms(c, o)) / sol_matmul_flop(c, 12, 2048), 4.0 / 6.0, 1e-12);
+    // every target, no dropout: the adapters write y and dx first (lever 5), the base adds (beta 1);
+    // not in the forward of a matrix with a bias (Qwen2's q|k|v), nor in the frozen head
+    EXPECT_EQ(m.at("fwd qkv").beta, 0.0f);
+    EXPECT_EQ(m.at("dx qkv").beta, 1.0f);
+    for (const char* n : {"fwd o", "dx o", "fwd gate|up", "dx gate|up", "fwd down", "dx down"})
+        EXPECT_EQ(m.at(n).beta, 1.0f) << n;
+    EXPECT_EQ(m.at("fwd lm head").beta, 0.0f);
+    EXPECT_EQ(m.at("dx lm head").beta, 0.0f);
+
+    c = preset_config("Qwen3-8B");  // no q|k|v bias: its forward accumulates too
+    EXPECT_EQ(by_name(step_gemms(c, o)).at("fwd qkv").beta, 1.0f);
+
+    o.lora.targets = parse_lora_targets("q,v,gate,up,down", "--lora-targets");  // k and o without adapters
+    m = by_name(step_gemms(c, o));
+    EXPECT_EQ(m.at("fwd qkv").beta, 0.0f);
+    EXPECT_EQ(m.at("dx qkv").beta, 0.0f);
+    EXPECT_EQ(m.at("dx o").beta, 0.0f);
+    EXPECT_EQ(m.at("dx gate|up").beta, 1.0f);
+
+    o.lora.targets = parse_lora_targets("all", "--lora-targets");
+    o.lora.dropout = 0.1f;  // dropout: the adapters add after the base
+    for (const StepGemm& g : step_gemms(c, o)) EXPECT_EQ(g.beta, 0.0f) << g.name;
+
+    o.lora.dropout = 0.0f;
+    o.lora.train_also = kTrainEmbeddings;  // the head trained: its dW is back
+    m = by_name(step_gemms(c, o));
+    ASSERT_TRUE(m.count("dw lm head"));
+    EXPECT_EQ(m.at("dw lm head").beta, 1.0f);
+}
+
+TEST(StepGemms, RecomputeAddsTheForwardsTheLayerProgramReruns) {
+    const ModelConfig c = preset_config("Qwen2.5-1.5B");
+    const int B = 2, T = 1024, L = c.num_hidden_layers;
+    const double base = total_flop(step_gemms(c, micro_batch(B, T)));
+    const double gate_up = 2.0 * B * T * c.hidden_size * 2.0 * c.intermediate_size * L;
+    const double qkv = 2.0 * B * T * c.hidden_size * (c.q_dim() + 2.0 * c.kv_dim()) * L;
+    const double o_proj = 2.0 * B * T * c.q_dim() * c.hidden_size * L;
+
+    ModelOptions o = micro_batch(B, T);
+    o.recompute_ffn = true;
+    auto m = by_name(step_gemms(c, o));
+    EXPECT_TRUE(m.count("recompute gate|up"));
+    EXPECT_FALSE(m.count("recompute qkv"));
+    EXPECT_NEAR(total_flop(step_gemms(c, o)), base + gate_up, base * 1e-12);
+
+    o = micro_batch(B, T);
+    o.recompute_swiglu = o.recompute_norm = true;  // elementwise only: no GEMM again
+    EXPECT_NEAR(total_flop(step_gemms(c, o)), base, base * 1e-12);
+
+    o = micro_batch(B, T);
+    o.recompute_att = true;  // attention needs q|k|v again
+    m = by_name(step_gemms(c, o));
+    EXPECT_TRUE(m.count("recompute qkv"));
+    EXPECT_NEAR(total_flop(step_gemms(c, o)), base + qkv, base * 1e-12);
+
+    o = micro_batch(B, T);
+    o.recompute_block = true;  // everything but the down projection (its output is added, never kept)
+    m = by_name(step_gemms(c, o));
+    EXPECT_FALSE(m.count("recompute down"));
+    EXPECT_NEAR(total_flop(step_gemms(c, o)), base + gate_up + qkv + o_proj, base * 1e-12);
+    EXPECT_EQ(m.at("recompute qkv").bias, true);
+}
+
+TEST(StepGemms, LmHeadChunksSplitTheTokensAsTheModelDoes) {
+    const ModelConfig c = preset_config("Qwen2.5-0.5B");
+    ModelOptions o = micro_batch(4, 1024);
+    o.lmhead_chunks = 3;  // 4,096 rows: chunks of ceil(4096 / 3) = 1,366, the last one 1,364
+    int64_t tokens = 0;
+    int heads = 0;
+    for (const StepGemm& g : step_gemms(c, o)) {
+        if (g.name != "fwd lm head") continue;
+        ++heads;
+        tokens += g.tokens * g.calls;
+        EXPECT_TRUE((g.tokens == 1366 && g.calls == 2) || (g.tokens == 1364 && g.calls == 1)) << g.tokens;
+    }
+    EXPECT_EQ(heads, 2);
+    EXPECT_EQ(tokens, 4096);
+    o.lmhead_chunks = 4;  // even: one entry of four calls
+    EXPECT_EQ(by_name(step_gemms(c, o)).at("fwd lm head").calls, 4);
+}
+
+TEST(StepGemms, Fp8FlagsChooseOperandsAndAccumulationAsTheModel) {
+    const ModelConfig c = preset_config("Qwen2.5-7B");
+    ModelOptions o = micro_batch(16, 1024);
+    o.matmul_dtype = DType::E4M3;  // e4m3 forward, bf16 backward
+    auto m = by_name(step_gemms(c, o));
+    EXPECT_TRUE(m.at("fwd down").fp8);
+    EXPECT_FALSE(m.at("fwd down").fast_accum);
+    EXPECT_FALSE(m.at("dx down").fp8);
+    EXPECT_FALSE(m.at("dw down").fp8);
+    EXPECT_FALSE(m.at("fwd lm head").fp8);
+
+    o.gradient_dtype = DType::E5M2;
+    o.fp8_fast_accum = Fp8FastAccum::Forward;
+    m = by_name(step_gemms(c, o));
+    EXPECT_TRUE(m.at("fwd qkv").fast_accum);
+    EXPECT_TRUE(m.at("dx qkv").fp8);
+    EXPECT_EQ(m.at("dx qkv").grad_dtype, DType::E5M2);
+    EXPECT_FALSE(m.at("dx qkv").fast_accum);
+    EXPECT_TRUE(m.at("dw qkv").fp8);
+
+    o.fp8_fast_accum = Fp8FastAccum::All;
+    o.fp8_lm_head = true;
+    m = by_name(step_gemms(c, o));
+    EXPECT_TRUE(m.at("dw gate|up").fast_accum);
+    EXPECT_TRUE(m.at("fwd lm head").fp8);
+    EXPECT_TRUE(m.at("fwd lm head").fast_accum);
+    EXPECT_TRUE(m.at("dw lm head").fp8);
+    EXPECT_FALSE(m.at("dw lm head").fast_accum);  // never in the head's backward (cuda_model_step.cpp)
+    EXPECT_FALSE(m.at("dx lm head").fast_accum);
+}
