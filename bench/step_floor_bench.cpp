@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -103,7 +104,6 @@ int run(int argc, char** argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
     const bool list_only = !args.empty() && args[0] == "--list";
     if (list_only) args.erase(args.begin());
-    if (std::find(args.begin(), args.end(), "--train-file") == args.end()) args.push_back("--train-file=unused.bin");
     const TrainOptions topt = train_options_from_args(args);
     const ModelConfig c = resolve_model_source(topt).config;
     const ModelOptions o = topt.model_options("cuda");
@@ -145,6 +145,18 @@ int run(int argc, char** argv) {
     std::printf("%-20s %6s %6s %6s %5s %-14s | %9s %7s | %9s %7s | %9s\n", "gemm", "tokens", "in", "out", "calls",
                 "operands", "heuristic", "TF/s", "best", "TF/s", "ms/mb");
     double heur_total = 0, best_total = 0, flop_total = 0;
+    // the best times under the op timer's names (QTRAIN_TIME_BREAKDOWN=1), to set beside its lines
+    std::map<std::string, double> by_timer;
+    auto timer_line = [](const StepGemm& g) -> std::string {
+        if (g.name.find("lm head") != std::string::npos) return "lm head gemm";
+        switch (g.pass) {
+            case GemmPass::Forward: return "gemm fwd";
+            case GemmPass::Recompute: return "recompute (its GEMMs)";
+            case GemmPass::InputGrad: return "gemm bwd dx";
+            case GemmPass::WeightGrad: return "gemm bwd dw";
+        }
+        return "?";
+    };
     for (const StepGemm& g : gemms) {
         const double flop1 = 2.0 * g.tokens * g.in * g.out;
         const int reps = std::clamp(static_cast<int>(2e13 / flop1), 5, 200);
@@ -163,8 +175,12 @@ int run(int argc, char** argv) {
                     g.beta != 0.0f ? "  (beta 1)" : "");
         heur_total += h_ms * g.calls;
         best_total += t_ms * g.calls;
+        by_timer[timer_line(g)] += t_ms * g.calls;
         flop_total += g.flop();
     }
+    std::printf("best per micro-batch under the op timer's names:");
+    for (const auto& [line, ms] : by_timer) std::printf("  %s %.2f ms", line.c_str(), ms);
+    std::printf("\n");
     const GemmTuningStats st = tuned.tuning_stats();
     std::printf("GEMMs per micro-batch: %.2f ms with the heuristic's choice, %.2f ms with the best of %d candidates "
                 "(%.1f TFLOP/s over %.3g flop; %d shapes tuned, %d still exploring)\n",
