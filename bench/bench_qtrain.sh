@@ -10,12 +10,21 @@
 # running when this script ends (a `timeout` around it) is killed with it, so it cannot hold the GPU's
 # memory (or write over the next run's train.out) after the script is gone. Where nvidia-smi exists, peak_mib is the
 # highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
+# FLOOR=1 runs no training: bench/step_floor_bench times the same command's GEMMs and attention alone (its
+# last line is JSON too; the whole output in $BENCH_DIR/floor.out), so every script that calls this one
+# (issue32_rows.sh, lora_bench.sh) gives the floor of its rows with FLOOR=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
 BUILD=${BUILD_DIR:-build-gpu}
 WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
+if [ -n "${FLOOR:-}" ]; then
+  "$BUILD/step_floor_bench" --model="$MODEL" --from-scratch --seq-len="${SEQ:-1024}" --batch-size="$BATCH" \
+    --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 "$@" > "$WORK/floor.out" 2>&1 || { tail -5 "$WORK/floor.out"; exit 1; }
+  tail -1 "$WORK/floor.out"
+  exit 0
+fi
 # VOCAB: the token file's vocabulary (default Qwen's; Llama 3's is 128000 ordinary tokens)
 VOCAB=${VOCAB:-151643}
 # TOKENS=FILE trains on that token file instead (e.g. chat data from tokenize --chat)
