@@ -2,6 +2,11 @@
 // are"). Enabled by the environment variable QTRAIN_TIME_BREAKDOWN=1: every op records CUDA events
 // around itself; at each collect() (after the step's sync) the elapsed times are summed per family,
 // and print() shows the table. Disabled, a scope costs one branch.
+// Besides the families, each step's span (its first scope's start to its last scope's end, over every
+// stream) and the time inside at least one scope (the union of the intervals): span - busy is when no
+// timed op ran (idle GPU, or work outside any scope). Scopes may nest ("recompute" holds the ops it
+// re-runs) and side-stream scopes (host copies) overlap the compute stream's, so the sum of the families
+// can exceed the busy time; the union counts each instant once.
 #pragma once
 
 #include <map>
@@ -12,6 +17,9 @@
 #include <cuda_runtime.h>
 
 namespace qtrain {
+
+// Total length covered by the intervals [first, second) (overlaps counted once); any order.
+double covered_length(std::vector<std::pair<double, double>> intervals);
 
 class OpTimer {
 public:
@@ -38,6 +46,10 @@ public:
     // Table of ms per step by family, with shares; `steps` = how many steps were collected.
     std::string report() const;
     int steps() const { return steps_; }
+    // Summed over the collected steps (see the top): first scope's start to last scope's end; inside a scope.
+    double span_ms() const { return span_ms_; }
+    double busy_ms() const { return busy_ms_; }
+    double sum_ms() const;  // every family's total
 
 private:
     friend class Scope;
@@ -46,6 +58,7 @@ private:
     std::vector<const char*> names_;
     std::size_t used_ = 0;
     std::map<std::string, double> total_ms_;
+    double span_ms_ = 0, busy_ms_ = 0;  // summed over the collected steps
     int steps_ = 0;
     bool warmed_up_ = false;
 };

@@ -415,7 +415,7 @@ void CudaModel::create_roles() {
     residuals_ = std::make_unique<ResidualOffload>(
         opt_.offload_residual ? buf_.res_host : nullptr, buf_.res_slots,
         static_cast<std::size_t>(opt_.batch_size) * opt_.seq_len * config_.hidden_size * dtype_size(opt_.model_dtype),
-        stream_);
+        stream_, timer_);
     optimizer_ = std::make_unique<OptimizerState>(buf_.opt, opt_);
 }
 

@@ -104,6 +104,7 @@ void Gradients::flush_layer(int l) {
     const int s = l & 1;
     ready_[s].record(compute_);
     ready_[s].wait(stream_);
+    auto t_ = timer_.scope(per_layer_ ? "gradient reduce" : "gradient flush", stream_);  // (after the wait)
     const int64_t begin = layout_.layer_begin(l), n = layout_.layer_span;
     if (per_layer_) {
         reduce_to_owners(slots_[s], begin, n, stream_);

@@ -5,8 +5,9 @@
 
 namespace qtrain {
 
-ResidualOffload::ResidualOffload(void* host, void* const slots[2], std::size_t layer_bytes, cudaStream_t compute)
-    : host_(host), slots_{slots[0], slots[1]}, bytes_(layer_bytes), compute_(compute) {
+ResidualOffload::ResidualOffload(void* host, void* const slots[2], std::size_t layer_bytes, cudaStream_t compute,
+                                 OpTimer& timer)
+    : host_(host), slots_{slots[0], slots[1]}, bytes_(layer_bytes), compute_(compute), timer_(timer) {
     if (!enabled()) return;
     stream_ = cuda::Stream::non_blocking();
     for (int s = 0; s < 2; ++s)
@@ -28,6 +29,7 @@ void ResidualOffload::written(int l) {
     const int s = l & 1;
     written_[s].record(compute_);
     written_[s].wait(stream_);
+    auto t_ = timer_.scope("residual offload", stream_);
     CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host_) + l * bytes_, slots_[s], bytes_, cudaMemcpyDefault, stream_));
     saved_[s].record(stream_);
     slot_layer_[s] = l;
@@ -40,6 +42,7 @@ void ResidualOffload::load(int l) {
     // everything queued so far on the compute stream is all that reads the slot's current layer
     free_[s].record(compute_);
     free_[s].wait(stream_);
+    auto t_ = timer_.scope("residual offload", stream_);
     CUDA_CHECK(cudaMemcpyAsync(slots_[s], static_cast<const char*>(host_) + l * bytes_, bytes_, cudaMemcpyDefault,
                                stream_));
     loaded_[s].record(stream_);

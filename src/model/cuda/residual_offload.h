@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/op_timer.h"
 #include "cuda/pass_event.h"
 #include "cuda/stream.h"
 
@@ -23,9 +24,9 @@ namespace qtrain {
 class ResidualOffload {
 public:
     // `host`: every layer's residual, layer l at l * layer_bytes (pinned); `slots`: the two device
-    // slots; `compute`: the model's compute stream, which the calls below order against. Null `host`
-    // = disabled.
-    ResidualOffload(void* host, void* const slots[2], std::size_t layer_bytes, cudaStream_t compute);
+    // slots; `compute`: the model's compute stream, which the calls below order against; `timer`: the
+    // model's per-op timer (the copies are its "residual offload" scope). Null `host` = disabled.
+    ResidualOffload(void* host, void* const slots[2], std::size_t layer_bytes, cudaStream_t compute, OpTimer& timer);
     ~ResidualOffload();
     ResidualOffload(const ResidualOffload&) = delete;
     ResidualOffload& operator=(const ResidualOffload&) = delete;
@@ -49,6 +50,7 @@ private:
     void* slots_[2] = {nullptr, nullptr};
     std::size_t bytes_ = 0;
     cudaStream_t compute_ = nullptr;
+    OpTimer& timer_;
     cuda::Stream stream_;
     cuda::PassEvent written_[2], saved_[2], free_[2], loaded_[2];
     cuda::Event joined_;

@@ -209,6 +209,7 @@ void Weights::gather(int l) {
     const int64_t begin = layout_.layer_begin(l), span = layout_.layer_span;
     if (fp8_only_) {  // the streamed FP8 base: the layer's codes as the load made them (its norms are resident)
         CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
+        auto t_ = timer_.scope(sharded_ ? "weight gather" : "weight stream", copy_stream_);  // (after the wait)
         // (ZeRO-3: the whole span from its owners, one or two broadcasts; the bytes at the norms' and
         // biases' places are never read)
         gather_codes(begin, begin + span, buf_.quant_slots[s], copy_stream_);
@@ -220,6 +221,7 @@ void Weights::gather(int l) {
     char* slot = static_cast<char*>(buf_.weight_slots[s]);
     char* stored = persist_quants_ ? static_cast<char*>(buf_.quant_store) + l * span : nullptr;
     CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, free_[s], 0));
+    auto t_ = timer_.scope(sharded_ ? "weight gather" : "weight stream", copy_stream_);  // (after the wait)
     if (fp8_gather_ && !(persist_quants_ && quant_stored_[l])) {
         // ZeRO-3 with FP8 weights: the bf16 norm weights and bias, then the matrices' FP8 codes from
         // their owners' quantised blocks (quantize_block), 1 byte per weight

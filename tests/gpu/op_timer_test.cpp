@@ -1,0 +1,77 @@
+// The op timer's step span and busy time (cuda/op_timer.h): the union of scope intervals (CPU) and,
+// on a GPU, scopes on two streams with a gap between them.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "cuda/op_timer.h"
+#include "gpu_test_util.h"
+
+using namespace qtrain;
+
+TEST(OpTimerCoveredLength, OverlapsCountOnceAndGapsNotAtAll) {
+    EXPECT_DOUBLE_EQ(covered_length({}), 0.0);
+    EXPECT_DOUBLE_EQ(covered_length({{0, 2}}), 2.0);
+    EXPECT_DOUBLE_EQ(covered_length({{0, 2}, {1, 3}}), 3.0);             // overlap
+    EXPECT_DOUBLE_EQ(covered_length({{5, 6}, {0, 2}, {1, 3}}), 4.0);     // any order, a gap [3, 5)
+    EXPECT_DOUBLE_EQ(covered_length({{0, 10}, {2, 3}, {4, 5}}), 10.0);  // nested
+    EXPECT_DOUBLE_EQ(covered_length({{-2, -1}, {0, 1}}), 2.0);          // before the reference
+    EXPECT_DOUBLE_EQ(covered_length({{1, 1}, {3, 2}}), 0.0);            // empty and reversed count nothing
+    EXPECT_DOUBLE_EQ(covered_length({{0, 1}, {1, 2}}), 2.0);            // touching
+}
+
+namespace {
+
+// Memsets enough bytes to take ~a millisecond (the timer's resolution is ~0.5 us).
+void busy(void* p, std::size_t n, cudaStream_t s) {
+    for (int i = 0; i < 8; ++i) CUDA_CHECK(cudaMemsetAsync(p, i, n, s));
+}
+
+}  // namespace
+
+TEST(OpTimerSpan, IdleIsTheSpanLessTheTimeInsideAnyScope) {
+    QTRAIN_REQUIRE_GPU();
+    setenv("QTRAIN_TIME_BREAKDOWN", "1", 1);
+    OpTimer timer;
+    unsetenv("QTRAIN_TIME_BREAKDOWN");
+    ASSERT_TRUE(timer.enabled());
+    const std::size_t n = std::size_t{256} << 20;
+    void *a = nullptr, *b = nullptr;
+    CUDA_CHECK(cudaMalloc(&a, n));
+    CUDA_CHECK(cudaMalloc(&b, n));
+    cudaStream_t s1, s2;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    for (int step = 0; step < 3; ++step) {  // the first step is the timer's warm-up (not counted)
+        {
+            auto t = timer.scope("first", s1);
+            busy(a, n, s1);
+        }
+        {
+            auto t = timer.scope("beside", s2);  // on another stream, at the same time
+            busy(b, n, s2);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s1));
+        CUDA_CHECK(cudaStreamSynchronize(s2));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a gap no scope covers
+        {
+            auto t = timer.scope("after the gap", s1);
+            busy(a, n, s1);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s1));
+        timer.collect();
+    }
+    EXPECT_EQ(timer.steps(), 2);
+    EXPECT_GT(timer.span_ms(), 2 * 20.0);                     // the gaps are inside the span
+    EXPECT_LT(timer.busy_ms(), timer.span_ms() - 2 * 19.0);   // and not in the busy time
+    EXPECT_LE(timer.busy_ms(), timer.sum_ms() + 1e-3);        // overlapping scopes counted once
+    EXPECT_GT(timer.busy_ms(), 0.0);
+    EXPECT_NE(timer.report().find("idle or untimed"), std::string::npos);
+    CUDA_CHECK(cudaStreamDestroy(s1));
+    CUDA_CHECK(cudaStreamDestroy(s2));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+}
