@@ -218,8 +218,10 @@ std::vector<OptionSpec> make_table() {
             "weights with stochastic rounding; saves 4 bytes per parameter")
             .dtype(&M::master_dtype, "fp32|bf16"),
         opt(kPrecision, "param-grad-dtype", &T::param_grad_dtype, R::MustMatch,
-            "Accumulated parameter gradients: fp32|bf16. bf16 needs --offload-gradients (GPU): the host copy is "
-            "bf16, summed over micro-batches with stochastic rounding; saves 2 bytes per parameter of pinned memory")
+            "Accumulated parameter gradients: fp32|bf16. bf16 (GPU): the copy kept for the step is bf16, each "
+            "micro-batch's layer gradient summed in fp32 (a device slot) and added into it with stochastic rounding; "
+            "saves 2 bytes per parameter, in pinned memory with --offload-gradients, else on the device (less the "
+            "two fp32 layer slots and the fp32 non-layer gradients). llm.q keeps bf16 gradients too")
             .dtype(&M::param_grad_dtype, "fp32|bf16"),
 
         // Recompute

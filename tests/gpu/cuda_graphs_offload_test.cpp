@@ -77,6 +77,8 @@ const Combo kCombos[] = {
          o.offload_gradients = o.shard_gradients = true;
          o.param_grad_dtype = DType::BF16;
      }},
+    {"bf16 gradients on the device (staged like the offloaded ones)",
+     [](ModelOptions& o) { o.param_grad_dtype = DType::BF16; }},
     {"offload-residual + offload-gradients + recompute-block + offloaded optimizer",
      [](ModelOptions& o) {
          o.offload_residual = o.offload_gradients = o.recompute_block = true;

@@ -568,8 +568,72 @@ TEST(CudaModel, Bf16OffloadedGradientsTrackFp32AndHalveTheirPinnedMemory) {
     EXPECT_EQ(bf16.total_device(), fp32.total_device());
     EXPECT_GE(fp32.total_pinned() - bf16.total_pinned(), 2 * params);  // layout padding adds a little
     EXPECT_LT(fp32.total_pinned() - bf16.total_pinned(), 2 * params + 2 * params / 10);
-    o.offload_gradients = false;
-    EXPECT_ERROR(CudaModel(cfg, o), "--param-grad-dtype=bf16 needs --offload-gradients");
+}
+
+// --param-grad-dtype=bf16 without --offload-gradients keeps the bf16 gradients on the device, staged as
+// the offloaded ones are (each layer summed in an fp32 slot, added into the bf16 copy with stochastic
+// rounding by the same kernel and seeds): on a tied model (whose embedding gradient the offloaded path
+// also sums on the device) the two are the same bits, gradients read mid-step included; on an untied one
+// the offloaded path adds the embedding's rows into its host copy per micro-batch, so the two agree to
+// bf16 rounding. Also the staging's first write: each matrix's slot part is written by its dW GEMM
+// (beta = 0) while fp32 offloaded gradients stay bit-identical to the flat fp32 buffer.
+TEST(CudaModel, Bf16DeviceGradientsAreTheOffloadedOnesOnTheDevice) {
+    QTRAIN_REQUIRE_GPU();
+    const int B = 2, T = 64, kSteps = 6, kMicro = 3;
+    auto run = [&](const ModelConfig& cfg, DType grads, bool offload, bool fp8) {
+        ModelOptions o = options(DType::BF16, B, T);
+        o.param_grad_dtype = grads;
+        o.offload_gradients = offload;
+        if (fp8) o.matmul_dtype = DType::E4M3, o.gradient_dtype = DType::E5M2;
+        CudaModel m(cfg, o);
+        m.init_random(5);
+        std::vector<float> out;
+        for (int step = 1; step <= kSteps; ++step) {
+            for (int micro = 0; micro < kMicro; ++micro) {
+                Tokens d = make_walk_batch(B, T, cfg.vocab_size, 300 + 10 * step + micro);
+                m.forward_backward(Batch{d.in.data(), d.tgt.data(), B, T}, 1.0f / kMicro);
+            }
+            for (const char* name : {"model.layers.1.mlp.up_proj.weight", "model.layers.0.input_layernorm.weight",
+                                     "model.norm.weight", "model.embed_tokens.weight"}) {
+                const auto g = m.download(name, CudaModel::Which::Grad);
+                out.insert(out.end(), g.begin(), g.end());
+            }
+            const StepStats s = m.optimizer_step({3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step});
+            out.push_back(s.loss);
+            out.push_back(s.grad_norm);
+        }
+        return out;
+    };
+    for (bool fp8 : {false, true}) {
+        SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+        const ModelConfig tied = small_config(kShapes[1]);
+        ASSERT_TRUE(tied.tie_word_embeddings);
+        const auto device = run(tied, DType::BF16, false, fp8), host = run(tied, DType::BF16, true, fp8);
+        ASSERT_EQ(device.size(), host.size());
+        EXPECT_EQ(first_bit_difference(device, host), device.size()) << "tied: device and host bf16 gradients differ";
+        for (float v : device) ASSERT_TRUE(std::isfinite(v));
+        // the fp32 staging (offloaded) against the flat fp32 buffer: the GEMMs' first write changes no bit
+        EXPECT_EQ(run(tied, DType::F32, true, fp8), run(tied, DType::F32, false, fp8)) << "fp32 staged vs flat";
+
+        const ModelConfig untied = small_config(kShapes[2]);
+        const auto d = run(untied, DType::BF16, false, fp8), h = run(untied, DType::BF16, true, fp8),
+                   f = run(untied, DType::F32, false, fp8);
+        ASSERT_EQ(d.size(), h.size());
+        const std::size_t n = d.size();
+        for (int i = 0; i < kSteps; ++i) {  // losses (the last two values of each step are loss, norm)
+            const std::size_t at = (i + 1) * (n / kSteps) - 2;
+            EXPECT_NEAR(d[at], h[at], 0.005 * h[at]) << "untied loss, step " << i + 1;
+            EXPECT_NEAR(d[at], f[at], 0.02 * f[at]) << "untied loss against fp32 gradients, step " << i + 1;
+        }
+    }
+    // the plan: the flat gradient in bf16 on the device, plus the two fp32 layer slots and the fp32
+    // non-layer gradients (no GPU needed for this part: StepPlan tests cover the arithmetic at 7B)
+    const ModelConfig cfg = small_config(kShapes[2]);
+    ModelOptions o = options(DType::BF16, B, T);
+    const MemoryPlan fp32 = gpu_memory_plan(cfg, o, "cuda");
+    o.param_grad_dtype = DType::BF16;
+    const MemoryPlan bf16 = gpu_memory_plan(cfg, o, "cuda");
+    EXPECT_EQ(bf16.total_pinned(), fp32.total_pinned());
 }
 
 // The plan is what is allocated: the device memory the model takes (constructor plus a first

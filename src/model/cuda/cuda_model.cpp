@@ -55,13 +55,9 @@ void CudaModel::check_options(const ModelOptions& o) {
              "=bf16: there is no separate master copy to offload (the bf16 weights are the master); drop ",
              flag(&ModelOptions::offload_master), ", or add ", flag(&ModelOptions::shard_weights),
              " to keep the weights in host memory");
-    QT_CHECK(o.param_grad_dtype == DType::F32 ||
-                 (o.param_grad_dtype == DType::BF16 && (o.offload_gradients || gradients_reduced_per_layer(o))),
-             flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " needs ",
-             flag(&ModelOptions::offload_gradients), " or ZeRO-2 with ", flag(&ModelOptions::gpus), " > 1 on ",
-             flag(RunFlag::Device),
-             "=cuda (bf16 applies to the gradients kept for the step, in host memory or as a rank's block; the device "
-             "accumulates each layer in fp32)");
+    QT_CHECK(o.param_grad_dtype == DType::F32 || o.param_grad_dtype == DType::BF16,
+             flag(&ModelOptions::param_grad_dtype), "=", dtype_name(o.param_grad_dtype), " on ", flag(RunFlag::Device),
+             "=cuda: fp32 or bf16");
     QT_CHECK(!o.offload_master || o.model_dtype != DType::F32, flag(&ModelOptions::offload_master), " needs ",
              flag(&ModelOptions::model_dtype), "=bf16 (in fp32 the master copy is the weights the GEMMs read)");
     QT_CHECK(!o.write_combined || o.offload_master || o.offload_opt_m || o.offload_opt_v || o.offload_gradients ||

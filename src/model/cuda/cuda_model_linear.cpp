@@ -81,7 +81,7 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
         }
         float* dw = grads_->at(off);
         auto t_ = timer_.scope("gemm bwd dw", stream_);
-        gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, true, stream_);
+        gemm_->linear_backward_weight(dw, DType::F32, dy, x, A, N, in, out, !grads_->matrices_written_whole(), stream_);
         return;
     }
     // (LoRA: the frozen FP8 base has no weight gradient, so no x^T either; dy in the model dtype is
@@ -124,7 +124,8 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
     }
     auto t_ = timer_.scope("gemm bwd dw", stream_);
     gemm_->linear_backward_weight_fp8(dw, DType::F32, buf_.dyTq, gd, gi, xT, DType::E4M3,
-                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out, true, stream_,
+                                      fp8_slot_ptr(fp8_slot(l, Fp8Slot::ActInv, m)), N, in, out,
+                                      !grads_->matrices_written_whole(), stream_,
                                       opt_.fp8_fast_accum == Fp8FastAccum::All);
 }
 

@@ -62,6 +62,11 @@ bool gradients_reduced_per_layer(const ModelOptions& o) {
     return o.gpus > 1 && o.shard_gradients && !o.use_cuda_graphs && !o.lora.enabled();
 }
 
+bool gradients_staged(const ModelOptions& o) {
+    return !o.lora.enabled() &&
+           (o.offload_gradients || gradients_reduced_per_layer(o) || o.param_grad_dtype == DType::BF16);
+}
+
 bool embedding_grad_on_host(const ModelConfig& c, const ModelOptions& o) {
     // (not under ZeRO-2's per-layer reductions: the host copy is then the rank's block only)
     return o.offload_gradients && !c.tie_word_embeddings && !gradients_reduced_per_layer(o);
@@ -171,7 +176,7 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
             embedding_weights_on_host(c, opt) ? layout.total - layout.layers_end() : non_layer, A);
         for (void*& s : b.weight_slots) s = wslots.take_typed(span, A);
     }
-    if (opt.offload_gradients || per_layer) {
+    if (gradients_staged(opt)) {
         b.resident_grads = gslots.take_n<float>(embedding_grad_on_host(c, opt) ? layout.total - layout.layers_end()
                                                                                 : non_layer);
         for (float*& s : b.grad_slots) s = gslots.take_n<float>(span);

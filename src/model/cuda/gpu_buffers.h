@@ -240,6 +240,13 @@ bool embedding_grad_on_host(const ModelConfig& cfg, const ModelOptions& opt);
 // Not under LoRA: the frozen base has no gradient (ZeRO-2 of the adapters reduce-scatters theirs after
 // the backward, lora_adapters.h).
 bool gradients_reduced_per_layer(const ModelOptions& opt);
+// Whether each layer's backward accumulates its gradient into a zeroed fp32 device slot that the
+// gradients role's stream then adds into the flat gradient kept for the step (gradients.h, "streamed"):
+// with --offload-gradients (the flat copy in pinned host memory), ZeRO-2's per-layer reductions (the
+// rank's block), and bf16 gradients (--param-grad-dtype=bf16; on the device too: each micro-batch's
+// layer sum is rounded into the bf16 copy once, stochastically, as the host path does). Never for
+// LoRA's frozen base.
+bool gradients_staged(const ModelOptions& opt);
 // Whether the embedding lookup reads its rows from the pinned host weights (untied models with
 // --shard-weights on one GPU): resident_weights then holds only the final norm and the LM head.
 bool embedding_weights_on_host(const ModelConfig& cfg, const ModelOptions& opt);

@@ -1,5 +1,7 @@
 #include "model/cuda/gpu_layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace qtrain {
@@ -39,6 +41,21 @@ std::vector<GpuParamLayout::Range> GpuParamLayout::layer_runs(int l, bool matric
     const int64_t shift = layer_begin(l) - layer_begin(0);
     for (Range& r : runs) r = {r.begin + shift, r.end + shift};
     return runs;
+}
+
+std::vector<GpuParamLayout::Range> GpuParamLayout::layer_non_matrix_elements() const {
+    std::vector<Range> out;
+    if (layers.empty()) return out;
+    const int64_t first = layer_begin(0);
+    int64_t at = 0;  // specs are in flat order
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+        if (specs[i].layer != 0 || specs[i].kind != ParamKind::Matrix) continue;
+        const int64_t b = offsets[i] - first, e = b + specs[i].numel();
+        if (b > at) out.push_back({at, b});
+        at = std::max(at, e);
+    }
+    if (at < layer_span) out.push_back({at, layer_span});
+    return out;
 }
 
 bool GpuParamLayout::in_matrix(int64_t off) const {

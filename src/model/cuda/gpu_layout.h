@@ -50,6 +50,10 @@ struct GpuParamLayout {
         int64_t begin, end;
     };
     std::vector<Range> layer_runs(int l, bool matrices) const;
+    // The ranges of a layer's span, from its start, that hold no element of its weight matrices: its
+    // norm weights, biases and every padding (layer_runs counts a tensor's padding with it). What a
+    // gradient slot must zero when the matrices' weight-gradient GEMMs write the rest (gradients.h).
+    std::vector<Range> layer_non_matrix_elements() const;
     // Whether element off (inside a layer) belongs to one of its matrices.
     bool in_matrix(int64_t off) const;
     std::vector<Range> matrix_runs0, small_runs0;  // layer 0's

@@ -15,7 +15,7 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       resident_(b.resident_grads),
       slots_{b.grad_slots[0], b.grad_slots[1]},
       type_(o.param_grad_dtype),
-      streamed_(o.offload_gradients || gradients_reduced_per_layer(o)),
+      streamed_(gradients_staged(o)),
       embedding_on_host_(embedding_grad_on_host(config, o)),
       per_layer_(gradients_reduced_per_layer(o)),
       offloaded_(o.offload_gradients),
@@ -28,6 +28,7 @@ Gradients::Gradients(const GpuBuffers& b, const GpuParamLayout& layout, const Mo
       seed_(rounding_seed),
       compute_(compute) {
     if (!streamed_) return;
+    zeroed_runs_ = layout.layer_non_matrix_elements();  // what no weight-gradient GEMM writes
     stream_ = cuda::Stream::non_blocking();
     for (int s = 0; s < 2; ++s) ready_[s] = cuda::PassEvent::ordering(), free_[s] = cuda::PassEvent::ordering();
     done_ = cuda::Event::ordering();
@@ -96,7 +97,9 @@ void Gradients::begin_layer(int l) {
     if (!streamed_) return;
     const int s = l & 1;
     free_[s].wait(compute_);
-    CUDA_CHECK(cudaMemsetAsync(slots_[s], 0, layout_.layer_span * sizeof(float), compute_));
+    // (the matrices' parts are written whole by their weight-gradient GEMMs: matrices_written_whole)
+    for (GpuParamLayout::Range r : zeroed_runs_)
+        CUDA_CHECK(cudaMemsetAsync(slots_[s] + r.begin, 0, (r.end - r.begin) * sizeof(float), compute_));
 }
 
 void Gradients::flush_layer(int l) {

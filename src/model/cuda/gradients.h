@@ -10,6 +10,13 @@
 // host gradients round, by construction). Its memory is bound by bind_gpu_buffers; its stream, events
 // and slot state are its own.
 //
+// bf16 gradients on the device (--param-grad-dtype=bf16 without --offload-gradients, gradients_staged in
+// gpu_buffers.h): the same staging with the flat bf16 copy in device memory: the same kernels, seeds and
+// order as the host copy, so the same bits (for untied models the host path adds the embedding's rows
+// into its host copy directly; here they are summed in the resident buffer and rounded once, like the
+// final norm and the head). The flat copy takes 2 bytes a parameter instead of fp32's 4, the two slots
+// and the resident non-layer gradients stay fp32.
+//
 // ZeRO-2 (gradients_reduced_per_layer, gpu_buffers.h): the same two device slots and resident buffer,
 // all on the device, but a layer's flush reduces the slot over the ranks (Communicator::reduce, rank
 // order) to the rank owning each part of its range, which adds it into its block of the gradient (the
@@ -32,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -82,6 +90,12 @@ public:
     // A non-layer gradient that is still on the device (streamed, not the host-summed embedding).
     bool on_device_until_update(int64_t off) const;
 
+    // Whether each layer matrix's gradient is written whole by its one weight-gradient GEMM of the
+    // micro-batch (beta = 0) rather than added to what is there: staged, the layer's slot starts every
+    // micro-batch empty, so begin_layer zeroes only its norm weights, biases and padding and the
+    // GEMMs write the rest (a fp32 write instead of a read-modify-write and a memset). 0 + x = x, so
+    // the same bits as adding onto zeros.
+    bool matrices_written_whole() const { return streamed_; }
     // Layer l's backward is about to accumulate into its slot / has finished with it.
     void begin_layer(int l);
     void flush_layer(int l);
@@ -112,6 +126,7 @@ private:
     void* flat_ = nullptr;
     float* resident_ = nullptr;
     float* slots_[2] = {nullptr, nullptr};
+    std::vector<GpuParamLayout::Range> zeroed_runs_;  // of a layer's slot, from its start: all but the matrices
     DType type_ = DType::F32;
     bool streamed_ = false, embedding_on_host_ = false;
     bool per_layer_ = false;  // ZeRO-2 (streamed_ too: the slots and the resident buffer)
