@@ -90,7 +90,9 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
                      --offload-opt-m --offload-opt-v $STREAM --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 \
                      $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 --fp8-fast-accum=all --fp8-weight-transposes=jit \
                      --use-cuda-graphs ;;
-    14b-fp8-s22-ga4) run "$cfg" Qwen2.5-14B 20 4 --recompute-block --offload-opt-m --offload-opt-v $STREAM \
+    # -ga8 (session 24): the per-step optimizer over PCIe (~207 GB at 14B with bf16 master, moments and gradients,
+    # ~2-4 s) spread over twice the tokens (a 164k-token global batch): predicted ~7k against -ga4's ~6.3k.
+    14b-fp8-s22-ga4|14b-fp8-s22-ga8) run "$cfg" Qwen2.5-14B 20 "${cfg##*-ga}" --recompute-block --offload-opt-m --offload-opt-v $STREAM \
                      --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 $FP8 --master-dtype=bf16 \
                      --param-grad-dtype=bf16 --fp8-fast-accum=all --fp8-weight-transposes=jit --use-cuda-graphs ;;
     *) echo "unknown configuration $cfg" ;;
