@@ -21,7 +21,7 @@ WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
 if [ -n "${FLOOR:-}" ]; then
   "$BUILD/step_floor_bench" --model="$MODEL" --from-scratch --seq-len="${SEQ:-1024}" --batch-size="$BATCH" \
-    --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 "$@" > "$WORK/floor.out" 2>&1 || { tail -5 "$WORK/floor.out"; exit 1; }
+    --grad-accumulation="${GA:-1}" --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 "$@" > "$WORK/floor.out" 2>&1 || { tail -5 "$WORK/floor.out"; exit 1; }
   tail -1 "$WORK/floor.out"
   exit 0
 fi

@@ -6,9 +6,10 @@
 // fastest of its candidates (--gemm-autotune's choice: the floor). Then the attention forward and
 // backward at the micro-batch's shape with the backend the model would choose (+ the forward again
 // when the recompute re-runs it), and the device-to-device copy rate (the floor of the elementwise
-// ops, which `QTRAIN_TIME_BREAKDOWN=1` times in the step). What is not here: LoRA's adapters
-// (bench/lora_overlap_bench), norms, SwiGLU, RoPE, quantisation, the optimizer, copies to and from
-// the host.
+// ops), the PCIe rate, and the memory-bound ops' floors: their bytes (model/cuda/step_traffic.h) at
+// those rates, under the op timer's names (`QTRAIN_TIME_BREAKDOWN=1` times them in the step). Not here:
+// LoRA's adapters (bench/lora_overlap_bench), the recompute's elementwise ops, host copies of streamed
+// weights, gradients and residuals.
 //
 // usage: step_floor_bench TRAIN_FLAGS...   e.g.
 //   step_floor_bench --model=Qwen2.5-7B --from-scratch --batch-size=4 --seq-len=1024 --model-dtype=bf16 \
@@ -32,6 +33,7 @@
 #include "model/cuda/attention_choice.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/step_gemms.h"
+#include "model/cuda/step_traffic.h"
 #include "model/model_config.h"
 #include "train/model_source.h"
 #include "train/train_options.h"
@@ -118,6 +120,9 @@ int run(int argc, char** argv) {
                         g.beta != 0.0f ? " beta1" : "");
         std::printf("%.4g flop per micro-batch of %lld tokens (%.4g a token)\n", total_flop(gemms),
                     static_cast<long long>(N), total_flop(gemms) / N);
+        for (const StepTraffic& t : step_traffic(c, o))
+            std::printf("%-34s device %.3f GB, PCIe %.3f GB%s\n", t.name.c_str(), t.device_bytes / 1e9,
+                        t.host_bytes / 1e9, t.per_step ? " per optimizer step" : " per micro-batch");
         return 0;
     }
 
@@ -230,13 +235,39 @@ int run(int argc, char** argv) {
     const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e9);
     std::printf("device copy: %.2f TB/s (read + write)\n", copy_tbs);
 
+    // PCIe: pinned host to device (the offloaded optimizer reads and writes its state this way)
+    void* pinned = nullptr;
+    const std::size_t pcie_bytes = std::size_t{1} << 29;
+    CK(cudaMallocHost(&pinned, pcie_bytes));
+    const double h2d_ms =
+        time_calls([&] { CK(cudaMemcpyAsync(dst, pinned, pcie_bytes, cudaMemcpyHostToDevice, s)); }, s, 1, 5);
+    const double pcie_gbs = pcie_bytes / (h2d_ms * 1e6);
+    std::printf("PCIe host to device (pinned): %.1f GB/s\n", pcie_gbs);
+
+    // the memory-bound ops at the copy rate (model/cuda/step_traffic.h); the optimizer once per step
+    const int GA = std::max(1, topt.grad_accumulation);
+    double elem_ms = 0, per_step_ms = 0;
+    std::printf("%-34s %12s %12s | %10s\n", "memory-bound op (op timer name)", "device GB", "PCIe GB", "floor ms");
+    for (const StepTraffic& t : step_traffic(c, o)) {
+        const double ms = t.device_bytes / (copy_tbs * 1e9) + t.host_bytes / (pcie_gbs * 1e6);
+        std::printf("%-34s %12.3f %12.3f | %10.3f%s\n", t.name.c_str(), t.device_bytes / 1e9, t.host_bytes / 1e9, ms,
+                    t.per_step ? " per optimizer step" : "");
+        (t.per_step ? per_step_ms : elem_ms) += ms;
+    }
+    std::printf("(PCIe at the one-way rate: an optimizer that reads and writes at once may take down to half)\n");
+
     const double floor_ms = best_total + att_total;
-    std::printf("floor of GEMMs + attention: %.2f ms per micro-batch of %lld tokens = at most %.0f tokens/s "
-                "(before norms, SwiGLU, RoPE, quantisation, the optimizer and host copies)\n",
-                floor_ms, static_cast<long long>(N), N / (floor_ms * 1e-3));
+    const double all_ms = floor_ms + elem_ms + per_step_ms / GA;
+    std::printf("floor of GEMMs + attention: %.2f ms per micro-batch of %lld tokens = at most %.0f tokens/s\n", floor_ms,
+                static_cast<long long>(N), N / (floor_ms * 1e-3));
+    std::printf("+ the memory-bound ops at the copy rate (%.2f ms) and the optimizer over %d micro-batches (%.2f ms "
+                "a step): %.2f ms = at most %.0f tokens/s (LoRA's adapters, recompute and host copies not counted)\n",
+                elem_ms, GA, per_step_ms, all_ms, N / (all_ms * 1e-3));
     std::printf("{\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"gemm_ms_heuristic\": %.3f, \"gemm_ms_best\": %.3f, "
-                "\"attention_ms\": %.3f, \"copy_tb_s\": %.3f, \"floor_tokens_per_s\": %.0f}\n",
-                topt.model.c_str(), B, T, heur_total, best_total, att_total, copy_tbs, N / (floor_ms * 1e-3));
+                "\"attention_ms\": %.3f, \"memory_bound_ms\": %.3f, \"optimizer_ms_per_step\": %.3f, \"grad_accumulation\": %d, "
+                "\"copy_tb_s\": %.3f, \"pcie_gb_s\": %.1f, \"floor_tokens_per_s\": %.0f, \"floor_all_tokens_per_s\": %.0f}\n",
+                topt.model.c_str(), B, T, heur_total, best_total, att_total, elem_ms, per_step_ms, GA, copy_tbs,
+                pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3));
     return 0;
 }
 
