@@ -3,7 +3,7 @@
 # bf16 weights and Adam moments, CUDA graphs, random tokens) beside llm.q itself where its bf16 path runs
 # (bench/llmq_bench.sh; its FP8 path fails on cuBLASLt 13.1), and qtrain's candidates for the best 7B command.
 # usage: BUILD_DIR=/tmp/gc/bin bench/issue32_rows.sh ROW...   (after `source scripts/gpu_carry_env.sh`)
-#   ROW: 7b-bf16[-bgrad] | 7b-fp8 | 14b-bf16 | 14b-fp8 | 7b-best | 14b-best (-bf16 | -fp8: one half) | 14b-best-fp8-bf16m[-lmh] | 14b-best-bf16-bgrad | 14b-best-fp8-bgrad | 7b-best-bgrad | llmq-7b-bf16 | llmq-14b-bf16 | seq32k | seq16k
+#   ROW: 7b-bf16[-bgrad] | 7b-fp8 | 14b-bf16 | 14b-fp8[-bgrad] | 7b-best | 14b-best (-bf16 | -fp8: one half) | 14b-best-fp8-bf16m[-lmh] | 14b-best-bf16-bgrad | 14b-best-fp8-bgrad | 7b-best-bgrad | llmq-7b-bf16 | llmq-14b-bf16 | seq32k | seq16k
 # GA (default: the published accumulation of the row) and STEPS (default 3; the median is over the steps after
 # the first) keep a row inside one device call: at the published accumulations a 7B bf16 step is ~40 s and a 14B
 # one ~60-85 s, so give a row its own call or lower GA on BOTH sides of a comparison (compare like with like).
@@ -28,6 +28,10 @@ for row in "$@"; do
     14b-fp8)  # + --fp8-weight-transposes=jit: with both e4m3 copies of the matrices the command plans 150 GiB
       q Qwen2.5-14B 16 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 --offload-opt-m --offload-opt-v \
         --offload-master --recompute-ffn --recompute-norm --offload-residual ;;
+    14b-fp8-bgrad)  # llm.q's 14B FP8 command with its bf16 gradients (llm.q keeps them in bf16): the 20 GiB they
+      # free let the transposed e4m3 weights stay (no --fp8-weight-transposes=jit). Plans 131,553 MiB (--plan-only).
+      q Qwen2.5-14B 16 32 $F8 --lmhead-chunks=2 --offload-opt-m --offload-opt-v --offload-master --recompute-ffn \
+        --recompute-norm --offload-residual --param-grad-dtype=bf16 ;;
     7b-best)  # without --recompute-ffn (docs/perf-notes.md, session 21: its recomputed gate|up GEMMs are ~96 ms of a
               # ~775 ms micro-batch); plans 121.6 and 120.8 GiB (--plan-only, this commit)
       q Qwen2.5-7B 16 32 $F8 --lm-head-dtype=e4m3 --lmhead-chunks=4 --attn-bwd-chunks=4 --offload-residual \
@@ -76,7 +80,7 @@ for row in "$@"; do
       # ~15% of the step's flop at seq 16384, in bf16 until now)
       SEQ=16384 GA=${GA:-1} q Qwen2.5-0.5B 2 1 $F8 --lm-head-dtype=e4m3
       (cd bench && timeout 400 python3 torch_baseline.py --model Qwen2.5-0.5B --batch 2 --seq-len 16384 --compile 2>&1 | tail -1) ;;
-    *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-bf16-bgrad 7b-fp8 14b-bf16 14b-fp8 7b-best 14b-best 14b-best-bf16 14b-best-fp8 14b-best-fp8-bf16m 14b-best-fp8-bf16m-lmh 14b-best-bf16-bgrad 14b-best-fp8-bgrad 7b-best-bgrad llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
+    *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-bf16-bgrad 7b-fp8 14b-bf16 14b-fp8 14b-fp8-bgrad 7b-best 14b-best 14b-best-bf16 14b-best-fp8 14b-best-fp8-bf16m 14b-best-fp8-bf16m-lmh 14b-best-bf16-bgrad 14b-best-fp8-bgrad 7b-best-bgrad llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
        exit 2 ;;
   esac
 done
