@@ -24,7 +24,8 @@ strip "$S/bin"/* "$S/bin/tests"/* 2>/dev/null || true
 git rev-parse HEAD > "$S/bin/COMMIT"
 git diff --quiet HEAD -- src apps tests || echo "(with uncommitted changes)" >> "$S/bin/COMMIT"
 for l in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libfmt.so.9; do
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')
+  # (awk reads to the end: exiting at the first match could end ldconfig by SIGPIPE, which pipefail makes fatal)
+  p=$(ldconfig -p | awk -v l="$l" '$1 == l && !f {f = $NF} END {print f}')
   [ -n "$p" ] && cp -L "$p" "$S/lib/"
 done
 parts=(bin lib)
