@@ -48,14 +48,30 @@ OpTimer::Scope::Scope(OpTimer* t, const char* name, cudaStream_t s) : t_(t), s_(
         CUDA_CHECK(cudaEventCreate(&b));
         t_->events_.emplace_back(a, b);
         t_->names_.push_back(name);
+        t_->parent_.push_back(-1);
+        t_->streams_.push_back(nullptr);
     }
     slot_ = static_cast<int>(t_->used_++);
     t_->names_[slot_] = name;
+    t_->streams_[slot_] = s_;
+    t_->parent_[slot_] = -1;  // the innermost open scope on the same stream
+    for (auto it = t_->open_.rbegin(); it != t_->open_.rend(); ++it)
+        if (t_->streams_[*it] == s_) {
+            t_->parent_[slot_] = *it;
+            break;
+        }
+    t_->open_.push_back(slot_);
     CUDA_CHECK(cudaEventRecord(t_->events_[slot_].first, s_));
 }
 
 OpTimer::Scope::~Scope() {
-    if (t_) cudaEventRecord(t_->events_[slot_].second, s_);
+    if (!t_) return;
+    cudaEventRecord(t_->events_[slot_].second, s_);
+    for (auto it = t_->open_.end(); it != t_->open_.begin();)
+        if (*--it == slot_) {
+            t_->open_.erase(it);
+            break;
+        }
 }
 
 void OpTimer::collect() {
@@ -63,12 +79,18 @@ void OpTimer::collect() {
     // each interval against the step's first scope's start (elapsed times between events of different
     // streams are valid; one recorded before the reference gives a negative time)
     std::vector<std::pair<double, double>> iv;
-    double lo = 0, hi = 0;
+    std::vector<double> self(used_, 0.0);  // each scope's time less its nested scopes' on its stream
     for (std::size_t i = 0; i < used_; ++i) {
-        float ms = 0, a = 0, b = 0;
+        float ms = 0;
         CUDA_CHECK(cudaEventSynchronize(events_[i].second));
         CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i].first, events_[i].second));
-        if (warmed_up_) total_ms_[names_[i]] += ms;  // the first step pays one-off costs (heuristics)
+        self[i] += ms;
+        if (parent_[i] >= 0) self[parent_[i]] -= ms;
+    }
+    double lo = 0, hi = 0;
+    for (std::size_t i = 0; i < used_; ++i) {
+        float a = 0, b = 0;
+        if (warmed_up_) total_ms_[names_[i]] += self[i];  // the first step pays one-off costs (heuristics)
         CUDA_CHECK(cudaEventElapsedTime(&a, events_[0].first, events_[i].first));
         CUDA_CHECK(cudaEventElapsedTime(&b, events_[0].first, events_[i].second));
         iv.emplace_back(a, b);
@@ -92,7 +114,8 @@ double OpTimer::sum_ms() const {
 
 std::string OpTimer::report() const {
     const double sum = sum_ms();
-    std::string out = "[Time breakdown] GPU ms per step by op family\n";
+    std::string out = "[Time breakdown] GPU ms per step by op family (own time: nested scopes on the same stream are "
+                      "their own families)\n";
     char line[160];
     for (const auto& [k, v] : total_ms_) {
         std::snprintf(line, sizeof line, "  %-22s %9.3f ms  %5.1f%%\n", k.c_str(), v / std::max(1, steps_),

@@ -4,9 +4,10 @@
 // and print() shows the table. Disabled, a scope costs one branch.
 // Besides the families, each step's span (its first scope's start to its last scope's end, over every
 // stream) and the time inside at least one scope (the union of the intervals): span - busy is when no
-// timed op ran (idle GPU, or work outside any scope). Scopes may nest ("recompute" holds the ops it
-// re-runs) and side-stream scopes (host copies) overlap the compute stream's, so the sum of the families
-// can exceed the busy time; the union counts each instant once.
+// timed op ran (idle GPU, or work outside any scope). A family's time is its scopes' own time: a scope
+// opened inside another on the same stream ("gemm fwd" inside "recompute") is taken out of the outer
+// one, so no instant of a stream counts twice; side-stream scopes (host copies) still overlap the
+// compute stream's, so the sum of the families can exceed the busy time, which counts each instant once.
 #pragma once
 
 #include <map>
@@ -56,6 +57,9 @@ private:
     bool enabled_ = false;
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
     std::vector<const char*> names_;
+    std::vector<int> parent_;  // per slot: the scope it was opened in on the same stream, or -1
+    std::vector<cudaStream_t> streams_;
+    std::vector<int> open_;    // the scopes open now, innermost last
     std::size_t used_ = 0;
     std::map<std::string, double> total_ms_;
     double span_ms_ = 0, busy_ms_ = 0;  // summed over the collected steps

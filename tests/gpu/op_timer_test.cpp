@@ -75,3 +75,52 @@ TEST(OpTimerSpan, IdleIsTheSpanLessTheTimeInsideAnyScope) {
     CUDA_CHECK(cudaFree(a));
     CUDA_CHECK(cudaFree(b));
 }
+
+// A scope inside another on the same stream is the outer one's minus: the families' sum then counts no
+// instant of a stream twice ("gemm fwd" inside "recompute"). One on another stream is not taken out.
+TEST(OpTimerSpan, NestedScopesOnOneStreamAreTakenOutOfTheOuter) {
+    QTRAIN_REQUIRE_GPU();
+    setenv("QTRAIN_TIME_BREAKDOWN", "1", 1);
+    OpTimer timer;
+    unsetenv("QTRAIN_TIME_BREAKDOWN");
+    const std::size_t n = std::size_t{256} << 20;
+    void *a = nullptr, *b = nullptr;
+    CUDA_CHECK(cudaMalloc(&a, n));
+    CUDA_CHECK(cudaMalloc(&b, n));
+    cudaStream_t s1, s2;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    for (int step = 0; step < 2; ++step) {
+        {
+            auto outer = timer.scope("outer", s1);
+            busy(a, n, s1);
+            {
+                auto inner = timer.scope("inner", s1);
+                busy(a, n, s1);
+                busy(a, n, s1);
+            }
+            auto side = timer.scope("side", s2);  // opened inside, on another stream
+            busy(b, n, s2);
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s1));
+        CUDA_CHECK(cudaStreamSynchronize(s2));
+        timer.collect();
+    }
+    const std::string r = timer.report();
+    // outer's own time is one memset round, inner's two: inner > outer here, and their sum is the stream's
+    // busy time on s1 (not outer's full interval counted again)
+    auto ms_of = [&](const std::string& name) {
+        const std::size_t at = r.find("  " + name + " ");
+        EXPECT_NE(at, std::string::npos) << r;
+        return at == std::string::npos ? 0.0 : std::stod(r.substr(at + 2 + 22, 10));
+    };
+    const double outer = ms_of("outer"), inner = ms_of("inner"), side = ms_of("side");
+    EXPECT_GT(outer, 0.0);
+    EXPECT_GT(inner, 1.5 * outer) << r;
+    EXPECT_GT(side, 0.0);
+    EXPECT_LE(timer.sum_ms(), timer.busy_ms() + side + 1e-3) << r;  // only the side stream's overlap is counted twice
+    CUDA_CHECK(cudaStreamDestroy(s1));
+    CUDA_CHECK(cudaStreamDestroy(s2));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaFree(b));
+}
