@@ -123,7 +123,7 @@ std::string OpTimer::report() const {
         out += line;
     }
     const int n = std::max(1, steps_);
-    std::snprintf(line, sizeof line, "  %-22s %9.3f ms  (nested and side-stream scopes counted in each)\n",
+    std::snprintf(line, sizeof line, "  %-22s %9.3f ms  (side-stream scopes overlap the compute stream's)\n",
                   "sum of ops", sum / n);
     out += line;
     std::snprintf(line, sizeof line, "  %-22s %9.3f ms  (first scope's start to last scope's end)\n", "step span",
