@@ -47,4 +47,18 @@ alive && fail "train survived the timeout around the bench"
 # 3. STOP_AFTER= (empty): the bench waits for train to end by itself
 out=$(run env STEPS=2 STOP_AFTER= LINGER=1 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "run to the end exited $?"
 echo "$out" | grep -q '"tokens_per_s"' || fail "no JSON line after a run to the end: $out"
-echo "bench_qtrain.sh stops, times out and runs to the end as documented"
+# 4. FLOOR=1 runs no training: step_floor_bench gets the row's command (model, batch, seq, accumulation, the
+# flags), its last line is printed and its whole output kept in floor.out
+cat > "$tmp/bin/step_floor_bench" <<'SH'
+#!/usr/bin/env bash
+echo "table line"
+echo "{\"args\": \"$*\"}"
+SH
+chmod +x "$tmp/bin/step_floor_bench"
+out=$(run env FLOOR=1 GA=8 SEQ=2048 "$src/bench/bench_qtrain.sh" M 3 --extra-flag 2>/dev/null) || fail "FLOOR=1 exited $?"
+for want in --model=M --batch-size=3 --seq-len=2048 --grad-accumulation=8 --extra-flag; do
+  echo "$out" | grep -q -- "$want" || fail "FLOOR=1 did not pass $want: $out"
+done
+grep -q "table line" "$tmp/work/floor.out" || fail "floor.out lacks step_floor_bench's output"
+alive && fail "FLOOR=1 started train"
+echo "bench_qtrain.sh stops, times out, runs to the end and gives floors as documented"
