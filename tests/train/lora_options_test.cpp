@@ -344,9 +344,14 @@ TEST(LoraOptions, CudaPlanShowsTheTrainAlsoTensors) {
         for (const ParamSpec& s : lora_train_also_parameters(cfg, both.lora))
             matrices += s.numel() == int64_t{cfg.vocab_size} * cfg.hidden_size;
         EXPECT_EQ(matrices, cfg.tie_word_embeddings ? 1 : 2);
-        EXPECT_ERROR(plan_model(cfg, with({"--train-also=embeddings", "--matmul-dtype=e4m3", "--lm-head-dtype=e4m3"}),
-                                "cuda"),
-                     "--train-also=embeddings", "--lm-head-dtype=e4m3", "not yet supported on --device=cuda");
+        // a trained FP8 LM head (session 24): planned, with its dW operands (one chunk's d(logits)^T and x^T)
+        const MemoryPlan trained = plan_model(
+            cfg, with({"--train-also=embeddings", "--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--lm-head-dtype=e4m3"}),
+            "cuda");
+        const MemoryPlan frozen_head = plan_model(
+            cfg, with({"--train-also=norms", "--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--lm-head-dtype=e4m3"}),
+            "cuda");
+        EXPECT_GT(bytes(trained, "Workspace"), bytes(frozen_head, "Workspace"));
         EXPECT_NO_THROW(plan_model(cfg, with({"--train-also=norms", "--matmul-dtype=e4m3", "--lm-head-dtype=e4m3"}),
                                    "cuda"));
     }

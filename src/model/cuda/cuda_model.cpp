@@ -187,11 +187,6 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
 // refused by name.
 void CudaModel::check_lora_options(const ModelOptions& o) {
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    // (the FP8 head is quantised once, from the frozen base; a trained head would need it again each step)
-    QT_CHECK(!(o.fp8_lm_head && (o.lora.train_also & kTrainEmbeddings)), flag(&LoraOptions::train_also), "=",
-             lora_train_also_text(o.lora.train_also), " with ", flag(&ModelOptions::fp8_lm_head),
-             "=e4m3 is not yet supported on ", flag(RunFlag::Device), "=cuda (the trained LM head stays in the model "
-             "dtype: leave ", flag(&ModelOptions::fp8_lm_head), " out, or train the norms only)");
     const std::pair<ModelFlag, bool> refused[] = {
         {&ModelOptions::shard_gradients, o.shard_gradients && o.gpus <= 1},  // (ZeRO-2 of the adapters with ranks)
         {&ModelOptions::offload_master, o.offload_master},
@@ -308,7 +303,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
             // (the FP8 base without bf16 matrices: where the weights buffer holds it, fp8_base_only)
             offsets.push_back(weights_->matrices_fp8_only() ? layout_.compact_index(off) : off);
         }
-        lora_->bind_base(buf_.weights, std::move(offsets));
+        // an FP8 LM head that --train-also=embeddings trains: its e4m3 copy is quantised again from each
+        // write of the trained values (the full model's optimizer step does the same)
+        std::function<void()> after_write;
+        if (opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings))
+            after_write = [this] { weights_->quantize_lm_head(); };
+        lora_->bind_base(buf_.weights, std::move(offsets), std::move(after_write));
     }
 
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded

@@ -362,11 +362,12 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         } else if (head && fp8_grads && jit) {  // resident, its row-major copy in wq; no wTq to hold its transpose
             b.lm_wTq = quants.take(head_n);
         }
+        // the LM head has a weight gradient: the full model's, or LoRA's with --train-also=embeddings
+        const bool head_dw = !frozen || (opt.lora.train_also & kTrainEmbeddings);
         if (head && fp8_grads) {  // one chunk's d(logits) in FP8, row-major and transposed
             const std::size_t chunk = static_cast<std::size_t>(b.lmhead_chunk_rows) * c.vocab_size;
             b.lm_dyq = ws.take(chunk);
-            // (LoRA: the FP8 head is frozen -- check_lora_options refuses training it -- so no dW GEMM)
-            if (!frozen) b.lm_dyTq = ws.take(chunk);
+            if (head_dw) b.lm_dyTq = ws.take(chunk);  // (the dW GEMM's operand only)
         }
         b.fp8_scales =
             ws.take_n<float>(4 * static_cast<std::size_t>(L * kFp8SlotsPerLayer + 2 + (head ? kFp8HeadSlots : 0)));
@@ -375,7 +376,9 @@ void bind_gpu_buffers(GpuBuffers& b, std::vector<Arena>& arenas, const ModelConf
         b.xq = ws.take(N * x_max);
         if (fp8_grads) {
             const int64_t dy_max = std::max({qkvd, h, 2 * I});
-            if (!frozen) b.xTq = ws.take(N * x_max);  // (x re-quantised for dW; the LM head's dW too)
+            // (x re-quantised for dW; the LM head's dW too: LoRA's trained head needs a chunk's rows of it)
+            if (!frozen) b.xTq = ws.take(N * x_max);
+            else if (head && head_dw) b.xTq = ws.take(static_cast<std::size_t>(b.lmhead_chunk_rows) * h);
             b.dyq = ws.take(N * dy_max);
             if (!frozen) b.dyTq = ws.take(N * dy_max);  // (dy^T: the dW GEMM's operand only)
         }

@@ -298,10 +298,11 @@ void LoraAdapters::update(const cuda::AdamWArgs& args, const float* clip) {
     zero_grads();
 }
 
-void LoraAdapters::bind_base(void* weights, std::vector<int64_t> offsets) {
+void LoraAdapters::bind_base(void* weights, std::vector<int64_t> offsets, std::function<void()> after_write) {
     QT_CHECK(offsets.size() == layout_.trained_base.size(), "GPU model: internal error (",
              flag(&LoraOptions::train_also), ": ", offsets.size(), " base offsets for ", layout_.trained_base.size(),
              " tensors)");
+    after_write_ = std::move(after_write);
     base_ = weights;
     base_offsets_ = std::move(offsets);
 }
@@ -324,6 +325,7 @@ void LoraAdapters::write_base() {
                                    static_cast<const char*>(buf_.weights) + layout_.offsets[i] * es,
                                    layout_.specs[i].numel() * es, cudaMemcpyDeviceToDevice, stream_));
     }
+    if (after_write_ && !base_offsets_.empty()) after_write_();
 }
 
 void LoraAdapters::read_base_into_host(const std::string& hf_name) {

@@ -15,6 +15,7 @@
 // checkpoint or adapter is the CPU model's.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,7 +90,9 @@ public:
     // update and each upload_from_host (so a resume or a set value reaches the forward, and a resume
     // in bf16 reads the bits the uninterrupted run read). bind_base: the base's flat weights and each
     // trained tensor's offset there (layout().trained_base order); unbound (before it), nothing is written.
-    void bind_base(void* weights, std::vector<int64_t> offsets);
+    // `after_write` (may be empty) runs on the stream after each such write: what the model derives from
+    // the written values (an FP8 LM head's codes).
+    void bind_base(void* weights, std::vector<int64_t> offsets, std::function<void()> after_write = {});
     // The fp32 gradient of base tensor `hf_name` (HF name) when --train-also trains it, else null.
     float* trained_grad(const std::string& hf_name) const;
     // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the
@@ -159,6 +162,7 @@ private:
     int world_ = 1;    // the ranks' passes (end_pass): 1 until set_communicator
     ParamShard shard_;
     void* base_ = nullptr;               // bind_base: the base's flat model-dtype weights
+    std::function<void()> after_write_;  // bind_base's
     std::vector<int64_t> base_offsets_;  // per --train-also tensor: its offset there
     std::unique_ptr<OptimizerState> optimizer_;
     mutable CpuLora host_;

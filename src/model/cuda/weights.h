@@ -131,6 +131,9 @@ public:
     // here in every mode (it is resident when streamed; under ZeRO-3 every rank quantises it after
     // changed() has broadcast it), its abs-max taken here.
     void quantize(bool amax_ready = false);
+    // The LM head's FP8 copies (--lm-head-dtype=e4m3) from its resident model-dtype weights, on the compute
+    // stream: quantize() does it; LoRA's --train-also=embeddings after each write of the trained head.
+    void quantize_lm_head();
     // The FP8 base without bf16 matrices (fp8_base_only): `flat` holds no layer matrix (at() of one
     // throws), quantize() leaves the layers alone, and the load quantises each matrix m of layer l
     // once from its model-dtype values w ([rows, cols] on the device, e.g. a staging buffer) with
@@ -189,8 +192,6 @@ private:
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t);
     void fill_from_owners(int64_t lo, int64_t hi, void* dst, cudaStream_t stream, const void* block, DType t,
                           const ParamShard& blocks, int64_t origin);
-    // The LM head's FP8 copies from its resident model-dtype weights, on the compute stream.
-    void quantize_lm_head();
     // ZeRO-3 with FP8 weights (fp8_weights_gathered): every matrix's abs-max over the ranks' parts
     // and its scales, then this rank's part quantised into buf_.quant_block, on the compute stream.
     void quantize_block();
