@@ -84,9 +84,10 @@ for cfg in ${*:-7b-bf16 7b-fp8-stream}; do
                      --fp8-weight-transposes=jit --use-cuda-graphs ;;
     # Session 24's 7B candidate: session 22's flags with the bf16 weights as the master and bf16 host gradients
     # (as the 14B row): the per-step optimizer moves the bf16 moments and weights over PCIe instead of the fp32
-    # master, moments and gradients (pinned 109.9 -> 66.3 GB at the same 23,872 MiB device plan, --plan-only).
+    # master, moments and gradients (pinned 66 instead of 110 GB, --plan-only). Batch 40 (plan 23,042 MiB): with the
+    # CUDA context (~0.7-0.8 GiB) batch 42's 23,872 MiB would peak at the 24 GiB card's edge.
     # Not session 9's precision (stated beside its figure); its loss: the --master-dtype=bf16 GPU test (within 2%).
-    7b-fp8-s24-bf16m-ga2|7b-fp8-s24-bf16m-ga4) run "$cfg" Qwen2.5-7B 42 "${cfg##*-ga}" --recompute-block \
+    7b-fp8-s24-bf16m-ga2|7b-fp8-s24-bf16m-ga4) run "$cfg" Qwen2.5-7B 40 "${cfg##*-ga}" --recompute-block \
                      --offload-opt-m --offload-opt-v $STREAM --offload-residual --attn-bwd-chunks=2 --lmhead-chunks=16 \
                      $FP8 --master-dtype=bf16 --param-grad-dtype=bf16 --fp8-fast-accum=all --fp8-weight-transposes=jit \
                      --use-cuda-graphs ;;
