@@ -143,6 +143,29 @@ TEST(CudaLoraFp8Stream, Bf16BaseStepsBitIdenticalToResidentBase) {
     }
 }
 
+// --train-also with the bf16 base streamed on one GPU (session 24): the trained norms and embeddings are
+// written into the base's pinned host copy after each update and the device copies refreshed from it (its
+// resident tensors, the layer slots): the same bits as the resident base, every family (Llama untied: its
+// trained embedding rows read from the pinned copy), with bf16 and e4m3 matmuls.
+TEST(CudaLoraFp8Stream, Bf16BaseTrainsAlsoBitIdenticalToResidentBase) {
+    QTRAIN_REQUIRE_GPU();
+    const int B = 2, T = 48;
+    LoraOptions lora = lora_options(0.0f);
+    lora.train_also = kTrainNorms | kTrainEmbeddings;
+    for (const FamilyCase& f : kLoraFamilies) {
+        const ModelConfig cfg = f.make();
+        for (DType matmul : {DType::BF16, DType::E4M3}) {
+            SCOPED_TRACE(std::string(f.name) + " --matmul-dtype=" + std::string(dtype_name(matmul)));
+            ModelOptions s = fp8_base(DType::BF16, B, T, lora, true, matmul);
+            ModelOptions r = fp8_base(DType::BF16, B, T, lora, false, matmul);
+            ASSERT_TRUE(weights_on_host(s));
+            CudaModel streamed(cfg, s), resident(cfg, r);
+            start_lora_models({&streamed, &resident}, 17, 18);
+            expect_streamed_equals_resident(streamed, resident, cfg, B, T);
+        }
+    }
+}
+
 // The FP8 LM head (resident, quantised once) and --train-also=norms (the trained norms are resident
 // model-dtype tensors, written by the adapters' AdamW) with the streamed base; --recompute-ffn.
 TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
@@ -161,7 +184,7 @@ TEST(CudaLoraFp8Stream, Fp8HeadAndTrainedNormsBitIdentical) {
     expect_streamed_equals_resident(streamed, resident, cfg, B, T);
 }
 
-// What stays refused names its flags, before any memory is taken: --train-also with the streamed bf16
+// What stays refused names its flags, before any memory is taken: --train-also with ZeRO-3 of the bf16
 // base, CUDA graphs at ZeRO-3 of the base, persistent / offloaded quants (the codes are on the host already). (CUDA
 // graphs with the streamed base: cuda_graphs_stream_test.cpp.)
 TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
@@ -170,8 +193,9 @@ TEST(CudaLoraFp8Stream, RefusalsNameTheirFlags) {
     LoraOptions also = lora_options(0.0f);
     also.train_also = kTrainNorms;
     ModelOptions bf16 = fp8_base(DType::BF16, 2, 48, also, true);
+    bf16.gpus = 2;  // (one GPU: Bf16BaseTrainsAlsoBitIdenticalToResidentBase)
     EXPECT_ERROR((void)CudaModel(cfg, bf16), "--lora-rank=8", "--shard-weights", "--train-also=norms",
-                 "--gradient-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
+                 "--gradient-dtype=bf16", "--gpus=2", "--gradient-dtype=e4m3|e5m2");
     // (with --gpus=2, --shard-weights is ZeRO-3 of the base, cuda_lora_zero3_test.cpp; its layer gathers
     // are collectives a CUDA graph does not capture)
     ModelOptions two = fp8_base(DType::E5M2, 2, 48, lora_options(0.0f), true);

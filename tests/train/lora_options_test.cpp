@@ -263,8 +263,9 @@ TEST(LoraOptions, CudaPlanShowsTheStreamedFp8Base) {
         ModelOptions o = train_options_from_args(extra).model_options("cuda");
         return plan_model(cfg, o, "cuda");
     };
-    EXPECT_ERROR(plan({"--train-also=norms"}), "--lora-rank=8", "--shard-weights", "--train-also=norms",
-                 "--gradient-dtype=bf16", "--gradient-dtype=e4m3|e5m2");
+    // (--train-also with the streamed bf16 base on one GPU: written into its host copy since session 24;
+    // ZeRO-3's block of it stays refused, lora_zero3_plan_test.cpp)
+    EXPECT_NO_THROW(plan({"--train-also=norms,embeddings"}));
     EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--persistent-quants"}), "--lora-rank=8",
                  "--shard-weights", "--persistent-quants");
     EXPECT_ERROR(plan({"--matmul-dtype=e4m3", "--gradient-dtype=e5m2", "--offload-quants"}), "--lora-rank=8",

@@ -157,17 +157,18 @@ void CudaModel::check_options(const ModelOptions& o) {
 void CudaModel::check_lora_streaming(const ModelOptions& o) {
     if (!o.shard_weights) return;
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    // (the bf16 base's trained tensors would be written to the host copy or, under ZeRO-3, to their
-    // owners' blocks, and the resident and slot copies refreshed after every update; the FP8 base keeps
-    // them resident, whole on every rank)
-    QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
-             flag(&LoraOptions::train_also), "=", lora_train_also_text(o.lora.train_also),
-             " is not yet supported on ", flag(RunFlag::Device), "=cuda with ", flag(&ModelOptions::gradient_dtype), "=",
-             dtype_name(o.gradient_dtype), " (the streamed bf16 base is in host memory; with ", flag(&ModelOptions::gpus),
-             " > 1, ZeRO-3, each rank holds a block of it): use the FP8 base (", flag(&ModelOptions::matmul_dtype),
-             "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
-             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU",
-             o.gpus > 1 ? cat(", or ", flag(RunFlag::ZeroLevel), "=1|2 (the base replicated)") : std::string());
+    // (on one GPU the streamed bf16 base's trained tensors are written into its host copy and the
+    // resident and slot copies refreshed after every write (bind_base's after_write: Weights::changed);
+    // under ZeRO-3 a rank holds a block of it only, where whole tensors cannot be written; the FP8 base
+    // keeps them resident, whole on every rank)
+    QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0 || o.gpus <= 1, lora, " with ",
+             flag(&ModelOptions::shard_weights), " and ", flag(&LoraOptions::train_also), "=",
+             lora_train_also_text(o.lora.train_also), " is not yet supported on ", flag(RunFlag::Device), "=cuda with ",
+             flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype), " and ", flag(&ModelOptions::gpus),
+             "=", o.gpus, " (ZeRO-3: each rank holds a block of the bf16 base): use the FP8 base (",
+             flag(&ModelOptions::matmul_dtype), "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
+             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU, or ", flag(RunFlag::ZeroLevel),
+             "=1|2 (the base replicated)");
     QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
              " is not supported on ", flag(RunFlag::Device),
@@ -303,11 +304,18 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
             // (the FP8 base without bf16 matrices: where the weights buffer holds it, fp8_base_only)
             offsets.push_back(weights_->matrices_fp8_only() ? layout_.compact_index(off) : off);
         }
-        // an FP8 LM head that --train-also=embeddings trains: its e4m3 copy is quantised again from each
-        // write of the trained values (the full model's optimizer step does the same)
+        // What derives from the trained values, after each write of them: the streamed bf16 base's
+        // device copies (its resident tensors and the layer slots, refreshed from the host copy the write
+        // went to), and an FP8 LM head that --train-also=embeddings trains (quantised again, as the full
+        // model's optimizer step does)
+        const bool streamed_copies = weights_on_host(opt_) && !lora_->layout().trained_base.empty();
+        const bool fp8_head = opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings);
         std::function<void()> after_write;
-        if (opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings))
-            after_write = [this] { weights_->quantize_lm_head(); };
+        if (streamed_copies || fp8_head)
+            after_write = [this, streamed_copies, fp8_head] {
+                if (streamed_copies) weights_->changed();
+                if (fp8_head) weights_->quantize_lm_head();
+            };
         lora_->bind_base(buf_.weights, std::move(offsets), std::move(after_write));
     }
 

@@ -323,7 +323,7 @@ void LoraAdapters::write_base() {
         // the captured graph: ~2-4 per layer per step)
         CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base_) + base_offsets_[k] * es,
                                    static_cast<const char*>(buf_.weights) + layout_.offsets[i] * es,
-                                   layout_.specs[i].numel() * es, cudaMemcpyDeviceToDevice, stream_));
+                                   layout_.specs[i].numel() * es, cudaMemcpyDefault, stream_));  // (a host copy: streamed)
     }
     if (after_write_ && !base_offsets_.empty()) after_write_();
 }
@@ -338,7 +338,7 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
         const int64_t n = s.numel();
         std::vector<uint8_t> raw(static_cast<std::size_t>(n) * es);
         CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const char*>(base_) + base_offsets_[k] * es, raw.size(),
-                              cudaMemcpyDeviceToHost));
+                              cudaMemcpyDefault));  // (the streamed base's is in pinned host memory)
         float* to = host_.param(s.name);
         if (act_ == DType::F32) {
             std::memcpy(to, raw.data(), raw.size());
