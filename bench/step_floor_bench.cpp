@@ -95,9 +95,9 @@ void run_gemm(GemmRunner& r, const StepGemm& g, const Operands& p, cudaStream_t 
         case GemmPass::WeightGrad:
             if (g.fp8)
                 r.linear_backward_weight_fp8(p.out, DType::F32, p.act, g.grad_dtype, p.scale, p.act2, DType::E4M3,
-                                             p.scale, g.tokens, g.in, g.out, true, s, g.fast_accum);
+                                             p.scale, g.tokens, g.in, g.out, g.beta != 0.0f, s, g.fast_accum);
             else
-                r.linear_backward_weight(p.out, DType::F32, p.act, p.act2, A, g.tokens, g.in, g.out, true, s);
+                r.linear_backward_weight(p.out, DType::F32, p.act, p.act2, A, g.tokens, g.in, g.out, g.beta != 0.0f, s);
             return;
     }
 }

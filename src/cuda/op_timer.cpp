@@ -60,8 +60,8 @@ OpTimer::Scope::Scope(OpTimer* t, const char* name, cudaStream_t s) : t_(t), s_(
             t_->parent_[slot_] = *it;
             break;
         }
-    t_->open_.push_back(slot_);
     CUDA_CHECK(cudaEventRecord(t_->events_[slot_].first, s_));
+    t_->open_.push_back(slot_);  // (after the record: a throw leaves no dead scope open)
 }
 
 OpTimer::Scope::~Scope() {

@@ -33,7 +33,7 @@ struct ModelOptions {
     DType opt_m_dtype = DType::F32;
     DType opt_v_dtype = DType::F32;
     DType master_dtype = DType::F32;
-    DType param_grad_dtype = DType::F32;  // the accumulated parameter gradients (bf16: offloaded only)
+    DType param_grad_dtype = DType::F32;  // the accumulated parameter gradients (bf16: staged, gradients.h)
     // --lm-head-dtype=e4m3 (needs matmul_dtype e4m3): the LM head's GEMMs in FP8 too (its logits GEMM
     // always; dx and dW only with FP8 gradients). Off: the head stays in the model dtype, as before.
     bool fp8_lm_head = false;

@@ -68,6 +68,13 @@ TEST(Bf16DeviceGradientsPlan, OnlyTheFullModelStages) {
     EXPECT_TRUE(gradients_staged(o));
     o.lora.rank = 8;  // a frozen base has no gradient buffer
     EXPECT_FALSE(gradients_staged(o));
+    // and LoRA refuses the flag by name rather than ignore it (its adapters' gradient is fp32)
+    try {
+        CudaModel::plan(preset_config("Qwen2.5-0.5B"), o);
+        FAIL() << "LoRA with bf16 gradients planned";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("--param-grad-dtype=bf16"), std::string::npos) << e.what();
+    }
 }
 
 // With several ranks bf16 gradients stay ZeRO-2's (a rank's block, reduced per layer): ZeRO-1 would

@@ -52,6 +52,23 @@ TEST(StepGemms, FullModelIsSixFlopPerMatmulParameterAndToken) {
     }
 }
 
+// Staged gradients (offloaded, bf16, ZeRO-2's per-layer reductions): each matrix's dW GEMM writes its slot
+// part (beta 0, Gradients::matrices_written_whole); the LM head's still accumulates over its chunks.
+TEST(StepGemms, StagedGradientsWriteTheLayerWeightGradients) {
+    const ModelConfig c = preset_config("Qwen2.5-7B");
+    for (int mode = 0; mode < 3; ++mode) {
+        ModelOptions o = micro_batch(4, 1024);
+        o.lmhead_chunks = 2;
+        if (mode == 0) o.offload_gradients = true;
+        if (mode == 1) o.param_grad_dtype = DType::BF16;
+        if (mode == 2) o.gpus = 2, o.shard_gradients = true;
+        for (const StepGemm& g : step_gemms(c, o)) {
+            if (g.pass != GemmPass::WeightGrad) continue;
+            EXPECT_EQ(g.beta, g.name == "dw lm head" ? 1.0f : 0.0f) << g.name << ", mode " << mode;
+        }
+    }
+}
+
 TEST(StepGemms, ShapesAreTheLayerMatricesAndTheHead) {
     const ModelConfig c = preset_config("Qwen2.5-7B");  // h 3584, 28 q heads and 4 kv heads of 128, I 18944
     const auto m = by_name(step_gemms(c, micro_batch(4, 1024)));

@@ -65,6 +65,24 @@ TEST(StepTraffic, OffloadMovesTheOptimizerStateOverPcie) {
     EXPECT_NEAR(opt.host_bytes, 118e9, 3e9);              // session 23's ~118 GB
 }
 
+// Staged gradients flush each layer's fp32 slot into the kept copy once per micro-batch: on the device for
+// bf16 gradients (4 + 2 + 2 bytes a layer parameter), over PCIe for the offloaded copy; none for the flat
+// fp32 buffer (its dW GEMMs accumulate in place).
+TEST(StepTraffic, StagedGradientsFlushEachMicroBatch) {
+    const ModelConfig c = preset_config("Qwen2.5-7B");
+    ModelOptions o = bf16(4, 1024);
+    EXPECT_FALSE(by_name(step_traffic(c, o)).count("gradient flush"));
+    const double layer_params = 28.0 * (3584.0 * 4608 + 4608 + 3584.0 * 3584 + 3 * 3584.0 * 18944 + 2 * 3584);
+    o.param_grad_dtype = DType::BF16;
+    StepTraffic f = by_name(step_traffic(c, o)).at("gradient flush");
+    EXPECT_NEAR(f.device_bytes, 8 * layer_params, 0.001 * layer_params);  // (the layout's padding aside)
+    EXPECT_EQ(f.host_bytes, 0.0);
+    o.offload_gradients = true;
+    f = by_name(step_traffic(c, o)).at("gradient flush");
+    EXPECT_NEAR(f.device_bytes, 4 * layer_params, 0.001 * layer_params);
+    EXPECT_NEAR(f.host_bytes, 4 * layer_params, 0.001 * layer_params);
+}
+
 TEST(StepTraffic, Fp8AddsTheQuantisationAndLoraDropsWhatItHasNot) {
     const ModelConfig c = preset_config("Qwen2.5-7B");
     ModelOptions o = bf16(12, 2048);

@@ -209,6 +209,9 @@ void CudaModel::check_lora_options(const ModelOptions& o) {
     QT_CHECK(o.opt_m_dtype == DType::F32 && o.opt_v_dtype == DType::F32, lora, " with ",
              flag(&ModelOptions::opt_m_dtype), " / ", flag(&ModelOptions::opt_v_dtype),
              " other than fp32: the adapters keep fp32 moments (leave them out)");
+    QT_CHECK(o.param_grad_dtype == DType::F32, lora, " with ", flag(&ModelOptions::param_grad_dtype), "=",
+             dtype_name(o.param_grad_dtype), ": the frozen base has no gradient and the adapters keep an fp32 one "
+             "(leave ", flag(&ModelOptions::param_grad_dtype), " out)");
 }
 
 // FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt's FP8 alignment rules).

@@ -102,7 +102,9 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
         dw->fp8 = fp8_grads;
         dw->grad_dtype = dx->grad_dtype;
         dw->fast_accum = fp8_grads && fast_bwd;
-        dw->beta = 1.0f;
+        // staged gradients: each matrix's dW GEMM writes its part of the layer's zeroed-elsewhere slot
+        // (Gradients::matrices_written_whole); else it accumulates into the flat fp32 gradient
+        dw->beta = gradients_staged(o) ? 0.0f : 1.0f;
     }
     // the LM head, chunk by chunk (CudaModel::lm_head): rows of ceil(N / chunks), the last one shorter
     const int64_t rows = (N + o.lmhead_chunks - 1) / o.lmhead_chunks;

@@ -23,7 +23,7 @@ enum class GemmPass : uint8_t { Forward, Recompute, InputGrad, WeightGrad };
 
 // One GEMM shape and how often a micro-batch runs it. In the row-major terms of cuda/gemm.h: Forward
 // and Recompute y[tokens, out] = x[tokens, in] W^T; InputGrad dx[tokens, in] = dy W; WeightGrad
-// dW[out, in] += dy^T x (fp32, accumulated).
+// dW[out, in] (+)= dy^T x (fp32; accumulated with beta 1, or with staged gradients written, beta 0).
 struct StepGemm {
     std::string name;  // e.g. "fwd qkv", "dx gate|up", "dw lm head"
     GemmPass pass = GemmPass::Forward;

@@ -5,6 +5,7 @@
 #include "core/dtype.h"
 #include "model/cuda/attention_choice.h"
 #include "model/cuda/gpu_buffers.h"
+#include "model/cuda/gpu_layout.h"
 
 namespace qtrain {
 
@@ -54,6 +55,15 @@ std::vector<StepTraffic> step_traffic(const ModelConfig& c, const ModelOptions& 
 
     std::vector<StepTraffic> out;
     for (const auto& [name, bytes] : per_token) out.push_back({name, bytes * N, 0.0, false});
+
+    // staged gradients (gradients.h): each layer's fp32 slot read by its flush, which adds it into the kept
+    // copy (read and written: in host memory with --offload-gradients, over PCIe), once per micro-batch
+    if (gradients_staged(o)) {
+        const double layers = static_cast<double>(make_gpu_layout(c).layer_span) * L;
+        const double kept = 2 * layers * dtype_size(o.param_grad_dtype);
+        out.push_back({"gradient flush", 4 * layers + (o.offload_gradients ? 0 : kept),
+                       o.offload_gradients ? kept : 0.0, false});
+    }
 
     // ---- the optimizer, once per step (the full model; LoRA's adapters are small) ----
     if (!frozen) {

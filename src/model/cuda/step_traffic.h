@@ -3,9 +3,10 @@
 // of each, which bench/step_floor_bench turns into milliseconds at the device's measured copy rate (and
 // the offloaded optimizer's at the PCIe rate). The counts are each kernel's unavoidable reads and writes
 // of whole tensors as the model calls them (cuda_model_layer.cpp, cuda_model_linear.cpp): a kernel at
-// its floor moves exactly these; one above it re-reads or moves more. Not modelled: LoRA's adapters
-// (bench/lora_overlap_bench), the recompute's repeated elementwise ops, small per-row state (rstd,
-// lse, amax slots), host copies of streamed weights, gradients and residuals.
+// its floor moves exactly these; one above it re-reads or moves more. Staged gradients' flushes are in
+// ("gradient flush": the slot read, the kept copy read and written, over PCIe when offloaded). Not
+// modelled: LoRA's adapters (bench/lora_overlap_bench), the recompute's repeated elementwise ops, small
+// per-row state (rstd, lse, amax slots), host copies of streamed weights and residuals.
 //
 // CUDA-free (tests/gpu/step_traffic_test.cpp checks it on any machine).
 #pragma once
