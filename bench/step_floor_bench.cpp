@@ -29,6 +29,7 @@
 #include "bench_check.h"
 #include "core/dtype.h"
 #include "cuda/attention.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "model/cuda/attention_choice.h"
 #include "model/cuda/gpu_buffers.h"
@@ -233,7 +234,16 @@ int run(int argc, char** argv) {
     const double copy_ms =
         time_calls([&] { CK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s)); }, s, 2, 10);
     const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e9);
-    std::printf("device copy: %.2f TB/s (read + write)\n", copy_tbs);
+    // the read rate (the model's own abs-max reduction over 1 GiB): the fastest a kernel moves bytes, and
+    // the rate at which the memory-bound ops' floors are taken (a kernel reading more than it writes beats
+    // the copy rate: session 21's SwiGLU ran above it)
+    float* amax = nullptr;
+    CK(cudaMalloc(&amax, 16));
+    const double read_ms =
+        time_calls([&] { cuda::abs_max(amax, DType::BF16, src, static_cast<int64_t>(copy_bytes / 2), s); }, s, 2, 10);
+    const double read_tbs = copy_bytes / (read_ms * 1e9);
+    const double hbm_tbs = std::max(copy_tbs, read_tbs);
+    std::printf("device copy: %.2f TB/s (read + write); read (abs-max): %.2f TB/s\n", copy_tbs, read_tbs);
 
     // PCIe: pinned host to device (the offloaded optimizer reads and writes its state this way)
     void* pinned = nullptr;
@@ -244,12 +254,12 @@ int run(int argc, char** argv) {
     const double pcie_gbs = pcie_bytes / (h2d_ms * 1e6);
     std::printf("PCIe host to device (pinned): %.1f GB/s\n", pcie_gbs);
 
-    // the memory-bound ops at the copy rate (model/cuda/step_traffic.h); the optimizer once per step
+    // the memory-bound ops at the faster of the two rates (model/cuda/step_traffic.h); the optimizer once per step
     const int GA = std::max(1, topt.grad_accumulation);
     double elem_ms = 0, per_step_ms = 0;
     std::printf("%-34s %12s %12s | %10s\n", "memory-bound op (op timer name)", "device GB", "PCIe GB", "floor ms");
     for (const StepTraffic& t : step_traffic(c, o)) {
-        const double ms = t.device_bytes / (copy_tbs * 1e9) + t.host_bytes / (pcie_gbs * 1e6);
+        const double ms = t.device_bytes / (hbm_tbs * 1e9) + t.host_bytes / (pcie_gbs * 1e6);
         std::printf("%-34s %12.3f %12.3f | %10.3f%s\n", t.name.c_str(), t.device_bytes / 1e9, t.host_bytes / 1e9, ms,
                     t.per_step ? " per optimizer step" : "");
         (t.per_step ? per_step_ms : elem_ms) += ms;
@@ -260,14 +270,15 @@ int run(int argc, char** argv) {
     const double all_ms = floor_ms + elem_ms + per_step_ms / GA;
     std::printf("floor of GEMMs + attention: %.2f ms per micro-batch of %lld tokens = at most %.0f tokens/s\n", floor_ms,
                 static_cast<long long>(N), N / (floor_ms * 1e-3));
-    std::printf("+ the memory-bound ops at the copy rate (%.2f ms) and the optimizer over %d micro-batches (%.2f ms "
+    std::printf("+ the memory-bound ops at %.2f TB/s (%.2f ms) and the optimizer over %d micro-batches (%.2f ms "
                 "a step): %.2f ms = at most %.0f tokens/s (LoRA's adapters, recompute and host copies not counted)\n",
-                elem_ms, GA, per_step_ms, all_ms, N / (all_ms * 1e-3));
+                hbm_tbs, elem_ms, GA, per_step_ms, all_ms, N / (all_ms * 1e-3));
     std::printf("{\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"gemm_ms_heuristic\": %.3f, \"gemm_ms_best\": %.3f, "
                 "\"attention_ms\": %.3f, \"memory_bound_ms\": %.3f, \"optimizer_ms_per_step\": %.3f, \"grad_accumulation\": %d, "
-                "\"copy_tb_s\": %.3f, \"pcie_gb_s\": %.1f, \"floor_tokens_per_s\": %.0f, \"floor_all_tokens_per_s\": %.0f}\n",
+                "\"copy_tb_s\": %.3f, \"read_tb_s\": %.3f, \"pcie_gb_s\": %.1f, \"floor_tokens_per_s\": %.0f, "
+                "\"floor_all_tokens_per_s\": %.0f}\n",
                 topt.model.c_str(), B, T, heur_total, best_total, att_total, elem_ms, per_step_ms, GA, copy_tbs,
-                pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3));
+                read_tbs, pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3));
     return 0;
 }
 
