@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -32,19 +33,34 @@ void busy(void* p, std::size_t n, cudaStream_t s) {
 
 }  // namespace
 
-TEST(OpTimerSpan, IdleIsTheSpanLessTheTimeInsideAnyScope) {
-    QTRAIN_REQUIRE_GPU();
-    setenv("QTRAIN_TIME_BREAKDOWN", "1", 1);
-    OpTimer timer;
-    unsetenv("QTRAIN_TIME_BREAKDOWN");
-    ASSERT_TRUE(timer.enabled());
+// An enabled timer (QTRAIN_TIME_BREAKDOWN=1 while it is made), two 256 MiB buffers and two streams.
+class OpTimerSpan : public ::testing::Test {
+protected:
+    void SetUp() override {
+        QTRAIN_REQUIRE_GPU();
+        setenv("QTRAIN_TIME_BREAKDOWN", "1", 1);
+        timer = std::make_unique<OpTimer>();
+        unsetenv("QTRAIN_TIME_BREAKDOWN");
+        ASSERT_TRUE(timer->enabled());
+        CUDA_CHECK(cudaMalloc(&a, n));
+        CUDA_CHECK(cudaMalloc(&b, n));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    }
+    void TearDown() override {
+        if (s1) cudaStreamDestroy(s1);
+        if (s2) cudaStreamDestroy(s2);
+        if (a) cudaFree(a);
+        if (b) cudaFree(b);
+    }
     const std::size_t n = std::size_t{256} << 20;
+    std::unique_ptr<OpTimer> timer;
     void *a = nullptr, *b = nullptr;
-    CUDA_CHECK(cudaMalloc(&a, n));
-    CUDA_CHECK(cudaMalloc(&b, n));
-    cudaStream_t s1, s2;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaStream_t s1 = nullptr, s2 = nullptr;
+};
+
+TEST_F(OpTimerSpan, IdleIsTheSpanLessTheTimeInsideAnyScope) {
+    OpTimer& timer = *this->timer;
     for (int step = 0; step < 3; ++step) {  // the first step is the timer's warm-up (not counted)
         {
             auto t = timer.scope("first", s1);
@@ -70,26 +86,12 @@ TEST(OpTimerSpan, IdleIsTheSpanLessTheTimeInsideAnyScope) {
     EXPECT_LE(timer.busy_ms(), timer.sum_ms() + 1e-3);        // overlapping scopes counted once
     EXPECT_GT(timer.busy_ms(), 0.0);
     EXPECT_NE(timer.report().find("idle or untimed"), std::string::npos);
-    CUDA_CHECK(cudaStreamDestroy(s1));
-    CUDA_CHECK(cudaStreamDestroy(s2));
-    CUDA_CHECK(cudaFree(a));
-    CUDA_CHECK(cudaFree(b));
 }
 
 // A scope inside another on the same stream is the outer one's minus: the families' sum then counts no
 // instant of a stream twice ("gemm fwd" inside "recompute"). One on another stream is not taken out.
-TEST(OpTimerSpan, NestedScopesOnOneStreamAreTakenOutOfTheOuter) {
-    QTRAIN_REQUIRE_GPU();
-    setenv("QTRAIN_TIME_BREAKDOWN", "1", 1);
-    OpTimer timer;
-    unsetenv("QTRAIN_TIME_BREAKDOWN");
-    const std::size_t n = std::size_t{256} << 20;
-    void *a = nullptr, *b = nullptr;
-    CUDA_CHECK(cudaMalloc(&a, n));
-    CUDA_CHECK(cudaMalloc(&b, n));
-    cudaStream_t s1, s2;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+TEST_F(OpTimerSpan, NestedScopesOnOneStreamAreTakenOutOfTheOuter) {
+    OpTimer& timer = *this->timer;
     for (int step = 0; step < 2; ++step) {
         {
             auto outer = timer.scope("outer", s1);
@@ -119,8 +121,4 @@ TEST(OpTimerSpan, NestedScopesOnOneStreamAreTakenOutOfTheOuter) {
     EXPECT_GT(inner, 1.5 * outer) << r;
     EXPECT_GT(side, 0.0);
     EXPECT_LE(timer.sum_ms(), timer.busy_ms() + side + 1e-3) << r;  // only the side stream's overlap is counted twice
-    CUDA_CHECK(cudaStreamDestroy(s1));
-    CUDA_CHECK(cudaStreamDestroy(s2));
-    CUDA_CHECK(cudaFree(a));
-    CUDA_CHECK(cudaFree(b));
 }
