@@ -6,7 +6,8 @@
 # needs ~25: it tries algorithms in place until then). Prints one JSON line: median tokens/s over the
 # steps after those, and the plan's memory.
 # STOP_AFTER=n kills train once n steps are logged (SIGKILL: no checkpoint, no HF export, which takes a
-# minute or more at 7B/14B); default STEPS, STOP_AFTER= (empty) runs train to its end. A train still
+# minute or more at 7B/14B); default STEPS, STOP_AFTER= (empty) runs train to its end. With
+# QTRAIN_TIME_BREAKDOWN=1 it also waits for the op timer's table, which train prints after its steps. A train still
 # running when this script ends (a `timeout` around it) is killed with it, so it cannot hold the GPU's
 # memory (or write over the next run's train.out) after the script is gone. Where nvidia-smi exists, peak_mib is the
 # highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
@@ -48,7 +49,11 @@ smi=$!
 train=$!
 if [ -n "${STOP_AFTER:-}" ]; then
   while kill -0 $train 2>/dev/null; do
-    [ "$(cat "$WORK/log.jsonl" 2>/dev/null | grep -c '"log": *"step"')" -ge "$STOP_AFTER" ] && kill -9 $train
+    if [ "$(cat "$WORK/log.jsonl" 2>/dev/null | grep -c '"log": *"step"')" -ge "$STOP_AFTER" ]; then
+      # with QTRAIN_TIME_BREAKDOWN=1 train prints the op timer's table after its steps, before the export:
+      # wait for its last line ("idle or untimed") first
+      [ -z "${QTRAIN_TIME_BREAKDOWN:-}" ] || grep -q "idle or untimed" "$WORK/train.out" 2>/dev/null && kill -9 $train
+    fi
     sleep 0.5
   done
 fi

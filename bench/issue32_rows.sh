@@ -12,10 +12,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2 --fp8-fast-accum=all"
-q() {  # q MODEL BATCH GA flags...: one qtrain row
+q() {  # q MODEL BATCH GA flags...: one qtrain row (+ $EXTRA, e.g. EXTRA=--gemm-autotune with SKIP=2: it decides
+     # in the first step at GA >= 16, the LM head's shape after 48 calls)
   local m=$1 b=$2 ga=$3; shift 3
+  # shellcheck disable=SC2086
+  set -- "$@" ${EXTRA:-}
   echo "# qtrain $m batch $b accumulation ${GA:-$ga}: $*"
-  GA=${GA:-$ga} STEPS=${STEPS:-3} SKIP=1 timeout "${TIMEOUT:-580}" bench/bench_qtrain.sh "$m" "$b" --use-cuda-graphs "$@" 2>&1 | tail -1
+  GA=${GA:-$ga} STEPS=${STEPS:-3} SKIP=${SKIP:-1} timeout "${TIMEOUT:-580}" bench/bench_qtrain.sh "$m" "$b" --use-cuda-graphs "$@" 2>&1 | tail -1
 }
 for row in "$@"; do
   case $row in

@@ -148,6 +148,11 @@ public:
     // findings once it has decided); asked after every step, empty when there is nothing (new) to say.
     virtual std::string performance_notes() const { return {}; }
 
+    // The per-op-family time table of the steps run so far (QTRAIN_TIME_BREAKDOWN=1 on the GPU model,
+    // cuda/op_timer.h), taken once when training ends, before the export: a run stopped after its
+    // steps (a benchmark's kill during the export) still has it. Empty when the backend keeps none.
+    virtual std::string take_time_breakdown() { return {}; }
+
     // Progress of long per-tensor work (what: "initialising", "loading", "exporting", ...; done and
     // total in parameters), reported after each tensor; the engine decides what to print. A 14B model
     // spends minutes in it.

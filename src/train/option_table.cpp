@@ -451,8 +451,9 @@ std::vector<OptionSpec> make_table() {
             "With --lora-rank: also train these base tensors in full (fp32 master, AdamW moments, clipped with the "
             "adapters): norms (every RMSNorm weight: the layers' two, q/k norms where the family has them, the final "
             "norm) and/or embeddings (embed_tokens and lm_head; one matrix when tied), comma-separated. The adapter "
-            "names them in modules_to_save as PEFT does. On --device=cuda not with --lm-head-dtype=e4m3 and "
-            "embeddings")
+            "names them in modules_to_save as PEFT does. With --lm-head-dtype=e4m3 the trained head's FP8 copy is "
+            "made again after every update; with --shard-weights on one GPU the streamed bf16 base's host copy is "
+            "written; not with ZeRO-3 of a bf16 base (--gpus>1 --shard-weights)")
             .names(&LoraOptions::train_also),
         // where the adapters start and what the export is: not the math of the steps
         opt(kLora, "lora-from", &T::lora_from, R::MayChange,

@@ -513,6 +513,14 @@ void RankSession::export_files(const std::string& dir) {
 
 int RankSession::finish() {
     State& s = *s_;
+    // the op timer's table of the training steps (before the final evaluation adds its scopes, and before
+    // the export, during which a benchmark stops the run: bench_qtrain.sh waits for this table)
+    // (the other ranks' tables: their models' destructors print them, as before)
+    if (lead_)
+        if (std::string table = s.model->take_time_breakdown(); !table.empty()) {
+            if (table.back() == '\n') table.pop_back();
+            s.log->message(table);
+        }
     if (evaluated_at_ != step_ && s.eval_data) evaluate();
     // Rank 0 exports. The training is worth more than the export: when it fails, every rank keeps
     // the state in a checkpoint (collective) that the export can be redone from. With sharded

@@ -123,7 +123,7 @@ inline ModelOptions rank_options(const Mode& mode, int world, int zero_level, bo
 
 // world 0: the plain one-GPU model with `micro` micro-batches per step. `fp8_base`: the FP8 e4m3 base
 // with e5m2 gradients (bf16 modes only). zero_level 3: ZeRO-3 of the frozen base (bf16 modes without
-// CUDA graphs; the bf16 base without --train-also).
+// CUDA graphs).
 inline LoraRun run(const Mode& mode, int world, int micro, int zero_level = 1, bool fp8_base = false) {
     const ModelConfig cfg = mode.config();
     LoraRun out;

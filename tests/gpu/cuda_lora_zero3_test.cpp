@@ -3,8 +3,8 @@
 // bf16 weights, or the FP8 base's e4m3 codes — and gathering every layer into the two slots as it is
 // used (weights.h). The gathered bytes are the unsharded base's (the FP8 base's scales are the whole
 // matrices', taken by the load on every rank), and ZeRO-3 is ZeRO-2 of the adapters, so every loss,
-// norm, adapter and moment bit is ZeRO-1's and ZeRO-2's, with dropout, recompute and --train-also (FP8
-// base). A checkpoint written at ZeRO-3 resumes bit for bit at ZeRO-1 and the reverse (the files hold
+// norm, adapter and moment bit is ZeRO-1's and ZeRO-2's, with dropout, recompute and --train-also (on the
+// bf16 base each rank writes its block's part of the trained tensors). A checkpoint written at ZeRO-3 resumes bit for bit at ZeRO-1 and the reverse (the files hold
 // the adapters only), and the PEFT export (and the bf16 base's merged export, a collective gather)
 // is ZeRO-1's, byte for byte. (The plan: tests/train/lora_zero3_plan_test.cpp.)
 #include <gtest/gtest.h>
@@ -33,9 +33,13 @@ Mode zero3_mode(const Mode& m) {
     return z;
 }
 
-// ZeRO-3 needs --model-dtype=bf16; --train-also is refused on the bf16 base (its block would need
-// updating), taken on the FP8 base (whose trained tensors are whole on every rank).
-bool runs_at_zero3(const Mode& m, bool fp8) { return m.act == DType::BF16 && (fp8 || m.train_also == 0); }
+// ZeRO-3 needs --model-dtype=bf16. --train-also runs on both bases: the bf16 base's trained tensors are
+// written into the owners' blocks (each rank its part) and read back whole from them; the FP8 base keeps
+// them whole on every rank.
+bool runs_at_zero3(const Mode& m, bool fp8) {
+    (void)fp8;
+    return m.act == DType::BF16;
+}
 
 std::unique_ptr<comm::Communicator> copy_engine(int r, comm::ThreadWorld& tw) {
     return comm::make_copy_engine_communicator(tw, r, 0);

@@ -20,6 +20,10 @@ for ((i = 1; i <= steps; ++i)); do
   sleep 0.3
   echo '{"log": "step", "step_tokens": 1000, "duration_ms": 10, "loss": 1.5}' >> "$log"
 done
+# with the op timer on, its table comes a while after the steps (as train's finish() prints it)
+if [ -n "${QTRAIN_TIME_BREAKDOWN:-}" ]; then
+  sleep 1.5; printf '[Time breakdown] GPU ms per step\n  gemm fwd  1.0 ms\n  idle or untimed  0.0 ms\n'
+fi
 sleep "${LINGER:-60}"
 SH
 chmod +x "$tmp/bin/train"
@@ -61,4 +65,11 @@ for want in --model=M --batch-size=3 --seq-len=2048 --grad-accumulation=8 --extr
 done
 grep -q "table line" "$tmp/work/floor.out" || fail "floor.out lacks step_floor_bench's output"
 alive && fail "FLOOR=1 started train"
+# 5. QTRAIN_TIME_BREAKDOWN=1: the bench waits for the op timer's table (printed after the steps) before the
+# stop, so train.out has it (session 24's breakdown runs lost it to the stop)
+out=$(run env STEPS=2 QTRAIN_TIME_BREAKDOWN=1 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "breakdown run exited $?"
+echo "$out" | grep -q '"tokens_per_s"' || fail "no JSON line after a breakdown run: $out"
+grep -q "idle or untimed" "$tmp/work/train.out" || fail "the op timer's table was cut off: $(cat "$tmp/work/train.out")"
+sleep 0.5
+alive && fail "train still running after the breakdown run"
 echo "bench_qtrain.sh stops, times out, runs to the end and gives floors as documented"

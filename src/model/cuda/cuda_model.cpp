@@ -157,18 +157,11 @@ void CudaModel::check_options(const ModelOptions& o) {
 void CudaModel::check_lora_streaming(const ModelOptions& o) {
     if (!o.shard_weights) return;
     const std::string lora = cat(flag(&LoraOptions::rank), "=", o.lora.rank);
-    // (on one GPU the streamed bf16 base's trained tensors are written into its host copy and the
-    // resident and slot copies refreshed after every write (bind_base's after_write: Weights::changed);
-    // under ZeRO-3 a rank holds a block of it only, where whole tensors cannot be written; the FP8 base
-    // keeps them resident, whole on every rank)
-    QT_CHECK(fp8_base_only(o) || o.lora.train_also == 0 || o.gpus <= 1, lora, " with ",
-             flag(&ModelOptions::shard_weights), " and ", flag(&LoraOptions::train_also), "=",
-             lora_train_also_text(o.lora.train_also), " is not yet supported on ", flag(RunFlag::Device), "=cuda with ",
-             flag(&ModelOptions::gradient_dtype), "=", dtype_name(o.gradient_dtype), " and ", flag(&ModelOptions::gpus),
-             "=", o.gpus, " (ZeRO-3: each rank holds a block of the bf16 base): use the FP8 base (",
-             flag(&ModelOptions::matmul_dtype), "=e4m3 with ", flag(&ModelOptions::gradient_dtype),
-             "=e4m3|e5m2), whose norms, embedding and head stay on the GPU, or ", flag(RunFlag::ZeroLevel),
-             "=1|2 (the base replicated)");
+    // (--train-also: on one GPU the streamed bf16 base's trained tensors are written into its host copy
+    // and the resident and slot copies refreshed after every write (bind_base's after_write:
+    // Weights::changed); under ZeRO-3 each rank writes the part in its block and changed() sends the
+    // non-layer tensors from their owners (set_base_block); the FP8 base keeps them resident, whole on
+    // every rank)
     QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
              " is not supported on ", flag(RunFlag::Device),
@@ -311,7 +304,11 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
         // device copies (its resident tensors and the layer slots, refreshed from the host copy the write
         // went to), and an FP8 LM head that --train-also=embeddings trains (quantised again, as the full
         // model's optimizer step does)
-        const bool streamed_copies = weights_on_host(opt_) && !lora_->layout().trained_base.empty();
+        // Under ZeRO-3 of the bf16 base the write lands in this rank's block (bound by set_communicator),
+        // and changed() sends the non-layer tensors to every rank and empties the layer slots (collective:
+        // every rank writes after the same update), as after the full model's update.
+        const bool block = weights_->flat_is_block();
+        const bool streamed_copies = (weights_on_host(opt_) || block) && !lora_->layout().trained_base.empty();
         const bool fp8_head = opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings);
         std::function<void()> after_write;
         if (streamed_copies || fp8_head)
@@ -320,6 +317,7 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
                 if (fp8_head) weights_->quantize_lm_head();
             };
         lora_->bind_base(buf_.weights, std::move(offsets), std::move(after_write));
+        if (block) lora_->set_base_block({false, 0, 0, {}});  // (nothing written or read before set_communicator)
     }
 
     // zero everything with state (padding stays zero forever); with --gpus > 1 the weights are padded
@@ -371,7 +369,9 @@ CudaModel::~CudaModel() {
     if (stream_) cudaStreamSynchronize(stream_);
     lora_.reset();
     destroy_roles();
-    if (timer_.enabled() && timer_.steps() > 0) std::fprintf(stderr, "%s", timer_.report().c_str());
+    // (a model not trained through RankSession, e.g. a test or the Python package, still gets its table)
+    if (timer_.enabled() && timer_.steps() > 0 && !breakdown_taken_)
+        std::fprintf(stderr, "%s", timer_.report().c_str());
     gemm_.reset();
     for (Arena& a : arenas_) {
         if (!a.base) continue;
@@ -403,6 +403,12 @@ std::string CudaModel::performance_notes() const {
                   t.shapes_tuned, static_cast<long long>(t.calls_timed), t.shapes_from_cache, t.shapes_exploring,
                   t.heuristic_ms, t.chosen_ms);
     return line;
+}
+
+std::string CudaModel::take_time_breakdown() {
+    if (!timer_.enabled() || timer_.steps() == 0) return {};
+    breakdown_taken_ = true;
+    return timer_.report();
 }
 
 void CudaModel::sync() const {

@@ -51,6 +51,7 @@ public:
     const ModelConfig& config() const override { return config_; }
     std::string device_name() const override { return device_name_; }
     std::string performance_notes() const override;
+    std::string take_time_breakdown() override;
 
     void init_random(uint64_t seed) override;
     void load_hf(const std::string& model_dir) override;
@@ -269,6 +270,7 @@ private:
     };
     std::vector<CapturedPass> graphs_;
     OpTimer timer_;  // QTRAIN_TIME_BREAKDOWN=1
+    bool breakdown_taken_ = false;  // take_time_breakdown() had it: the destructor does not print it again
     uint64_t sr_seed_ = 0x5eed0fada3ull;
     bool fp8_ = false, fp8_grads_ = false;  // --matmul-dtype=e4m3; --gradient-dtype=e4m3|e5m2
     AttentionBackend attention_ = AttentionBackend::Flash;  // --attention, resolved (attention_choice.h)

@@ -314,22 +314,29 @@ float* LoraAdapters::trained_grad(const std::string& hf_name) const {
 }
 
 void LoraAdapters::write_base() {
-    if (!base_) return;
+    if (!base_ || (!block_.whole && !block_.gather)) return;  // (a block not bound yet: set_base_block)
     const std::size_t es = dtype_size(act_);
     for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
         const std::size_t i = layout_.first_trained + k;
         // the whole model-dtype weights (every rank's block, gathered): the master rounded to
         // nearest, so a resume's upload writes these same bits (one small copy per tensor, outside
-        // the captured graph: ~2-4 per layer per step)
-        CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base_) + base_offsets_[k] * es,
-                                   static_cast<const char*>(buf_.weights) + layout_.offsets[i] * es,
-                                   layout_.specs[i].numel() * es, cudaMemcpyDefault, stream_));  // (a host copy: streamed)
+        // the captured graph: ~2-4 per layer per step). Under ZeRO-3 of the bf16 base, the part of
+        // the tensor in this rank's block (the other parts are their owners' to write, from the same
+        // whole values every rank holds after the adapters' all-gather).
+        const int64_t off = base_offsets_[k], n = layout_.specs[i].numel();
+        const int64_t lo = block_.whole ? off : std::max(off, block_.begin);
+        const int64_t hi = block_.whole ? off + n : std::min(off + n, block_.end);
+        if (lo >= hi) continue;
+        const int64_t at = block_.whole ? lo : lo - block_.begin;
+        CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base_) + at * es,
+                                   static_cast<const char*>(buf_.weights) + (layout_.offsets[i] + lo - off) * es,
+                                   (hi - lo) * es, cudaMemcpyDefault, stream_));  // (a host copy: streamed)
     }
     if (after_write_ && !base_offsets_.empty()) after_write_();
 }
 
 void LoraAdapters::read_base_into_host(const std::string& hf_name) {
-    if (!base_) return;
+    if (!base_ || (!block_.whole && !block_.gather)) return;  // (a block not bound yet: set_base_block)
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const std::size_t es = dtype_size(act_);
     for (std::size_t k = 0; k < base_offsets_.size(); ++k) {
@@ -337,8 +344,23 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
         const ParamSpec& s = layout_.specs[layout_.first_trained + k];
         const int64_t n = s.numel();
         std::vector<uint8_t> raw(static_cast<std::size_t>(n) * es);
-        CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const char*>(base_) + base_offsets_[k] * es, raw.size(),
-                              cudaMemcpyDefault));  // (the streamed base's is in pinned host memory)
+        if (block_.whole) {
+            CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const char*>(base_) + base_offsets_[k] * es, raw.size(),
+                                  cudaMemcpyDefault));  // (the streamed base's is in pinned host memory)
+        } else {
+            // ZeRO-3 of the bf16 base: the whole tensor from its owners' blocks, through a bounded
+            // device buffer (an embedding is ~1 GB at 7B)
+            const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
+            void* dev = nullptr;
+            CUDA_CHECK(cudaMalloc(&dev, static_cast<std::size_t>(chunk) * es));
+            for (int64_t j = 0; j < n; j += chunk) {
+                const int64_t m = std::min(chunk, n - j);
+                block_.gather(base_offsets_[k] + j, base_offsets_[k] + j + m, dev);
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                CUDA_CHECK(cudaMemcpy(raw.data() + j * es, dev, static_cast<std::size_t>(m) * es, cudaMemcpyDeviceToHost));
+            }
+            CUDA_CHECK(cudaFree(dev));
+        }
         float* to = host_.param(s.name);
         if (act_ == DType::F32) {
             std::memcpy(to, raw.data(), raw.size());

@@ -93,6 +93,17 @@ public:
     // `after_write` (may be empty) runs on the stream after each such write: what the model derives from
     // the written values (an FP8 LM head's codes).
     void bind_base(void* weights, std::vector<int64_t> offsets, std::function<void()> after_write = {});
+    // ZeRO-3 of the bf16 base: the bound weights are this rank's block, [begin, end) of the flat space
+    // (element 0 = begin), so each write lands the part of each trained tensor inside it, and the
+    // host mirror reads the tensors whole through `gather` (Weights::gather_range: collective, every
+    // rank reads in the same order). Until it is set, a block-bound base (`whole` false) is neither
+    // written nor read: the model binds the block once its communicator is known.
+    struct BaseBlock {
+        bool whole = true;
+        int64_t begin = 0, end = 0;
+        std::function<void(int64_t lo, int64_t hi, void* device_dst)> gather;
+    };
+    void set_base_block(BaseBlock block) { block_ = std::move(block); }
     // The fp32 gradient of base tensor `hf_name` (HF name) when --train-also trains it, else null.
     float* trained_grad(const std::string& hf_name) const;
     // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the
@@ -164,6 +175,7 @@ private:
     void* base_ = nullptr;               // bind_base: the base's flat model-dtype weights
     std::function<void()> after_write_;  // bind_base's
     std::vector<int64_t> base_offsets_;  // per --train-also tensor: its offset there
+    BaseBlock block_;                    // set_base_block's (whole by default)
     std::unique_ptr<OptimizerState> optimizer_;
     mutable CpuLora host_;
 };
