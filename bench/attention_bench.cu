@@ -5,9 +5,6 @@
 //   attention_bench                     # the default shape list, bf16, both backends (flash, cudnn)
 //   attention_bench --flash | --cudnn   # one bf16 backend only
 //   attention_bench --fp32              # the fp32 (debug) path instead
-//   attention_bench --fp8 [...]          # also cuDNN's FP8 SDPA (cuda/attention_cudnn_fp8.h: e4m3 q, k, v,
-//                                        # O; e5m2 dO, dq, dk, dv) after each cuDNN bf16 run, same shape;
-//                                        # TFLOP/s counted as for bf16 (what it would save the model)
 //   attention_bench B T Hq Hkv D        # one shape
 //   attention_bench --packed=MEAN [...]  # document masking: each shape plain causal, then packed rows of
 //                                        # documents of random lengths (exponential, mean MEAN tokens,
@@ -26,7 +23,6 @@
 // Each figure is the median of 20 timed runs (CUDA events around each run) after 3 warm-up runs;
 // inputs are uniform random in [-2, 2) generated on the device.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,7 +37,6 @@
 #include "core/error.h"
 #include "cuda/attention.h"
 #include "cuda/attention_cudnn.h"
-#include "cuda/attention_cudnn_fp8.h"
 #include "cuda/attention_ragged.h"
 #include "cuda/check.h"
 #include "core/rng.h"
@@ -71,14 +66,6 @@ __global__ void fill_uniform(void* dst, size_t n, bool bf16, uint32_t seed) {
             static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16(x);
         else
             static_cast<float*>(dst)[i] = x;
-    }
-}
-
-// Uniform [-2, 2) as FP8 codes (e4m3 or e5m2), saturating.
-__global__ void fill_uniform_fp8(uint8_t* dst, size_t n, bool e5m2, uint32_t seed) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        dst[i] = __nv_cvt_float_to_fp8(uniform_pm2(i, seed), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
     }
 }
 
@@ -230,68 +217,6 @@ void bench(AttentionShape s, DType dt, AttentionBackend be, const DocLengths* do
         CUDA_CHECK(cudaFree(p));
 }
 
-// cuDNN's FP8 SDPA on shape s: random codes (values in [-2, 2)), fixed scales that keep them in range
-// (the timing does not depend on them: no saturation on these inputs); e5m2 gradients.
-void bench_fp8(const AttentionShape& s) {
-    const size_t n_tok = static_cast<size_t>(s.B) * s.T;
-    const size_t n_qkv = n_tok * (s.Hq + 2 * s.Hkv) * s.D, n_out = n_tok * s.Hq * s.D;
-    uint8_t *qkv = nullptr, *dout = nullptr, *out = nullptr, *dqkv = nullptr;
-    float *lse = nullptr, *scal = nullptr;
-    void *wf = nullptr, *wb = nullptr;
-    CUDA_CHECK(cudaMalloc(&qkv, n_qkv));
-    CUDA_CHECK(cudaMalloc(&dout, n_out));
-    CUDA_CHECK(cudaMalloc(&out, n_out));
-    CUDA_CHECK(cudaMalloc(&dqkv, n_qkv));
-    CUDA_CHECK(cudaMalloc(&lse, static_cast<size_t>(s.B) * s.Hq * s.T * sizeof(float)));
-    fill_uniform_fp8<<<1024, 256>>>(qkv, n_qkv, false, 11);
-    fill_uniform_fp8<<<1024, 256>>>(dout, n_out, true, 12);
-    CUDA_CHECK(cudaGetLastError());
-    // descale q, k, v, dO 1; S at 448 (P in [0, 1]); O at 128 (|O| <= max |v| = 2); dP at 7 (~448 / 64);
-    // dq, dk, dv at 1 (e5m2's range)
-    enum { kOne, kDs, kSs, kSo, kDo, kSdp, kDdp, kAmax, kCount = kAmax + 6 };
-    std::vector<float> h(kCount, 0.0f);
-    h[kOne] = 1.0f, h[kDs] = 1.0f / 448.0f, h[kSs] = 448.0f, h[kSo] = 128.0f, h[kDo] = 1.0f / 128.0f;
-    h[kSdp] = 7.0f, h[kDdp] = 1.0f / 7.0f;
-    CUDA_CHECK(cudaMalloc(&scal, kCount * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(scal, h.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
-    qtrain::detail::CudnnFp8ForwardScales f;
-    f.descale_q = f.descale_k = f.descale_v = scal + kOne;
-    f.descale_s = scal + kDs, f.scale_s = scal + kSs, f.scale_o = scal + kSo;
-    f.amax_s = scal + kAmax, f.amax_o = scal + kAmax + 1;
-    qtrain::detail::CudnnFp8BackwardScales b;
-    b.descale_q = b.descale_k = b.descale_v = b.descale_do = scal + kOne;
-    b.descale_o = scal + kDo, b.descale_s = scal + kDs, b.descale_dp = scal + kDdp, b.scale_s = scal + kSs;
-    b.scale_dq = b.scale_dk = b.scale_dv = scal + kOne, b.scale_dp = scal + kSdp;
-    b.amax_dq = scal + kAmax + 2, b.amax_dk = scal + kAmax + 3, b.amax_dv = scal + kAmax + 4;
-    b.amax_dp = scal + kAmax + 5;
-
-    const double fwd_flops = 4.0 * s.B * s.Hq * static_cast<double>(s.T) * s.T * s.D / 2.0;
-    const double bwd_flops = 2.5 * fwd_flops;
-    const size_t wf_bytes = qtrain::detail::cudnn_fp8_attention_forward_workspace_bytes(s);
-    CUDA_CHECK(cudaMalloc(&wf, std::max<size_t>(wf_bytes, 256)));
-    const float fwd_ms = median_ms([&] { qtrain::detail::cudnn_fp8_attention_forward(out, lse, qkv, f, wf, s, nullptr); });
-    std::string bwd;
-    try {
-        const size_t wb_bytes = qtrain::detail::cudnn_fp8_attention_backward_workspace_bytes(s, DType::E5M2);
-        CUDA_CHECK(cudaMalloc(&wb, std::max<size_t>(wb_bytes, 256)));
-        const float bwd_ms = median_ms([&] {
-            qtrain::detail::cudnn_fp8_attention_backward(dqkv, dout, DType::E5M2, qkv, out, lse, b, wb, s, nullptr);
-        });
-        bwd = qtrain::cat("bwd ", bwd_ms, " ms ", bwd_flops / bwd_ms * 1e-9, " TFLOP/s | fwd+bwd ",
-                          (fwd_flops + bwd_flops) / (fwd_ms + bwd_ms) * 1e-9, " TFLOP/s | bwd workspace ",
-                          wb_bytes / 1048576.0, " MiB");
-    } catch (const std::exception& e) {
-        bwd = qtrain::cat("bwd refused: ", e.what());
-    }
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::printf("%-18s B=%-3d T=%-5d Hq=%-3d Hkv=%-2d D=%-4d | fwd %8.3f ms %7.1f TFLOP/s | %s\n", "fp8-cudnn", s.B, s.T,
-                s.Hq, s.Hkv, s.D, fwd_ms, fwd_flops / fwd_ms * 1e-9, bwd.c_str());
-    std::fflush(stdout);
-    for (void* p : {static_cast<void*>(qkv), static_cast<void*>(dout), static_cast<void*>(out),
-                    static_cast<void*>(dqkv), static_cast<void*>(lse), static_cast<void*>(scal), wf, wb})
-        CUDA_CHECK(cudaFree(p));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -301,7 +226,6 @@ int main(int argc, char** argv) {
         std::vector<int> nums;
         DocLengths docs;
         int max_docs = 0;
-        bool fp8 = false;
         for (int i = 1; i < argc; ++i) {
             if (std::strncmp(argv[i], "--packed=", 9) == 0) {
                 docs.mean = std::atof(argv[i] + 9);
@@ -317,8 +241,6 @@ int main(int argc, char** argv) {
                 backends = {AttentionBackend::Flash};
             else if (std::strcmp(argv[i], "--cudnn") == 0)
                 backends = {AttentionBackend::Cudnn};
-            else if (std::strcmp(argv[i], "--fp8") == 0)
-                fp8 = true;
             else
                 nums.push_back(std::atoi(argv[i]));
         }
@@ -341,7 +263,7 @@ int main(int argc, char** argv) {
             };
         } else {
             std::fprintf(stderr,
-                         "usage: %s [--fp32 | --flash | --cudnn] [--fp8] [--packed=MEAN | --doc-lengths=FILE] [--max-docs=M] "
+                         "usage: %s [--fp32 | --flash | --cudnn] [--packed=MEAN | --doc-lengths=FILE] [--max-docs=M] "
                          "[B T Hq Hkv D]\n",
                          argv[0]);
             return 2;
@@ -361,7 +283,6 @@ int main(int argc, char** argv) {
             for (AttentionBackend be : backends) {
                 bench(s, dt, be);
                 if (docs.on()) bench(s, dt, be, &docs, max_docs);
-                if (fp8 && be == AttentionBackend::Cudnn && dt == DType::BF16) bench_fp8(s);
             }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

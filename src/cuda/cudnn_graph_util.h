@@ -1,8 +1,8 @@
-// What the cuDNN attention files share (attention_cudnn.cpp: bf16 SDPA; attention_cudnn_fp8.cpp: FP8
-// SDPA): the frontend namespace, one cuDNN handle per thread and device, the packed layouts of
-// attention.h as cuDNN's [batch, head, seq, dim] tensors, and building a graph. Included only by those
-// files, which CMake compiles with the frontend's headers (QTRAIN_HAVE_CUDNN_FRONTEND): the headers are
-// large, so they stay out of every other translation unit.
+// The cuDNN frontend plumbing of attention_cudnn.cpp (bf16 SDPA): the frontend namespace, one cuDNN
+// handle per thread and device, the packed layouts of attention.h as cuDNN's [batch, head, seq, dim]
+// tensors, and building a graph. Included only by that file, which CMake compiles with the frontend's
+// headers (QTRAIN_HAVE_CUDNN_FRONTEND): the headers are large, so they stay out of every other
+// translation unit.
 #pragma once
 
 #if !defined(QTRAIN_HAVE_CUDNN_FRONTEND)
@@ -75,7 +75,7 @@ struct Layout {
     std::vector<int64_t> stats_stride() const { return {Hq * T, T, 1, 1}; }
 };
 
-// A graph with inputs and outputs of type `io` (bf16, or FP8 e4m3), fp32 inside.
+// A graph with inputs and outputs of type `io` (bf16 for attention_cudnn.cpp), fp32 inside.
 inline std::unique_ptr<fe::graph::Graph> new_graph(fe::DataType_t io) {
     auto g = std::make_unique<fe::graph::Graph>();
     g->set_io_data_type(io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
