@@ -9,6 +9,9 @@
 # one ~60-85 s, so give a row its own call or lower GA on BOTH sides of a comparison (compare like with like).
 # qtrain's FP8 rows use its e5m2 backward and fast accumulation (--gradient-dtype=e5m2 --fp8-fast-accum=all):
 # llm.q's FP8 command runs e4m3 matmuls only; what qtrain adds is stated beside each figure.
+# The 14B FP8 "best" rows run batch 8 (what fits without the recomputed gate|up GEMM) at accumulation 64: llm.q's
+# 16 x 32 sequences, 524,288 tokens an optimizer step, so the offloaded optimizer is paid once per as many tokens
+# (session 25 measured them at 8 x 32, half the tokens a step: the optimizer's 1.48 s counted twice as often).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F8="--matmul-dtype=e4m3 --gradient-dtype=e5m2 --fp8-fast-accum=all"
@@ -46,17 +49,17 @@ for row in "$@"; do
       # 129,348 MiB; FP8 batch 8 138,586 MiB (tight: ~0.8 GiB of context on top). 14b-best runs both.
       [ "$row" = 14b-best-fp8 ] || q Qwen2.5-14B 8 64 --lmhead-chunks=2 --attn-bwd-chunks=2 --offload-opt-m \
         --offload-opt-v --offload-master --recompute-swiglu --offload-residual
-      [ "$row" = 14b-best-bf16 ] || q Qwen2.5-14B 8 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 \
+      [ "$row" = 14b-best-bf16 ] || q Qwen2.5-14B 8 64 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 \
         --offload-opt-m --offload-opt-v --offload-master --recompute-swiglu --recompute-norm --offload-residual ;;
     14b-best-fp8-bf16m)  # 14b-best-fp8 with the bf16 weights as the master instead of an offloaded fp32 master:
       # the offloaded optimizer then moves the bf16 moments only over PCIe (~118 GB a step instead of ~237 GB;
       # docs/perf-notes.md, session 23). Plans (--plan-only): 138,586 MiB on the device (as 14b-best-fp8), 60,183 MiB
       # pinned (116,527 with the fp32 master). Not llm.q's command (its master is fp32).
-      q Qwen2.5-14B 8 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 --offload-opt-m --offload-opt-v \
+      q Qwen2.5-14B 8 64 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 --offload-opt-m --offload-opt-v \
         --master-dtype=bf16 --recompute-swiglu --recompute-norm --offload-residual ;;
     14b-best-fp8-bf16m-lmh)  # 14b-best-fp8-bf16m with the FP8 LM head (opt-in; its 300-step KJV loss held: README) in
       # 4 chunks: the head is 4.7 of 84 GFLOP a token at 14B, in bf16 until now. Plans 139,328 MiB (--plan-only).
-      q Qwen2.5-14B 8 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=4 --lm-head-dtype=e4m3 --offload-opt-m \
+      q Qwen2.5-14B 8 64 $F8 --fp8-weight-transposes=jit --lmhead-chunks=4 --lm-head-dtype=e4m3 --offload-opt-m \
         --offload-opt-v --master-dtype=bf16 --recompute-swiglu --recompute-norm --offload-residual ;;
     14b-best-bf16-bgrad)  # 14b-best-bf16 with bf16 gradients on the device, as llm.q keeps them: the 20 GiB pay for
       # no recompute and no residual offload. Plans 123,049 MiB (--plan-only).
@@ -64,7 +67,7 @@ for row in "$@"; do
         --param-grad-dtype=bf16 ;;
     14b-best-fp8-bgrad)  # bf16 gradients on the device (--param-grad-dtype=bf16, staged; session 24): 20 GiB freed
       # pay for no recompute and no residual offload, with the FP8 head. Plans 131,901 MiB (--plan-only).
-      q Qwen2.5-14B 8 32 $F8 --fp8-weight-transposes=jit --lmhead-chunks=4 --lm-head-dtype=e4m3 --offload-opt-m \
+      q Qwen2.5-14B 8 64 $F8 --fp8-weight-transposes=jit --lmhead-chunks=4 --lm-head-dtype=e4m3 --offload-opt-m \
         --offload-opt-v --master-dtype=bf16 --param-grad-dtype=bf16 ;;
     7b-best-bgrad)  # 7b-best's first command with bf16 gradients on the device: its bf16 moments fit on the device
       # too (no optimizer over PCIe), for jit transposes. Plans 135,416 MiB (--plan-only).
