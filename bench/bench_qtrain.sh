@@ -7,7 +7,7 @@
 # steps after those, and the plan's memory.
 # STOP_AFTER=n kills train once n steps are logged (SIGKILL: no checkpoint, no HF export, which takes a
 # minute or more at 7B/14B); default STEPS, STOP_AFTER= (empty) runs train to its end. With
-# QTRAIN_TIME_BREAKDOWN=1 it also waits for the op timer's table, which train prints after its steps. A train still
+# QTRAIN_TIME_BREAKDOWN=1 it also waits for the op timer's table, which train prints after its last step. A train still
 # running when this script ends (a `timeout` around it) is killed with it, so it cannot hold the GPU's
 # memory (or write over the next run's train.out) after the script is gone. Where nvidia-smi exists, peak_mib is the
 # highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
@@ -47,12 +47,17 @@ smi=$!
   --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 --learning-rate=3e-4 --warmup=2 \
   --out-dir="$WORK/out" --log-file="$WORK/log.jsonl" --overwrite "$@" > "$WORK/train.out" 2>&1 &
 train=$!
+# the op timer is on for any value but empty and 0 (cuda/op_timer.cpp)
+timer_on=; [ -n "${QTRAIN_TIME_BREAKDOWN:-}" ] && [ "${QTRAIN_TIME_BREAKDOWN}" != 0 ] && timer_on=1
 if [ -n "${STOP_AFTER:-}" ]; then
   while kill -0 $train 2>/dev/null; do
     if [ "$(cat "$WORK/log.jsonl" 2>/dev/null | grep -c '"log": *"step"')" -ge "$STOP_AFTER" ]; then
-      # with QTRAIN_TIME_BREAKDOWN=1 train prints the op timer's table after its steps, before the export:
-      # wait for its last line ("idle or untimed") first
-      [ -z "${QTRAIN_TIME_BREAKDOWN:-}" ] || grep -q "idle or untimed" "$WORK/train.out" 2>/dev/null && kill -9 $train
+      # with the timer on, train prints its table after its last step, before the export: wait for the table's
+      # last line ("idle or untimed"), so STOP_AFTER < STEPS then waits for every step (train may also have
+      # ended by itself in between: the kill may find nothing)
+      if [ -z "$timer_on" ] || grep -q "idle or untimed" "$WORK/train.out" 2>/dev/null; then
+        kill -9 $train 2>/dev/null || true
+      fi
     fi
     sleep 0.5
   done

@@ -20,8 +20,9 @@ import sys
 
 # attention's line: "forward 0.609 ms (x1), backward 2.239 ms: 79.74 ms per micro-batch over 28 layers"
 ATTENTION = re.compile(r"forward ([\d.]+) ms \(x(\d+)\), backward ([\d.]+) ms: [\d.]+ ms per micro-batch over (\d+) layers")
-# a memory-bound op's line: "fp8 quantize       135.744        0.000 |     30.042"
-MEMORY = re.compile(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+) \|\s+([\d.]+)$")
+# a memory-bound op's line: "fp8 quantize       135.744        0.000 |     30.042", and once per optimizer step:
+# "fp8 quantize (weights, per step)   44.310   0.000 |   9.812 per optimizer step"
+MEMORY = re.compile(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+) \|\s+([\d.]+)( per optimizer step)?$")
 # the op timer's lines: "  gemm fwd                 213.340 ms   24.1%"
 TIMER = re.compile(r"^  (\S.*?)\s+([\d.]+) ms(?:\s+([\d.]+)%| )")
 
@@ -46,7 +47,7 @@ def parse_floor(text: str) -> dict:
     """step_floor_bench's output: family -> floor ms per micro-batch, and its JSON line."""
     lines = text.strip().splitlines()
     summary = json.loads(lines[-1])
-    floor = {}
+    floor, per_step = {}, {}
     in_memory = False  # inside the memory-bound ops' table (after its header, until a non-row line)
     for line in lines:
         if line.startswith("memory-bound op"):
@@ -54,7 +55,11 @@ def parse_floor(text: str) -> dict:
             continue
         if in_memory:
             if (m := MEMORY.match(line)):
-                floor[m.group(1)] = float(m.group(4))
+                if m.group(5):  # per optimizer step: spread over the floor command's accumulation, under the
+                    # op timer's name ("fp8 quantize (weights, per step)" is timed as "fp8 quantize")
+                    per_step[m.group(1).split(" (")[0]] = per_step.get(m.group(1).split(" (")[0], 0.0) + float(m.group(4))
+                else:
+                    floor[m.group(1)] = float(m.group(4))
                 continue
             in_memory = False
         if line.startswith("best per micro-batch under the op timer's names:"):
@@ -62,10 +67,15 @@ def parse_floor(text: str) -> dict:
                 floor[name] = float(ms)
         elif (m := ATTENTION.search(line)):
             fwd, calls, bwd, layers = float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4))
-            floor["attention fwd"] = fwd * calls * layers
+            floor["attention fwd"] = fwd * layers
             floor["attention bwd"] = bwd * layers
-    if summary.get("optimizer_ms_per_step"):
-        floor["optimizer"] = summary["optimizer_ms_per_step"] / max(1, summary["grad_accumulation"])
+            if calls > 1:  # the recompute's forward again: the op timer counts it under "recompute"
+                floor["recompute"] = fwd * (calls - 1) * layers
+    ga = max(1, summary.get("grad_accumulation", 1))
+    if not per_step and summary.get("optimizer_ms_per_step"):  # (an output without the per-step lines)
+        per_step["optimizer"] = summary["optimizer_ms_per_step"]
+    for name, ms in per_step.items():
+        floor[name] = floor.get(name, 0.0) + ms / ga
     return {"floor": floor, "summary": summary}
 
 

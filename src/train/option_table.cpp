@@ -453,7 +453,7 @@ std::vector<OptionSpec> make_table() {
             "norm) and/or embeddings (embed_tokens and lm_head; one matrix when tied), comma-separated. The adapter "
             "names them in modules_to_save as PEFT does. With --lm-head-dtype=e4m3 the trained head's FP8 copy is "
             "made again after every update; with --shard-weights on one GPU the streamed bf16 base's host copy is "
-            "written; not with ZeRO-3 of a bf16 base (--gpus>1 --shard-weights)")
+            "written; at ZeRO-3 of the bf16 base (--gpus>1 --shard-weights) each rank writes its block's part")
             .names(&LoraOptions::train_also),
         // where the adapters start and what the export is: not the math of the steps
         opt(kLora, "lora-from", &T::lora_from, R::MayChange,

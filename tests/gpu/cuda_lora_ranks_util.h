@@ -43,6 +43,10 @@ inline const Mode kModes[] = {
      kTrainNorms | kTrainEmbeddings},
     {"qwen3 (tied) bf16 dropout, recompute, CUDA graphs, train-also norms,embeddings", qwen3_case, DType::BF16, 0.2f,
      true, 2e-3, 0.9999, kTrainNorms | kTrainEmbeddings},
+    // an untied head trained on the bf16 base: at ZeRO-3 the embedding and the head are separate non-layer
+    // tensors, each written into its owners' blocks and broadcast by changed() (cuda_lora_zero3_test.cpp)
+    {"qwen2 (untied) bf16, train-also norms,embeddings", qwen2_case, DType::BF16, 0.0f, false, 2e-3, 0.9999,
+     kTrainNorms | kTrainEmbeddings},
 };
 
 inline ModelOptions options(const Mode& m) {

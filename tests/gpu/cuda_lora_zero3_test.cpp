@@ -151,27 +151,32 @@ TEST(CudaLoraZeroThreeGpu, GatheredBaseIsTheUnshardedBase) {
 // from its seed (--model) and is sharded again at load. bf16 base and FP8 base, dropout on.
 TEST(CudaLoraZeroThreeGpu, CheckpointsResumeBitExactAcrossLevels) {
     QTRAIN_REQUIRE_GPU();
-    const Mode mode = zero3_mode(kModes[3]);  // qwen3 bf16, dropout 0.2
-    const ModelConfig cfg = mode.config();
-    for (bool fp8 : {false, true})
-        for (const auto [save_level, load_level] : {std::pair{3, 1}, {1, 3}, {3, 3}}) {
-            SCOPED_TRACE(std::string(fp8 ? "FP8 base" : "bf16 base") + ", saved at ZeRO-" + std::to_string(save_level) +
-                         ", resumed at ZeRO-" + std::to_string(load_level));
-            TempDir tmp;
-            const std::string dir = (tmp.path / "ckpt").string();
-            fs::create_directories(dir);
-            const auto [whole, resumed, passes] =
-                checkpoint_and_resume(cfg, rank_options(mode, 2, save_level, fp8), save_level,
-                                      rank_options(mode, 2, load_level, fp8), load_level, dir);
-            ASSERT_EQ(whole.losses.size(), static_cast<std::size_t>(kSteps - 2));
-            EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
-            EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
-            for (int r = 0; r < 2; ++r) {
-                EXPECT_TRUE(same_bits(whole.adapters[r], resumed.adapters[r])) << "rank " << r;
-                EXPECT_TRUE(same_bits(whole.moments[r], resumed.moments[r])) << "rank " << r;
-                EXPECT_EQ(passes[r], 8u) << "the global pass count: 2 steps of 2 ranks x 2 micro-batches";
+    // qwen3 bf16, dropout 0.2; and the untied qwen2 with --train-also=norms,embeddings (the load writes the
+    // trained tensors into the owners' blocks again: upload_from_host -> write_base -> changed)
+    for (const Mode& base_mode : {kModes[3], kModes[std::size(kModes) - 1]}) {
+        for (bool fp8 : {false, true}) {
+            for (const auto [save_level, load_level] : {std::pair{3, 1}, {1, 3}, {3, 3}}) {
+                const Mode mode = zero3_mode(base_mode);
+                const ModelConfig cfg = mode.config();
+                SCOPED_TRACE(std::string(mode.name) + (fp8 ? ", FP8 base" : ", bf16 base") + ", saved at ZeRO-" +
+                             std::to_string(save_level) + ", resumed at ZeRO-" + std::to_string(load_level));
+                TempDir tmp;
+                const std::string dir = (tmp.path / "ckpt").string();
+                fs::create_directories(dir);
+                const auto [whole, resumed, passes] =
+                    checkpoint_and_resume(cfg, rank_options(mode, 2, save_level, fp8), save_level,
+                                          rank_options(mode, 2, load_level, fp8), load_level, dir);
+                ASSERT_EQ(whole.losses.size(), static_cast<std::size_t>(kSteps - 2));
+                EXPECT_TRUE(same_bits(whole.losses, resumed.losses));
+                EXPECT_TRUE(same_bits(whole.norms, resumed.norms));
+                for (int r = 0; r < 2; ++r) {
+                    EXPECT_TRUE(same_bits(whole.adapters[r], resumed.adapters[r])) << "rank " << r;
+                    EXPECT_TRUE(same_bits(whole.moments[r], resumed.moments[r])) << "rank " << r;
+                    EXPECT_EQ(passes[r], 8u) << "the global pass count: 2 steps of 2 ranks x 2 micro-batches";
+                }
             }
         }
+    }
 }
 
 // The PEFT export of 2 ranks at ZeRO-3 (collective: every rank's block of the adapters gathered, rank 0
@@ -179,32 +184,37 @@ TEST(CudaLoraZeroThreeGpu, CheckpointsResumeBitExactAcrossLevels) {
 // bf16 base gathers every base tensor from its owners on every rank (CudaModel::write_weights).
 TEST(CudaLoraZeroThreeGpu, ExportsEqualZeroOnesBytes) {
     QTRAIN_REQUIRE_GPU();
-    const Mode mode = zero3_mode(kModes[3]);
-    const ModelConfig cfg = mode.config();
-    for (bool fp8 : {false, true})
-        for (bool merge : {false, true}) {
-            SCOPED_TRACE(std::string(fp8 ? "FP8 base" : "bf16 base") + (merge ? ", merged" : ", adapter"));
-            TempDir tmp;
-            auto out = [&](int level) { return tmp.path / ("zero" + std::to_string(level)); };
-            for (const int level : {1, 3})
-                run_rank_threads(2, copy_engine, [&](int r, comm::Communicator& c) {
-                    ModelOptions o = rank_options(mode, 2, level, fp8);
-                    o.lora.merge = merge;
-                    CudaModel m(cfg, o);
-                    m.set_communicator(&c, level);
-                    start(m);
-                    train(m, 1, 3, r, 2, 2, nullptr);
-                    EXPECT_TRUE(m.saves_collectively());  // (not ASSERT: every rank must reach the export)
-                    m.save_hf(out(level).string());  // (every rank: collective)
-                });
-            const std::vector<std::string> files =
-                merge ? std::vector<std::string>{"model.safetensors", "config.json"}
-                      : std::vector<std::string>{"adapter_model.safetensors", "adapter_config.json"};
-            for (const std::string& f : files) {
-                ASSERT_TRUE(fs::exists(out(3) / f)) << f;
-                EXPECT_EQ(read_bytes(out(3) / f), read_bytes(out(1) / f)) << f;
+    // (the untied qwen2 mode trains norms and embeddings: the merged export reads them from the owners' blocks)
+    for (const Mode& base_mode : {kModes[3], kModes[std::size(kModes) - 1]}) {
+        for (bool fp8 : {false, true}) {
+            for (bool merge : {false, true}) {
+                const Mode mode = zero3_mode(base_mode);
+                const ModelConfig cfg = mode.config();
+                SCOPED_TRACE(std::string(mode.name) + (fp8 ? ", FP8 base" : ", bf16 base") +
+                             (merge ? ", merged" : ", adapter"));
+                TempDir tmp;
+                auto out = [&](int level) { return tmp.path / ("zero" + std::to_string(level)); };
+                for (const int level : {1, 3})
+                    run_rank_threads(2, copy_engine, [&](int r, comm::Communicator& c) {
+                        ModelOptions o = rank_options(mode, 2, level, fp8);
+                        o.lora.merge = merge;
+                        CudaModel m(cfg, o);
+                        m.set_communicator(&c, level);
+                        start(m);
+                        train(m, 1, 3, r, 2, 2, nullptr);
+                        EXPECT_TRUE(m.saves_collectively());  // (not ASSERT: every rank must reach the export)
+                        m.save_hf(out(level).string());       // (every rank: collective)
+                    });
+                const std::vector<std::string> files =
+                    merge ? std::vector<std::string>{"model.safetensors", "config.json"}
+                          : std::vector<std::string>{"adapter_model.safetensors", "adapter_config.json"};
+                for (const std::string& f : files) {
+                    ASSERT_TRUE(fs::exists(out(3) / f)) << f;
+                    EXPECT_EQ(read_bytes(out(3) / f), read_bytes(out(1) / f)) << f;
+                }
             }
         }
+    }
 }
 
 // What ZeRO-3 under LoRA accepts and what it refuses, on the model (the flags' texts: the plan tests).

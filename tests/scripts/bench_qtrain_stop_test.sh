@@ -21,7 +21,7 @@ for ((i = 1; i <= steps; ++i)); do
   echo '{"log": "step", "step_tokens": 1000, "duration_ms": 10, "loss": 1.5}' >> "$log"
 done
 # with the op timer on, its table comes a while after the steps (as train's finish() prints it)
-if [ -n "${QTRAIN_TIME_BREAKDOWN:-}" ]; then
+if [ -n "${QTRAIN_TIME_BREAKDOWN:-}" ] && [ "$QTRAIN_TIME_BREAKDOWN" != 0 ]; then
   sleep 1.5; printf '[Time breakdown] GPU ms per step\n  gemm fwd  1.0 ms\n  idle or untimed  0.0 ms\n'
 fi
 sleep "${LINGER:-60}"
@@ -72,4 +72,8 @@ echo "$out" | grep -q '"tokens_per_s"' || fail "no JSON line after a breakdown r
 grep -q "idle or untimed" "$tmp/work/train.out" || fail "the op timer's table was cut off: $(cat "$tmp/work/train.out")"
 sleep 0.5
 alive && fail "train still running after the breakdown run"
+# 6. QTRAIN_TIME_BREAKDOWN=0 is the timer off (op_timer.cpp): no table comes, so the bench does not wait for one
+start=$(date +%s)
+out=$(run env STEPS=2 QTRAIN_TIME_BREAKDOWN=0 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "timer-off run exited $?"
+[ $(( $(date +%s) - start )) -lt 30 ] || fail "the bench waited for a table with QTRAIN_TIME_BREAKDOWN=0"
 echo "bench_qtrain.sh stops, times out, runs to the end and gives floors as documented"

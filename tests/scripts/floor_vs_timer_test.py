@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ctest FloorVsTimer: bench/floor_vs_timer.py against step_floor_bench's real output (the 2x LoRA row's, H200,
-session 25: tests/scripts/data/step_floor_bench_lora7b.out) and an op-timer table in train's format: the floor's
+"""ctest FloorVsTimer: bench/floor_vs_timer.py against step_floor_bench's real outputs (the 2x LoRA row's and the 14B
+FP8 row's, H200, session 25: tests/scripts/data/) and an op-timer table in train's format: the floor's
 families sum to the bench's own floor (652.00 ms a micro-batch), the op timer's ms per step are divided by the
 accumulation, and a missing or cut-off table is an error naming what to do."""
 import subprocess
@@ -35,6 +35,18 @@ class FloorVsTimer(unittest.TestCase):
         self.assertAlmostEqual(fl["floor"]["attention bwd"], 2.239 * 28)
         self.assertAlmostEqual(fl["floor"]["fp8 quantize"], 30.042)
         self.assertNotIn("fwd lm head", fl["floor"])  # a GEMM's own line is not a family
+
+    def test_per_step_lines_spread_over_the_accumulation(self):
+        # the 14B FP8 row (offloaded optimizer, FP8 weights quantised once a step; H200, session 25)
+        fl = fvt.parse_floor((SRC / "tests/scripts/data/step_floor_bench_14b_fp8.out").read_text())
+        self.assertAlmostEqual(sum(fl["floor"].values()), 646.15, delta=0.05)  # its "646.15 ms = at most 12678"
+        self.assertAlmostEqual(fl["floor"]["optimizer"], 2157.508 / 32)
+        self.assertAlmostEqual(fl["floor"]["fp8 quantize"], 21.934 + 9.812 / 32)  # timed under one name
+
+    def test_recomputed_attention_forward_is_the_recompute_family(self):
+        fl = fvt.parse_floor(FLOOR.replace("forward 0.609 ms (x1)", "forward 0.609 ms (x2)"))
+        self.assertAlmostEqual(fl["floor"]["attention fwd"], 0.609 * 28)
+        self.assertAlmostEqual(fl["floor"]["recompute"], 0.609 * 28)
 
     def test_timer_per_step_divided_by_the_accumulation(self):
         rows = {f: (m, fm) for f, m, fm in fvt.compare(fvt.parse_timer(TABLE), fvt.parse_floor(FLOOR)["floor"], 2)}
