@@ -3,7 +3,7 @@
 # bf16 weights and Adam moments, CUDA graphs, random tokens) beside llm.q itself where its bf16 path runs
 # (bench/llmq_bench.sh; its FP8 path fails on cuBLASLt 13.1), and qtrain's candidates for the best 7B command.
 # usage: BUILD_DIR=/tmp/gc/bin bench/issue32_rows.sh ROW...   (after `source scripts/gpu_carry_env.sh`)
-#   ROW: 7b-bf16[-bgrad] | 7b-fp8 | 14b-bf16 | 14b-fp8[-bgrad] | 7b-best | 14b-best (-bf16 | -fp8: one half) | 14b-best-fp8-bf16m[-lmh] | 14b-best-bf16-bgrad | 14b-best-fp8-bgrad | 7b-best-bgrad | llmq-7b-bf16 | llmq-14b-bf16 | seq32k | seq16k
+#   ROW: 7b-bf16[-bgrad] | 7b-fp8 | 14b-bf16 | 14b-fp8[-bgrad] | 7b-best | 14b-best (-bf16 | -fp8: one half) | 14b-best-fp8-bf16m[-lmh] | 14b-best-bf16-bf16m | 14b-best-bf16-bgrad | 14b-best-fp8-bgrad | 7b-best-bgrad | llmq-7b-bf16 | llmq-14b-bf16 | seq32k | seq16k
 # GA (default: the published accumulation of the row) and STEPS (default 3; the median is over the steps after
 # the first) keep a row inside one device call: at the published accumulations a 7B bf16 step is ~40 s and a 14B
 # one ~60-85 s, so give a row its own call or lower GA on BOTH sides of a comparison (compare like with like).
@@ -51,6 +51,10 @@ for row in "$@"; do
         --offload-opt-v --offload-master --recompute-swiglu --offload-residual
       [ "$row" = 14b-best-bf16 ] || q Qwen2.5-14B 8 64 $F8 --fp8-weight-transposes=jit --lmhead-chunks=2 \
         --offload-opt-m --offload-opt-v --offload-master --recompute-swiglu --recompute-norm --offload-residual ;;
+    14b-best-bf16-bf16m)  # 14b-best-bf16 with the bf16 weights as the master (not llm.q's: its master is an offloaded
+      # fp32 copy): the optimizer moves the bf16 moments only over PCIe (~118 GB a step instead of ~237 GB)
+      q Qwen2.5-14B 8 64 --lmhead-chunks=2 --attn-bwd-chunks=2 --offload-opt-m --offload-opt-v --master-dtype=bf16 \
+        --recompute-swiglu --offload-residual ;;
     14b-best-fp8-bf16m)  # 14b-best-fp8 with the bf16 weights as the master instead of an offloaded fp32 master:
       # the offloaded optimizer then moves the bf16 moments only over PCIe (~118 GB a step instead of ~237 GB;
       # docs/perf-notes.md, session 23). Plans (--plan-only): 138,586 MiB on the device (as 14b-best-fp8), 60,183 MiB
@@ -86,7 +90,7 @@ for row in "$@"; do
       # ~15% of the step's flop at seq 16384, in bf16 until now)
       SEQ=16384 GA=${GA:-1} q Qwen2.5-0.5B 2 1 $F8 --lm-head-dtype=e4m3
       (cd bench && timeout 400 python3 torch_baseline.py --model Qwen2.5-0.5B --batch 2 --seq-len 16384 --compile 2>&1 | tail -1) ;;
-    *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-bf16-bgrad 7b-fp8 14b-bf16 14b-fp8 14b-fp8-bgrad 7b-best 14b-best 14b-best-bf16 14b-best-fp8 14b-best-fp8-bf16m 14b-best-fp8-bf16m-lmh 14b-best-bf16-bgrad 14b-best-fp8-bgrad 7b-best-bgrad llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
+    *) echo "issue32_rows.sh: unknown row '$row' (7b-bf16 7b-bf16-bgrad 7b-fp8 14b-bf16 14b-fp8 14b-fp8-bgrad 7b-best 14b-best 14b-best-bf16 14b-best-fp8 14b-best-fp8-bf16m 14b-best-fp8-bf16m-lmh 14b-best-bf16-bf16m 14b-best-bf16-bgrad 14b-best-fp8-bgrad 7b-best-bgrad llmq-7b-bf16 llmq-14b-bf16 seq32k seq16k)" >&2
        exit 2 ;;
   esac
 done
