@@ -307,13 +307,20 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
         // Under ZeRO-3 of the bf16 base the write lands in this rank's block (bound by set_communicator),
         // and changed() sends the non-layer tensors to every rank and empties the layer slots (collective:
         // every rank writes after the same update), as after the full model's update.
+        // Only the trained tensors' ranges are refreshed (with norms alone trained, the embedding and head stay:
+        // ~2.2 GB a step less over PCIe or the ranks' links at 7B untied).
         const bool block = weights_->flat_is_block();
         const bool streamed_copies = (weights_on_host(opt_) || block) && !lora_->layout().trained_base.empty();
         const bool fp8_head = opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings);
+        std::vector<std::pair<int64_t, int64_t>> trained_ranges;
+        for (const std::string& name : lora_->layout().trained_base) {
+            const int64_t off = layout_.offset_of(name);
+            trained_ranges.emplace_back(off, off + layout_.spec_of(name).numel());
+        }
         std::function<void()> after_write;
         if (streamed_copies || fp8_head)
-            after_write = [this, streamed_copies, fp8_head] {
-                if (streamed_copies) weights_->changed();
+            after_write = [this, streamed_copies, fp8_head, trained_ranges] {
+                if (streamed_copies) weights_->changed(trained_ranges);
                 if (fp8_head) weights_->quantize_lm_head();
             };
         lora_->bind_base(buf_.weights, std::move(offsets), std::move(after_write));

@@ -273,7 +273,9 @@ void Weights::release(int l) {
     CUDA_CHECK(cudaEventRecord(free_[l & 1], compute_));
 }
 
-void Weights::changed() {
+void Weights::changed() { changed({{0, layout_.layer_begin(0)}, {layout_.layers_end(), layout_.total}}); }
+
+void Weights::changed(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     if (!streamed_) return;
     const std::size_t es = dtype_size(type_);
     const int64_t head = layout_.layer_begin(0), end = layout_.layers_end();
@@ -281,8 +283,12 @@ void Weights::changed() {
     const int64_t resident_head = embed_on_host_ ? 0 : head;  // the embedding stays on the host
     // (the streamed FP8 base's model-dtype tensors are resident: flat_ is on the device)
     if (!fp8_only_ && (!sharded_ || comm_)) {  // (ZeRO-3 before set_communicator: nothing to send yet)
-        if (resident_head) fill_range(0, head, r, compute_);
-        fill_range(end, layout_.total, r + resident_head * es, compute_);
+        // the resident copy holds [0, head) (unless the embedding is read from the host) and then [end, total)
+        for (const auto& [lo, hi] : ranges) {
+            if (const int64_t b = std::min(hi, head); resident_head && lo < b) fill_range(lo, b, r + lo * es, compute_);
+            if (const int64_t a = std::max(lo, end); a < hi)
+                fill_range(a, hi, r + (resident_head + a - end) * es, compute_);
+        }
         if (fp8_gather_) quantize_block();
     }
     // the next copies into the slots must wait for whatever just wrote the host weights

@@ -41,6 +41,7 @@
 
 #include <array>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -126,6 +127,10 @@ public:
     void release(int l);
     // The flat weights changed (an update, a load): refresh the resident copies and empty the slots.
     void changed();
+    // The same after a write of only the flat ranges [lo, hi) (LoRA's --train-also tensors): the resident
+    // copies of those ranges are refreshed (collective under ZeRO-3: every rank passes the same ranges),
+    // the slots emptied (a layer range's new values are read by the next copy or gather into a slot).
+    void changed(const std::vector<std::pair<int64_t, int64_t>>& ranges);
     // Resident FP8: quantise every layer again (streamed layers are quantised as they arrive);
     // amax_ready: AdamW has just written the abs-max slots. With an FP8 LM head, the head is quantised
     // here in every mode (it is resident when streamed; under ZeRO-3 every rank quantises it after
