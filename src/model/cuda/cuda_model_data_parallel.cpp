@@ -52,14 +52,15 @@ void CudaModel::set_communicator(comm::Communicator* comm, int zero_level) {
         comm_ = comm;
         zero_level_ = zero_level;
         shard_ = s;
-        lora_->set_communicator(comm, zero_level);
         if (weights_->sharded()) weights_->set_communicator(comm, s);
         // --train-also on the bf16 base's blocks: each rank writes its part of the trained tensors and
-        // reads them whole from the owners (lora_adapters.h, set_base_block)
+        // reads them whole from the owners (lora_adapters.h, set_base_block). Bound before the adapters'
+        // communicator, whose upload writes the trained values into the base again (every rank: collective).
         if (weights_->flat_is_block())
             lora_->set_base_block({false, s.begin, s.end, [this](int64_t lo, int64_t hi, void* dst) {
                                        weights_->gather_range(lo, hi, dst, stream_);
                                    }});
+        lora_->set_communicator(comm, zero_level);
         return;
     }
     QT_CHECK(comm->world() == 1 || (zero_level >= 2) == opt_.shard_gradients, "GPU model: ZeRO-", zero_level,
