@@ -1,6 +1,7 @@
 #include "model/cuda/lora_adapters.h"
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 
 #include "comm/communicator.h"
@@ -350,16 +351,17 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
         } else {
             // ZeRO-3 of the bf16 base: the whole tensor from its owners' blocks, through a bounded
             // device buffer (an embedding is ~1 GB at 7B)
+            // (≤ 32 MiB outside the memory plan, freed on return, or on a throw)
             const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
             void* dev = nullptr;
             CUDA_CHECK(cudaMalloc(&dev, static_cast<std::size_t>(chunk) * es));
+            const std::unique_ptr<void, cudaError_t (*)(void*)> owned(dev, cudaFree);
             for (int64_t j = 0; j < n; j += chunk) {
                 const int64_t m = std::min(chunk, n - j);
                 block_.gather(base_offsets_[k] + j, base_offsets_[k] + j + m, dev);
                 CUDA_CHECK(cudaStreamSynchronize(stream_));
                 CUDA_CHECK(cudaMemcpy(raw.data() + j * es, dev, static_cast<std::size_t>(m) * es, cudaMemcpyDeviceToHost));
             }
-            CUDA_CHECK(cudaFree(dev));
         }
         float* to = host_.param(s.name);
         if (act_ == DType::F32) {
