@@ -210,6 +210,29 @@ ModelOptions fp8_options(int B, int T, const LoraOptions& lora, bool fp8_head) {
     return o;
 }
 
+// Three steps on both models (tokens of seed `seed0 + step`, scale 1), each followed by the gradients'
+// comparison (no cosine below 0.95, printed as "[label step N]") and an AdamW step with `op` on both (losses
+// within 0.5%); then the GPU takes the CPU's trained values for the next step, after the last step too
+// unless `keep_last` (the GPU then keeps its own update, for what the test reads after).
+void fp8_steps_against_cpu(CudaModel& gpu, CpuModel& cpu, const ModelConfig& cfg, int B, int T, uint64_t seed0,
+                           OptimizerParams op, const char* label, bool keep_last) {
+    for (int step = 1; step <= 3; ++step) {
+        SCOPED_TRACE(step);
+        const Tokens d = random_tokens(B, T, cfg.vocab_size, seed0 + step, Masked::Every11thFrom3);
+        cpu.forward_backward(d.batch(B, T), 1.0f);
+        gpu.forward_backward(d.batch(B, T), 1.0f);
+        const LoraAgreement a = compare_lora_grads(gpu, cpu);
+        std::printf("[%s step %d] worst cosine %.6f (%s), trained %.6f\n", label, step, a.worst_cos, a.worst.c_str(),
+                    a.trained_cos);
+        EXPECT_GE(a.worst_cos, 0.95);
+        op.step = step;
+        const StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
+        EXPECT_NEAR(sg.loss, sc.loss, 5e-3 * sc.loss);
+        if (step < 3 || !keep_last)
+            for (const ParamSpec& sp : cpu.lora().specs()) gpu.upload_master(sp.name, cpu.lora().param(sp.name));
+    }
+}
+
 }  // namespace
 
 // The FP8 base trains the norms and embeddings too (they are not FP8 matrices): against the CPU
@@ -226,20 +249,8 @@ TEST(CudaLoraTrainAlso, Fp8BaseTrainsThem) {
     CpuModel cpu(cfg, emu);
     CudaModel gpu(cfg, fp8_options(B, T, lora, false));
     same_start(gpu, {&cpu}, 31, true);
-    for (int step = 1; step <= 3; ++step) {
-        SCOPED_TRACE(step);
-        const Tokens d = random_tokens(B, T, cfg.vocab_size, 60 + step, Masked::Every11thFrom3);
-        cpu.forward_backward(d.batch(B, T), 1.0f);
-        gpu.forward_backward(d.batch(B, T), 1.0f);
-        const LoraAgreement a = compare_lora_grads(gpu, cpu);
-        std::printf("[fp8 base train-also step %d] worst cosine %.6f (%s), trained %.6f\n", step, a.worst_cos,
-                    a.worst.c_str(), a.trained_cos);
-        EXPECT_GE(a.worst_cos, 0.95);
-        const OptimizerParams op{1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, step};
-        const StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
-        EXPECT_NEAR(sg.loss, sc.loss, 5e-3 * sc.loss);
-        for (const ParamSpec& s : cpu.lora().specs()) gpu.upload_master(s.name, cpu.lora().param(s.name));
-    }
+    fp8_steps_against_cpu(gpu, cpu, cfg, B, T, 60, {1e-3f, 0.9f, 0.95f, 1e-2f, 0.1f, 1.0f, 1}, "fp8 base train-also",
+                          false);
 }
 
 // An FP8 LM head (--lm-head-dtype=e4m3) whose matrix --train-also=embeddings trains (built in session 24; it
@@ -267,22 +278,9 @@ TEST(CudaLoraTrainAlso, Fp8HeadIsQuantisedAgainAfterEachUpdate) {
             go.fp8_lm_head = true;
             CudaModel gpu(cfg, go);
             same_start(gpu, {&cpu}, 37, true);
-            for (int step = 1; step <= 3; ++step) {
-                SCOPED_TRACE(step);
-                const Tokens d = random_tokens(B, T, cfg.vocab_size, 90 + step, Masked::Every11thFrom3);
-                cpu.forward_backward(d.batch(B, T), 1.0f);
-                gpu.forward_backward(d.batch(B, T), 1.0f);
-                const LoraAgreement a = compare_lora_grads(gpu, cpu);
-                std::printf("[fp8 head, trained embeddings, step %d] worst cosine %.6f (%s), trained %.6f\n", step,
-                            a.worst_cos, a.worst.c_str(), a.trained_cos);
-                EXPECT_GE(a.worst_cos, 0.95);
-                const OptimizerParams op{1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, step};
-                const StepStats sc = cpu.optimizer_step(op), sg = gpu.optimizer_step(op);
-                EXPECT_NEAR(sg.loss, sc.loss, 5e-3 * sc.loss);
-                // (the CPU's values for the next step, except after the last: the GPU then keeps its own)
-                if (step < 3)
-                    for (const ParamSpec& s : cpu.lora().specs()) gpu.upload_master(s.name, cpu.lora().param(s.name));
-            }
+            // (the GPU keeps its own last update: what follows reads it)
+            fp8_steps_against_cpu(gpu, cpu, cfg, B, T, 90, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1},
+                                  "fp8 head, trained embeddings,", true);
             // What the GPU's forward reads after its own last update must be a head quantised from the
             // updated values: the same bits as a model whose head is frozen and was set to those values
             // (its own quantisation path), with the same adapters.
