@@ -160,8 +160,8 @@ void CudaModel::check_lora_streaming(const ModelOptions& o) {
     // (--train-also: on one GPU the streamed bf16 base's trained tensors are written into its host copy
     // and the resident and slot copies refreshed after every write (bind_base's after_write:
     // Weights::changed); under ZeRO-3 each rank writes the part in its block and changed() sends the
-    // non-layer tensors from their owners (set_base_block); the FP8 base keeps them resident, whole on
-    // every rank)
+    // trained non-layer tensors from their owners (set_base_block); the FP8 base keeps them resident,
+    // whole on every rank)
     QT_CHECK(!o.persistent_quants && !o.offload_quants, lora, " with ", flag(&ModelOptions::shard_weights), " and ",
              o.offload_quants ? flag(&ModelOptions::offload_quants) : flag(&ModelOptions::persistent_quants),
              " is not supported on ", flag(RunFlag::Device),
@@ -300,15 +300,12 @@ CudaModel::CudaModel(const ModelConfig& config, const ModelOptions& options)
             // (the FP8 base without bf16 matrices: where the weights buffer holds it, fp8_base_only)
             offsets.push_back(weights_->matrices_fp8_only() ? layout_.compact_index(off) : off);
         }
-        // What derives from the trained values, after each write of them: the streamed bf16 base's
-        // device copies (its resident tensors and the layer slots, refreshed from the host copy the write
-        // went to), and an FP8 LM head that --train-also=embeddings trains (quantised again, as the full
-        // model's optimizer step does)
-        // Under ZeRO-3 of the bf16 base the write lands in this rank's block (bound by set_communicator),
-        // and changed() sends the non-layer tensors to every rank and empties the layer slots (collective:
-        // every rank writes after the same update), as after the full model's update.
-        // Only the trained tensors' ranges are refreshed (with norms alone trained, the embedding and head stay:
-        // ~2.2 GB a step less over PCIe or the ranks' links at 7B untied).
+        // What derives from the trained values, after each write of them: the device copies of a bf16 base
+        // held elsewhere -- streamed on one GPU (the write went to its host copy) or under ZeRO-3 (to this
+        // rank's block, bound by set_communicator; collective: every rank writes after the same update) --
+        // whose trained ranges changed(ranges) refreshes in the resident tensors, emptying the layer slots
+        // (with norms alone the embedding and head are not copied again: ~2.2 GB a step at 7B untied); and an
+        // FP8 LM head that --train-also=embeddings trains (quantised again, as the full model's update does).
         const bool block = weights_->flat_is_block();
         const bool streamed_copies = (weights_on_host(opt_) || block) && !lora_->layout().trained_base.empty();
         const bool fp8_head = opt_.fp8_lm_head && (opt_.lora.train_also & kTrainEmbeddings);
