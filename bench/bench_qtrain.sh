@@ -10,10 +10,14 @@
 # QTRAIN_TIME_BREAKDOWN=1 it also waits for the op timer's table, which train prints after its last step. A train still
 # running when this script ends (a `timeout` around it) is killed with it, so it cannot hold the GPU's
 # memory (or write over the next run's train.out) after the script is gone. Where nvidia-smi exists, peak_mib is the
-# highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs).
+# highest device memory in use sampled every 0.3 s (CUDA context included: what a smaller card needs), and sm_mhz and
+# power_w the median SM clock and power draw of the samples at >= half the run's highest power (the busy ones: the
+# H200 holds its power cap by lowering the clock, so a step's GEMMs can run below the rate measured in bursts).
 # FLOOR=1 runs no training: bench/step_floor_bench times the same command's GEMMs and attention alone (its
 # last line is JSON too; the whole output in $BENCH_DIR/floor.out), so every script that calls this one
-# (issue32_rows.sh, lora_bench.sh) gives the floor of its rows with FLOOR=1.
+# (issue32_rows.sh, lora_bench.sh) gives the floor of its rows with FLOOR=1. FLOOR_SUSTAIN=SECONDS also runs the
+# micro-batch's GEMMs and attention in sequence for that long (step_floor_bench --sustain: the floor at the clock a
+# long run holds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-Qwen2.5-0.5B}; BATCH=${2:-16}; shift 2 || true
@@ -21,7 +25,8 @@ BUILD=${BUILD_DIR:-build-gpu}
 WORK=${BENCH_DIR:-/tmp/qtrain-bench}
 mkdir -p "$WORK"
 if [ -n "${FLOOR:-}" ]; then
-  "$BUILD/step_floor_bench" --model="$MODEL" --from-scratch --seq-len="${SEQ:-1024}" --batch-size="$BATCH" \
+  sustain=(); [ -z "${FLOOR_SUSTAIN:-}" ] || sustain=(--sustain="$FLOOR_SUSTAIN")
+  "$BUILD/step_floor_bench" ${sustain[@]+"${sustain[@]}"} --model="$MODEL" --from-scratch --seq-len="${SEQ:-1024}" --batch-size="$BATCH" \
     --grad-accumulation="${GA:-1}" --model-dtype=bf16 --opt-m-dtype=bf16 --opt-v-dtype=bf16 "$@" > "$WORK/floor.out" 2>&1 || { tail -5 "$WORK/floor.out"; exit 1; }
   tail -1 "$WORK/floor.out"
   exit 0
@@ -40,7 +45,7 @@ train=; smi=
 cleanup() { set +e; [ -z "$train" ] || kill -9 $train 2>/dev/null; [ -z "$smi" ] || kill $smi 2>/dev/null; return 0; }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
-nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
+nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw --format=csv,noheader,nounits -lms 300 > "$WORK/smi.txt" 2>/dev/null &
 smi=$!
 "$BUILD/train" --model="$MODEL" --from-scratch --device=cuda --train-file="$TOKENS" \
   --seq-len="${SEQ:-1024}" --batch-size="$BATCH" --grad-accumulation="${GA:-1}" --steps="$STEPS" --eval-every-n-steps=0 \
@@ -76,11 +81,23 @@ sol = next(e for e in ev if e["log"] == "sol")
 # packed rows (--document-masking): useful tokens = the slots holding a document's token, padding not counted
 ds = next((e for e in ev if e["log"] == "dataset" and e.get("packed")), None)
 fill = ds["packed"]["document_tokens"] / (ds["packed"]["rows"] * int(sys.argv[6])) if ds else 1.0
+# nvidia-smi's samples: "memory MiB, SM MHz, W" (a field it cannot read comes as "[N/A]")
+def num(x):
+    try:
+        return float(x)
+    except ValueError:
+        return None
+smi = [[num(f.strip()) for f in l.split(",")] for l in open(sys.argv[5]) if l.count(",") == 2]
+mem = [r[0] for r in smi if r[0] is not None]
+watts = [r[2] for r in smi if r[2] is not None]
+busy = [r for r in smi if watts and r[2] is not None and r[2] >= max(watts) / 2 and r[1] is not None]
 print(json.dumps({"system": "qtrain", "model": sys.argv[2], "batch": int(sys.argv[3]), "tokens_per_s": round(tps),
                   "mfu": round(tps * sol["flops_per_token"] / 989e12, 4),
                   "plan_gib": round(sum(s["device"] for s in alloc["stats"]) / 2**30, 2),
                   "pinned_gib": round(sum(s.get("pinned", 0) for s in alloc["stats"]) / 2**30, 2),
-                  "peak_mib": max((int(x) for x in open(sys.argv[5]).read().split() if x.isdigit()), default=None),
+                  "peak_mib": int(max(mem)) if mem else None,
+                  **({"sm_mhz": round(statistics.median(r[1] for r in busy)),
+                      "power_w": round(statistics.median(r[2] for r in busy))} if busy else {}),
                   "final_loss": steps[-1]["loss"] if steps else None,
                   **({"fill_rate": round(fill, 4), "useful_tokens_per_s": round(tps * fill)} if ds else {})}))
 PY

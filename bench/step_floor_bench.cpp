@@ -18,16 +18,23 @@
 // (the flags of bench/bench_qtrain.sh's command; --train-file is not needed). One line per GEMM shape,
 // totals per micro-batch, and a last line of JSON. Operands hold small constant values: only time counts.
 // --list (first argument): print the GEMM list and its flop without timing anything (no GPU needed).
+// --sustain=SECONDS (first argument): afterwards, run the micro-batch's GEMMs and attention in sequence,
+// back to back, for that long, printing the time per micro-batch with the SM clock and power draw as it
+// goes: the per-shape timings above last milliseconds each, a training step runs for minutes, and the
+// H200 holds its power cap by lowering its clock (a floor taken in bursts can be one no step reaches).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench_check.h"
+#include "gpu_clock.h"
 #include "core/dtype.h"
 #include "cuda/attention.h"
 #include "cuda/fp8.h"
@@ -69,6 +76,80 @@ double time_calls(F&& f, cudaStream_t s, int warm, int reps) {
     return ms / reps;
 }
 
+// --sustain: one micro-batch's GEMMs and attention queued back to back, again and again for `seconds`.
+// Each micro-batch is bracketed by events; the next is queued before the previous one is waited for, so
+// the clock and power are read while the GPU is busy. One line a second; the result is the mean of
+// the second half (after the clock has settled under the power cap), beside `burst_ms` (the sum of the
+// per-shape timings: what the floor above assumes).
+struct Sustained {
+    double ms = 0;  // per micro-batch, the mean over the second half
+    int sm_mhz = -1;
+    double watts = -1;
+};
+
+template <class F>
+Sustained run_sustained(F&& micro_batch, cudaStream_t s, double seconds, double burst_ms) {
+    bench::GpuClock clock;
+    std::printf("sustained for %.0f s: the micro-batch's GEMMs and attention in sequence (burst sum %.2f ms)%s\n",
+                seconds, burst_ms, clock.available() ? "" : "; NVML not found: no clock or power readings");
+    std::printf("%8s %6s %12s %8s %8s\n", "t s", "mbs", "ms/mb", "SM MHz", "W");
+    struct Mb {
+        cudaEvent_t a, b;
+    };
+    auto queue = [&] {
+        Mb m{};
+        CK(cudaEventCreate(&m.a));
+        CK(cudaEventCreate(&m.b));
+        CK(cudaEventRecord(m.a, s));
+        micro_batch();
+        CK(cudaEventRecord(m.b, s));
+        return m;
+    };
+    struct Sample {
+        double t, ms;
+        int mhz;
+        double w;
+    };
+    std::vector<Sample> samples;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto now_s = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    Mb cur = queue();
+    double line_t = 0, line_ms = 0, line_w = 0;
+    int line_n = 0, line_mhz = 0;
+    for (;;) {
+        const bool last = now_s() >= seconds;
+        Mb next{};
+        if (!last) next = queue();  // the GPU stays busy while `cur` is read
+        CK(cudaEventSynchronize(cur.b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, cur.a, cur.b));
+        CK(cudaEventDestroy(cur.a));
+        CK(cudaEventDestroy(cur.b));
+        const Sample x{now_s(), ms, clock.sm_mhz(), clock.watts()};
+        samples.push_back(x);
+        line_ms += x.ms, line_mhz += x.mhz, line_w += x.w, ++line_n;
+        if (x.t - line_t >= 1.0 || last) {
+            std::printf("%8.1f %6d %12.2f %8d %8.0f\n", x.t, line_n, line_ms / line_n, line_mhz / line_n,
+                        line_w / line_n);
+            line_t = x.t, line_ms = 0, line_w = 0, line_n = 0, line_mhz = 0;
+        }
+        if (last) break;
+        cur = next;
+    }
+    Sustained r;
+    const std::size_t from = samples.size() / 2;
+    double mhz = 0, w = 0;
+    for (std::size_t i = from; i < samples.size(); ++i) r.ms += samples[i].ms, mhz += samples[i].mhz, w += samples[i].w;
+    const double n = static_cast<double>(samples.size() - from);
+    r.ms /= n;
+    r.sm_mhz = static_cast<int>(mhz / n);
+    r.watts = w / n;
+    std::printf("sustained: %.2f ms a micro-batch over the second half (%zu micro-batches), SM %d MHz, %.0f W; the "
+                "first took %.2f ms; burst sum %.2f ms\n",
+                r.ms, samples.size() - from, r.sm_mhz, r.watts, samples.front().ms, burst_ms);
+    return r;
+}
+
 struct Operands {
     void *w, *act, *act2, *out, *bias;
     float* scale;
@@ -106,8 +187,24 @@ void run_gemm(GemmRunner& r, const StepGemm& g, const Operands& p, cudaStream_t 
 
 int run(int argc, char** argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
-    const bool list_only = !args.empty() && args[0] == "--list";
-    if (list_only) args.erase(args.begin());
+    bool list_only = false;
+    double sustain_s = 0;
+    while (!args.empty() && (args[0] == "--list" || args[0].rfind("--sustain=", 0) == 0)) {
+        if (args[0] == "--list") {
+            list_only = true;
+        } else {
+            const std::string v = args[0].substr(10);
+            std::size_t used = 0;
+            try {
+                sustain_s = std::stod(v, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != v.size() || !(sustain_s > 0 && sustain_s <= 600))
+                throw std::runtime_error("--sustain=" + v + ": expected seconds in (0, 600]");
+        }
+        args.erase(args.begin());
+    }
     const TrainOptions topt = train_options_from_args(args);
     const ModelConfig c = resolve_model_source(topt).config;
     const ModelOptions o = topt.model_options("cuda");
@@ -152,6 +249,7 @@ int run(int argc, char** argv) {
     std::printf("%-20s %6s %6s %6s %5s %-14s | %9s %7s | %9s %7s | %9s\n", "gemm", "tokens", "in", "out", "calls",
                 "operands", "heuristic", "TF/s", "tuned", "TF/s", "ms/mb");
     double heur_total = 0, best_total = 0, flop_total = 0;
+    std::vector<bool> tuned_faster;  // per GEMM: the runner --sustain's sequence calls
     // the best times under the op timer's names (QTRAIN_TIME_BREAKDOWN=1), to set beside its lines
     std::map<std::string, double> by_timer;
     auto timer_line = [](const StepGemm& g) -> std::string {
@@ -182,6 +280,7 @@ int run(int argc, char** argv) {
         const double tuned_ms = time_calls(call_t, s, 2, reps);
         // the floor takes the faster of the two (a choice timed in place can lose back to back: gemm_autotune.h)
         const double t_ms = std::min(h_ms, tuned_ms);
+        tuned_faster.push_back(tuned_ms < h_ms);
         const DType second = g.pass == GemmPass::Forward || g.pass == GemmPass::Recompute ? DType::E4M3 : g.grad_dtype;
         const std::string ops = g.fp8 ? "e4m3 x " + std::string(dtype_name(second)) + (g.fast_accum ? " fast" : "")
                                       : std::string(dtype_name(g.dtype));
@@ -211,23 +310,26 @@ int run(int argc, char** argv) {
     if (recompute_att) att_fwd_calls = 2;
     const AttentionBackend backend = choose_attention_backend(c, o);
     const AttentionShape as = attention_shape(c, o, B, T, backend);
+    const DType A = o.model_dtype;
+    void *qkv = nullptr, *dqkv = nullptr, *att_out = nullptr, *dout = nullptr, *ws = nullptr;
+    float* lse = nullptr;
+    auto att_forward = [&] { attention_forward(A, att_out, lse, qkv, as, s, nullptr, backend, ws); };
+    auto att_backward = [&] {
+        attention_backward(A, dqkv, dout, qkv, att_out, lse, ws, as, s, o.attn_bwd_chunks, backend);
+    };
     {
-        const DType A = o.model_dtype;
         const std::size_t es = dtype_size(A);
         const std::size_t qkv_n = static_cast<std::size_t>(N) * (as.Hq + 2 * as.Hkv) * as.D;
         const std::size_t out_n = static_cast<std::size_t>(N) * as.Hq * as.D;
-        void* qkv = device_bytes(qkv_n * es);
-        void* dqkv = device_bytes(qkv_n * es);
-        void* out = device_bytes(out_n * es);
-        void* dout = device_bytes(out_n * es);
-        float* lse = static_cast<float*>(device_bytes(static_cast<std::size_t>(B) * as.Hq * T * 4));
+        qkv = device_bytes(qkv_n * es);
+        dqkv = device_bytes(qkv_n * es);
+        att_out = device_bytes(out_n * es);
+        dout = device_bytes(out_n * es);
+        lse = static_cast<float*>(device_bytes(static_cast<std::size_t>(B) * as.Hq * T * 4));
         const std::size_t ws_bytes = attention_backward_workspace_bytes(A, as, o.attn_bwd_chunks, backend);
-        void* ws = ws_bytes ? device_bytes(ws_bytes) : nullptr;
-        att_fwd = time_calls([&] { attention_forward(A, out, lse, qkv, as, s, nullptr, backend, ws); }, s, 2, 10);
-        att_bwd = time_calls(
-            [&] { attention_backward(A, dqkv, dout, qkv, out, lse, ws, as, s, o.attn_bwd_chunks, backend); }, s, 2, 10);
-        for (void* q : {qkv, dqkv, out, dout, static_cast<void*>(lse), ws})
-            if (q) CK(cudaFree(q));
+        ws = ws_bytes ? device_bytes(ws_bytes) : nullptr;
+        att_fwd = time_calls(att_forward, s, 2, 10);
+        att_bwd = time_calls(att_backward, s, 2, 10);
     }
     const double att_flop = 4.0 * B * as.Hq * static_cast<double>(T) * T * as.D / 2 * (att_fwd_calls + 2.5);
     std::printf("attention (%s, B %d T %d Hq %d Hkv %d D %d, backward in %d chunks): forward %.3f ms (x%d), backward "
@@ -236,6 +338,20 @@ int run(int argc, char** argv) {
                 att_fwd, att_fwd_calls, att_bwd, (att_fwd * att_fwd_calls + att_bwd) * c.num_hidden_layers,
                 c.num_hidden_layers, att_flop / ((att_fwd * att_fwd_calls + att_bwd) * 1e9));
     const double att_total = (att_fwd * att_fwd_calls + att_bwd) * c.num_hidden_layers;
+    const Sustained sus = sustain_s > 0 ? run_sustained(
+                                              [&] {
+                                                  for (std::size_t i = 0; i < gemms.size(); ++i)
+                                                      for (int k = 0; k < gemms[i].calls; ++k)
+                                                          run_gemm(tuned_faster[i] ? tuned : heuristic, gemms[i], p, s);
+                                                  for (int l = 0; l < c.num_hidden_layers; ++l) {
+                                                      for (int k = 0; k < att_fwd_calls; ++k) att_forward();
+                                                      att_backward();
+                                                  }
+                                              },
+                                              s, sustain_s, best_total + att_total)
+                                        : Sustained{};
+    for (void* q : {qkv, dqkv, att_out, dout, static_cast<void*>(lse), ws})
+        if (q) CK(cudaFree(q));
 
     // the copy rate: the elementwise ops' floor (bytes read + written)
     const std::size_t copy_bytes = std::size_t{1} << 30;
@@ -283,12 +399,19 @@ int run(int argc, char** argv) {
     std::printf("+ the memory-bound ops at %.2f TB/s (%.2f ms) and the optimizer over %d micro-batches (%.2f ms "
                 "a step): %.2f ms = at most %.0f tokens/s (LoRA's adapters, recompute and host copies not counted)\n",
                 hbm_tbs, elem_ms, GA, per_step_ms, all_ms, N / (all_ms * 1e-3));
+    if (sus.ms > 0)
+        std::printf("sustained: GEMMs + attention in sequence %.2f ms a micro-batch (%.1f%% of the burst sum's rate), "
+                    "+ the memory-bound ops and the optimizer: %.2f ms = at most %.0f tokens/s\n",
+                    sus.ms, 100.0 * floor_ms / sus.ms, sus.ms + elem_ms + per_step_ms / GA,
+                    N / ((sus.ms + elem_ms + per_step_ms / GA) * 1e-3));
     std::printf("{\"model\": \"%s\", \"batch\": %d, \"seq\": %d, \"gemm_ms_heuristic\": %.3f, \"gemm_ms_best\": %.3f, "
                 "\"attention_ms\": %.3f, \"memory_bound_ms\": %.3f, \"optimizer_ms_per_step\": %.3f, \"grad_accumulation\": %d, "
                 "\"copy_tb_s\": %.3f, \"read_tb_s\": %.3f, \"pcie_gb_s\": %.1f, \"floor_tokens_per_s\": %.0f, "
-                "\"floor_all_tokens_per_s\": %.0f}\n",
+                "\"floor_all_tokens_per_s\": %.0f, \"sustained_ms\": %.3f, \"sustained_sm_mhz\": %d, \"sustained_w\": %.0f, "
+                "\"floor_all_sustained_tokens_per_s\": %.0f}\n",
                 topt.model.c_str(), B, T, heur_total, best_total, att_total, elem_ms, per_step_ms, GA, copy_tbs,
-                read_tbs, pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3));
+                read_tbs, pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3), sus.ms, sus.sm_mhz, sus.watts,
+                sus.ms > 0 ? N / ((sus.ms + elem_ms + per_step_ms / GA) * 1e-3) : 0.0);
     return 0;
 }
 

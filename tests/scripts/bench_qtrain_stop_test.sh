@@ -76,4 +76,19 @@ alive && fail "train still running after the breakdown run"
 start=$(date +%s)
 out=$(run env STEPS=2 QTRAIN_TIME_BREAKDOWN=0 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "timer-off run exited $?"
 [ $(( $(date +%s) - start )) -lt 30 ] || fail "the bench waited for a table with QTRAIN_TIME_BREAKDOWN=0"
+# 7. nvidia-smi's samples: the peak memory, and the SM clock and power of the busy samples (>= half the highest
+# power; the idle ones at the start and an unreadable field are left out)
+cat > "$tmp/bin/nvidia-smi" <<'SH'
+#!/usr/bin/env bash
+case "$*" in *memory.used,clocks.sm,power.draw*) ;; *) exit 2 ;; esac
+printf '600, 345, 70.10\n52000, 1980, 310.0\n61000, 1755, 690.5\n61000, 1740, 700.0\n60500, 1760, [N/A]\n61000, 1770, 650.0\n'
+exec sleep 60
+SH
+chmod +x "$tmp/bin/nvidia-smi"
+out=$(PATH="$tmp/bin:$PATH" run env STEPS=2 "$src/bench/bench_qtrain.sh" M 1 2>/dev/null) || fail "run with nvidia-smi exited $?"
+echo "$out" | grep -q '"peak_mib": 61000' || fail "peak memory not the samples' highest: $out"
+echo "$out" | grep -q '"sm_mhz": 1755, "power_w": 690' || fail "clock and power not the busy samples' medians: $out"
+# 8. FLOOR_SUSTAIN: step_floor_bench gets --sustain first (it reads its own flags before train's)
+out=$(run env FLOOR=1 FLOOR_SUSTAIN=20 "$src/bench/bench_qtrain.sh" M 3 2>/dev/null) || fail "FLOOR_SUSTAIN exited $?"
+echo "$out" | grep -q '"args": "--sustain=20 --model=M' || fail "FLOOR_SUSTAIN did not pass --sustain first: $out"
 echo "bench_qtrain.sh stops, times out, runs to the end and gives floors as documented"
