@@ -122,6 +122,12 @@ def main(argv=None) -> int:
         tf += fm or 0.0
     print(f"{'total':<24} {tm:10.2f} {tf:10.2f} {tm / tf if tf else 0:8.2f}")
     print(f"(step span {timer['step span'] / ga:.2f} ms a micro-batch; side-stream scopes overlap the compute stream's)")
+    if s.get("sustained_ms"):  # step_floor_bench --sustain: the GEMMs and attention held in sequence for seconds
+        burst = s["gemm_ms_best"] + s["attention_ms"]
+        held = tf - burst + s["sustained_ms"]
+        print(f"GEMMs + attention held in sequence (--sustain): {s['sustained_ms']:.2f} ms against their "
+              f"{burst:.2f} ms timed alone (x{s['sustained_ms'] / burst:.3f}; SM {s.get('sustained_sm_mhz')} MHz, "
+              f"{s.get('sustained_w')} W): the floor a long run holds is {held:.2f} ms, measured x{tm / held:.2f} of it")
     return 0
 
 

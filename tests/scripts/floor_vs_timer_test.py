@@ -69,6 +69,23 @@ class FloorVsTimer(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("gemm fwd", r.stdout)
         self.assertIn("1.02", r.stdout)  # 218 / 213.34
+        self.assertNotIn("held in sequence", r.stdout)  # an output without --sustain
+        # with --sustain (session 26): the GEMMs and attention held in sequence take the burst sum's place
+        # (this floor's 452.0 + 79.74 ms of GEMMs and attention; the whole floor is 652.00 ms)
+        global FLOOR
+        plain = FLOOR
+        head, last = FLOOR.rstrip("\n").rsplit("\n", 1)
+        FLOOR = head + "\n" + last[:-1] + ', "sustained_ms": 584.90, "sustained_sm_mhz": 1710, "sustained_w": 699}\n'
+        try:
+            r = self.run_script(TABLE, "--timer-ga", "2")
+        finally:
+            FLOOR = plain
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fl = fvt.parse_floor(plain)
+        burst = fl["summary"]["gemm_ms_best"] + fl["summary"]["attention_ms"]
+        whole = sum(fl["floor"].values())  # 652.00
+        self.assertIn(f"against their {burst:.2f} ms timed alone (x{584.90 / burst:.3f}; SM 1710 MHz, 699 W)", r.stdout)
+        self.assertIn(f"the floor a long run holds is {whole - burst + 584.90:.2f} ms", r.stdout)
         r = self.run_script("[T] step 1\n")
         self.assertEqual(r.returncode, 1)
         self.assertIn("QTRAIN_TIME_BREAKDOWN=1", r.stderr)
