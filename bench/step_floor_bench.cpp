@@ -18,6 +18,8 @@
 // (the flags of bench/bench_qtrain.sh's command; --train-file is not needed). One line per GEMM shape,
 // totals per micro-batch, and a last line of JSON. Operands hold small constant values: only time counts.
 // --list (first argument): print the GEMM list and its flop without timing anything (no GPU needed).
+// --constant-operands (first argument): fill the operands with one byte value (sessions 21-25) instead of
+// random values (see fill_random).
 // --sustain=SECONDS (first argument): afterwards, run the micro-batch's GEMMs and attention in sequence,
 // back to back, for that long, printing the time per micro-batch with the SM clock and power draw as it
 // goes: the per-shape timings above last milliseconds each, a training step runs for minutes, and the
@@ -26,9 +28,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,10 +56,41 @@ using namespace qtrain;
 
 namespace {
 
-void* device_bytes(std::size_t n) {
+// The operands' values: random by default. A GEMM's speed at a given clock does not depend on its
+// values, but its power does (bits that toggle), and the H200 holds its 700 W cap by lowering the clock:
+// session 26 measured the floor's constant operands (0x3c bytes) at 1,750-1,810 MHz and 465-520 W held
+// for 20 s, while the training steps themselves (real values) ran at 1,470-1,520 MHz and ~690 W.
+// --constant-operands gives sessions 21-25's fill back.
+bool g_random_operands = true;
+
+// `n` bytes of bf16 values ~ N(0, 0.1) (read as e4m3 or e5m2 bytes: random codes, the NaN/inf ones
+// moved to finite neighbours; as fp32: about the same values), tiled from one host block.
+void fill_random(void* dev, std::size_t n) {
+    static std::vector<uint16_t> block;
+    if (block.empty()) {
+        block.resize(std::size_t{16} << 20);  // 32 MiB
+        std::mt19937 rng(2026);
+        std::normal_distribution<float> normal(0.0f, 0.1f);
+        for (uint16_t& v : block) {
+            const float f = normal(rng);
+            uint32_t bits;
+            std::memcpy(&bits, &f, 4);
+            v = static_cast<uint16_t>(bits >> 16);
+            if ((v & 0x7c) == 0x7c) v &= ~uint16_t{0x40};   // low byte: no e5m2 inf/NaN (and so no e4m3 NaN)
+            if (((v >> 8) & 0x7c) == 0x7c) v &= ~uint16_t{0x4000};  // high byte likewise (it never is, at N(0, 0.1))
+        }
+    }
+    const std::size_t bb = block.size() * 2;
+    for (std::size_t at = 0; at < n; at += bb)
+        CK(cudaMemcpy(static_cast<char*>(dev) + at, block.data(), std::min(bb, n - at), cudaMemcpyHostToDevice));
+}
+
+void* device_bytes(std::size_t n, bool operand = true) {
     void* p = nullptr;
-    CK(cudaMalloc(&p, std::max<std::size_t>(n, 256)));
-    CK(cudaMemset(p, 0x3c, std::max<std::size_t>(n, 256)));  // bf16 ~0.011, e4m3 1.5, e5m2 1.0, fp32 ~0.012
+    n = std::max<std::size_t>(n, 256);
+    CK(cudaMalloc(&p, n));
+    if (operand && g_random_operands) fill_random(p, n);
+    else CK(cudaMemset(p, 0x3c, n));  // bf16 ~0.011, e4m3 1.5, e5m2 1.0, fp32 ~0.012
     return p;
 }
 
@@ -189,9 +225,12 @@ int run(int argc, char** argv) {
     std::vector<std::string> args(argv + 1, argv + argc);
     bool list_only = false;
     double sustain_s = 0;
-    while (!args.empty() && (args[0] == "--list" || args[0].rfind("--sustain=", 0) == 0)) {
+    while (!args.empty() && (args[0] == "--list" || args[0] == "--constant-operands" ||
+                             args[0].rfind("--sustain=", 0) == 0)) {
         if (args[0] == "--list") {
             list_only = true;
+        } else if (args[0] == "--constant-operands") {
+            g_random_operands = false;
         } else {
             const std::string v = args[0].substr(10);
             std::size_t used = 0;
@@ -244,8 +283,9 @@ int run(int argc, char** argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
 
     GemmRunner heuristic(kGemmWorkspaceBytes, false), tuned(kGemmWorkspaceBytes, true);
-    std::printf("%s on %s, micro-batch %d x %d = %lld tokens; ms per call (the mean of back-to-back calls)\n",
-                c.architecture.c_str(), prop.name, B, T, static_cast<long long>(N));
+    std::printf("%s on %s, micro-batch %d x %d = %lld tokens; ms per call (the mean of back-to-back calls); %s operands\n",
+                c.architecture.c_str(), prop.name, B, T, static_cast<long long>(N),
+                g_random_operands ? "random" : "constant");
     std::printf("%-20s %6s %6s %6s %5s %-14s | %9s %7s | %9s %7s | %9s\n", "gemm", "tokens", "in", "out", "calls",
                 "operands", "heuristic", "TF/s", "tuned", "TF/s", "ms/mb");
     double heur_total = 0, best_total = 0, flop_total = 0;
@@ -325,9 +365,10 @@ int run(int argc, char** argv) {
         dqkv = device_bytes(qkv_n * es);
         att_out = device_bytes(out_n * es);
         dout = device_bytes(out_n * es);
-        lse = static_cast<float*>(device_bytes(static_cast<std::size_t>(B) * as.Hq * T * 4));
+        lse = static_cast<float*>(device_bytes(static_cast<std::size_t>(B) * as.Hq * T * 4, false));  // (the
+        // forward writes it, and the output, before any backward reads them)
         const std::size_t ws_bytes = attention_backward_workspace_bytes(A, as, o.attn_bwd_chunks, backend);
-        ws = ws_bytes ? device_bytes(ws_bytes) : nullptr;
+        ws = ws_bytes ? device_bytes(ws_bytes, false) : nullptr;
         att_fwd = time_calls(att_forward, s, 2, 10);
         att_bwd = time_calls(att_backward, s, 2, 10);
     }
@@ -355,8 +396,8 @@ int run(int argc, char** argv) {
 
     // the copy rate: the elementwise ops' floor (bytes read + written)
     const std::size_t copy_bytes = std::size_t{1} << 30;
-    void* src = device_bytes(copy_bytes);
-    void* dst = device_bytes(copy_bytes);
+    void* src = device_bytes(copy_bytes, false);
+    void* dst = device_bytes(copy_bytes, false);
     const double copy_ms =
         time_calls([&] { CK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, s)); }, s, 2, 10);
     const double copy_tbs = 2.0 * copy_bytes / (copy_ms * 1e9);
@@ -408,10 +449,11 @@ int run(int argc, char** argv) {
                 "\"attention_ms\": %.3f, \"memory_bound_ms\": %.3f, \"optimizer_ms_per_step\": %.3f, \"grad_accumulation\": %d, "
                 "\"copy_tb_s\": %.3f, \"read_tb_s\": %.3f, \"pcie_gb_s\": %.1f, \"floor_tokens_per_s\": %.0f, "
                 "\"floor_all_tokens_per_s\": %.0f, \"sustained_ms\": %.3f, \"sustained_sm_mhz\": %d, \"sustained_w\": %.0f, "
-                "\"floor_all_sustained_tokens_per_s\": %.0f}\n",
+                "\"floor_all_sustained_tokens_per_s\": %.0f, \"operands\": \"%s\"}\n",
                 topt.model.c_str(), B, T, heur_total, best_total, att_total, elem_ms, per_step_ms, GA, copy_tbs,
                 read_tbs, pcie_gbs, N / (floor_ms * 1e-3), N / (all_ms * 1e-3), sus.ms, sus.sm_mhz, sus.watts,
-                sus.ms > 0 ? N / ((sus.ms + elem_ms + per_step_ms / GA) * 1e-3) : 0.0);
+                sus.ms > 0 ? N / ((sus.ms + elem_ms + per_step_ms / GA) * 1e-3) : 0.0,
+                g_random_operands ? "random" : "constant");
     return 0;
 }
 
