@@ -8,9 +8,9 @@
 // backward at the micro-batch's shape with the backend the model would choose (+ the forward again
 // when the recompute re-runs it), and the device-to-device copy rate (the floor of the elementwise
 // ops), the PCIe rate, and the memory-bound ops' floors: their bytes (model/cuda/step_traffic.h) at
-// those rates, under the op timer's names (`QTRAIN_TIME_BREAKDOWN=1` times them in the step). Not here:
-// LoRA's adapters (bench/lora_overlap_bench), the recompute's elementwise ops, host copies of streamed
-// weights, gradients and residuals.
+// those rates, under the op timer's names (`QTRAIN_TIME_BREAKDOWN=1` times them in the step). LoRA's
+// adapters are GEMMs of the list too (model/cuda/step_gemms.h's lora_step_gemms: "lora gemm"). Not here:
+// the recompute's elementwise ops, host copies of streamed weights, gradients and residuals.
 //
 // usage: step_floor_bench TRAIN_FLAGS...   e.g.
 //   step_floor_bench --model=Qwen2.5-7B --from-scratch --batch-size=4 --seq-len=1024 --model-dtype=bf16 \
@@ -191,8 +191,38 @@ struct Operands {
     float* scale;
 };
 
+// One of LoRA's adapter GEMMs as LoraAdapters makes it (lora_adapters.cpp's gemm_fwd / gemm_bwd_input /
+// gemm_bwd_weight: row strides and the slices' alignment from the list).
+void run_lora_gemm(GemmRunner& r, const StepGemm& g, const Operands& p, cudaStream_t s) {
+    const int64_t ld_in = g.ld_in ? g.ld_in : g.in, ld_out = g.ld_out ? g.ld_out : g.out;
+    GemmOp op;
+    op.a_type = op.b_type = op.c_type = g.dtype;
+    op.beta = g.beta;
+    op.min_alignment = g.min_alignment;
+    switch (g.pass) {
+        case GemmPass::Forward:
+        case GemmPass::Recompute:  // y[N, out] (+)= x[N, in] w[out, in]^T
+            op.trans_a = true;
+            op.m = g.out, op.n = g.tokens, op.k = g.in;
+            op.a = p.w, op.lda = g.in, op.b = p.act, op.ldb = ld_in, op.c = p.out, op.ldc = ld_out;
+            break;
+        case GemmPass::InputGrad:  // dx[N, in] (+)= dy[N, out] w[out, in]
+            op.m = g.in, op.n = g.tokens, op.k = g.out;
+            op.a = p.w, op.lda = g.in, op.b = p.act, op.ldb = ld_out, op.c = p.out, op.ldc = ld_in;
+            break;
+        case GemmPass::WeightGrad:  // dw[out, in] += dy^T x, fp32
+            op.trans_b = true;
+            op.m = g.in, op.n = g.out, op.k = g.tokens;
+            op.a = p.act, op.lda = ld_in, op.b = p.act2, op.ldb = ld_out, op.c = p.out, op.ldc = g.in;
+            op.c_type = DType::F32;
+            break;
+    }
+    r.run(op, s);
+}
+
 // One call of g as CudaModel makes it (cuda_model_linear.cpp, cuda_model_step.cpp).
 void run_gemm(GemmRunner& r, const StepGemm& g, const Operands& p, cudaStream_t s) {
+    if (g.lora) return run_lora_gemm(r, g, p, s);
     const DType A = g.dtype;
     const void* bias = g.bias ? p.bias : nullptr;
     switch (g.pass) {
@@ -249,7 +279,8 @@ int run(int argc, char** argv) {
     const ModelOptions o = topt.model_options("cuda");
     const int B = o.batch_size, T = o.seq_len;
     const int64_t N = static_cast<int64_t>(B) * T;
-    const std::vector<StepGemm> gemms = step_gemms(c, o);
+    std::vector<StepGemm> gemms = step_gemms(c, o);
+    for (StepGemm& g : lora_step_gemms(c, o)) gemms.push_back(std::move(g));  // (none without --lora-rank)
     if (list_only) {
         for (const StepGemm& g : gemms)
             std::printf("%-20s %6lld %6lld %6lld %5d %s%s%s\n", g.name.c_str(), static_cast<long long>(g.tokens),
@@ -268,8 +299,9 @@ int run(int argc, char** argv) {
     for (const StepGemm& g : gemms) {
         const std::size_t es = dtype_size(g.dtype);
         w_bytes = std::max<std::size_t>(w_bytes, g.in * g.out * es);
-        act_bytes = std::max<std::size_t>(act_bytes, g.tokens * std::max(g.in, g.out) * es);
-        out_bytes = std::max<std::size_t>(out_bytes, std::max<std::size_t>(g.tokens * std::max(g.in, g.out) * es, g.in * g.out * 4));
+        const int64_t widest = std::max({g.in, g.out, g.ld_in, g.ld_out});  // (LoRA's slices: the whole rows)
+        act_bytes = std::max<std::size_t>(act_bytes, g.tokens * widest * es);
+        out_bytes = std::max<std::size_t>(out_bytes, std::max<std::size_t>(g.tokens * widest * es, g.in * g.out * 4));
         bias_bytes = std::max<std::size_t>(bias_bytes, g.out * 4);
     }
     Operands p{device_bytes(w_bytes), device_bytes(act_bytes), device_bytes(act_bytes), device_bytes(out_bytes),
@@ -293,6 +325,7 @@ int run(int argc, char** argv) {
     // the best times under the op timer's names (QTRAIN_TIME_BREAKDOWN=1), to set beside its lines
     std::map<std::string, double> by_timer;
     auto timer_line = [](const StepGemm& g) -> std::string {
+        if (g.lora) return "lora gemm";
         if (g.name.find("lm head") != std::string::npos) return "lm head gemm";
         switch (g.pass) {  // (the op timer counts the recompute's GEMMs under "gemm fwd": its scopes nest)
             case GemmPass::Forward:

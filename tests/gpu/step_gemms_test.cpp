@@ -201,3 +201,71 @@ TEST(StepGemms, Fp8FlagsChooseOperandsAndAccumulationAsTheModel) {
     EXPECT_FALSE(m.at("dw lm head").fast_accum);  // never in the head's backward (cuda_model_step.cpp)
     EXPECT_FALSE(m.at("dx lm head").fast_accum);
 }
+
+// LoRA's adapter GEMMs (lora_step_gemms: what bench/step_floor_bench times as "lora gemm"): every target's
+// forward (u = x A^T, y += s u B^T) and backward (g = s dy B, dB, dA, dx += g A) are 6 r (in + out) flop a
+// token whatever the stacking; stacked where LoraAdapters stacks them, with its slices' strides and alignment.
+TEST(StepGemms, LoraAdaptersAreSixRankTimesInPlusOutFlopPerTargetAndToken) {
+    const ModelConfig c = preset_config("Qwen2.5-7B");  // q|k|v bias: its adapters add after the base
+    ModelOptions o = micro_batch(12, 2048);
+    EXPECT_TRUE(lora_step_gemms(c, o).empty());  // no --lora-rank
+    o.lora.rank = 16;
+    const int64_t N = 12 * 2048, r = 16, L = c.num_hidden_layers;
+    auto expected = [&](const char* targets) {
+        double f = 0;
+        for (int t = 0; t < kLoraTargets; ++t) {
+            if (!((parse_lora_targets(targets, "--lora-targets") >> t) & 1u)) continue;
+            const auto [out, in] = lora_target_shape(c, static_cast<LoraTarget>(t));
+            f += 6.0 * r * (in + out) * N * L;
+        }
+        return f;
+    };
+    auto m = by_name(lora_step_gemms(c, o));
+    EXPECT_EQ(m.size(), 12u + 6 + 9 + 6);  // q|k|v and gate|up stacked, o and down alone
+    EXPECT_NEAR(total_flop(lora_step_gemms(c, o)), expected("all"), expected("all") * 1e-12);
+    for (const auto& [name, g] : m) {
+        EXPECT_TRUE(g.lora) << name;
+        EXPECT_FALSE(g.fp8) << name;  // the adapters stay in the model dtype on the FP8 base
+        EXPECT_EQ(g.calls, L) << name;
+    }
+    // stacked gate|up: one u [N, 2r]; up's y reads the u columns from r (32 bytes in) and writes y's from I
+    EXPECT_EQ(m.at("lora fwd u gate|up").out, 2 * r);
+    EXPECT_EQ(m.at("lora fwd y up").ld_in, 2 * r);
+    EXPECT_EQ(m.at("lora fwd y up").ld_out, 2 * c.intermediate_size);
+    EXPECT_EQ(m.at("lora fwd y up").min_alignment, 32);  // (B's row stride too: r bf16 = 32 bytes)
+    EXPECT_EQ(m.at("lora fwd u gate|up").min_alignment, 64);  // u's row stride: 2r bf16
+    EXPECT_EQ(m.at("lora dw B gate").min_alignment, 64);      // dB's fp32 rows of r, u and dy from column 0
+    EXPECT_EQ(m.at("lora dw B up").min_alignment, 32);        // u's columns from r
+    EXPECT_EQ(m.at("lora dw A gate|up").pass, GemmPass::WeightGrad);
+    EXPECT_EQ(m.at("lora dw A gate|up").beta, 1.0f);
+    // lever 5: every target, no dropout: the adapters write dx, and y where the base has no bias
+    EXPECT_EQ(m.at("lora dx gate|up").beta, 0.0f);
+    EXPECT_EQ(m.at("lora fwd y gate").beta, 0.0f);
+    EXPECT_EQ(m.at("lora fwd y q").beta, 1.0f);  // Qwen2's q|k|v bias: the base first
+    EXPECT_EQ(by_name(lora_step_gemms(preset_config("Qwen3-8B"), o)).at("lora fwd y q").beta, 0.0f);
+
+    o.recompute_ffn = true;  // the recomputed gate|up forward runs its adapters again
+    m = by_name(lora_step_gemms(c, o));
+    EXPECT_TRUE(m.count("lora recompute u gate|up"));
+    EXPECT_TRUE(m.count("lora recompute y up"));
+    EXPECT_FALSE(m.count("lora recompute u qkv"));
+    o.recompute_ffn = false;
+
+    o.lora.dropout = 0.1f;  // per target (each mask differs), added after the base, dx through a scratch
+    m = by_name(lora_step_gemms(c, o));
+    EXPECT_FALSE(m.count("lora fwd u qkv"));
+    EXPECT_EQ(m.at("lora fwd u k").out, r);
+    EXPECT_EQ(m.at("lora fwd y k").ld_out, c.q_dim() + 2 * c.kv_dim());
+    EXPECT_EQ(m.at("lora fwd y gate").beta, 1.0f);
+    EXPECT_EQ(m.at("lora dx up").beta, 0.0f);
+    EXPECT_NEAR(total_flop(lora_step_gemms(c, o)), expected("all"), expected("all") * 1e-12);
+
+    o.lora.dropout = 0.0f;
+    o.lora.targets = parse_lora_targets("v,down", "--lora-targets");
+    m = by_name(lora_step_gemms(c, o));
+    EXPECT_EQ(m.size(), 12u);
+    EXPECT_EQ(m.at("lora fwd y v").beta, 1.0f);  // not all of q|k|v's output: the base writes it
+    EXPECT_EQ(m.at("lora dx v").beta, 1.0f);
+    EXPECT_EQ(m.at("lora dx down").beta, 0.0f);  // down's one target covers it
+    EXPECT_NEAR(total_flop(lora_step_gemms(c, o)), expected("v,down"), expected("v,down") * 1e-12);
+}

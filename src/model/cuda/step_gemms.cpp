@@ -1,12 +1,15 @@
 #include "model/cuda/step_gemms.h"
 
 #include <array>
+#include <initializer_list>
+#include <string>
 #include <utility>
 
 #include "core/error.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
 #include "model/cuda/layer_program.h"
+#include "model/cuda/lora_layout.h"
 #include "model/lora.h"
 
 namespace qtrain {
@@ -127,6 +130,121 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
         dw->fp8 = head_fp8_bwd;
         dw->grad_dtype = dx->grad_dtype;
         dw->beta = 1.0f;
+    }
+    return list;
+}
+
+namespace {
+
+// The byte alignment of a slice's pointer and row strides (LoraAdapters' alignment_of), the buffers
+// themselves 256-byte aligned.
+int alignment_of(std::initializer_list<int64_t> bytes) {
+    int a = 256;
+    for (int64_t v : bytes)
+        while (a > 1 && v % a != 0) a /= 2;
+    return a;
+}
+
+}  // namespace
+
+std::vector<StepGemm> lora_step_gemms(const ModelConfig& c, const ModelOptions& o) {
+    std::vector<StepGemm> list;
+    if (!o.lora.enabled()) return list;
+    const int64_t N = static_cast<int64_t>(o.batch_size) * o.seq_len;
+    const int64_t h = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim(), r = o.lora.rank;
+    const int64_t es = static_cast<int64_t>(dtype_size(o.model_dtype));
+    const int L = c.num_hidden_layers;
+    const LoraLayout layout = make_lora_layout(c, o.lora);
+    const LayerProgram program = make_layer_program(make_gpu_layout(c));
+    const RecomputeSet rc = recompute_set(o);
+    auto recomputed = [&](LayerOp op) {
+        for (const LayerStep& st : program.steps)
+            if (st.op == op) return recompute_run(st, rc) == StepRun::Recompute;
+        return false;
+    };
+    using T = LoraTarget;
+    struct Fused {
+        LayerOp op;
+        const char* name;
+        int64_t out;  // the fused matrix's width: the row stride of y and dy
+        std::array<T, 3> targets;
+        std::array<int64_t, 3> cols;  // each target's first column in it
+        int n;
+        bool bias;  // the base adds its bias: its forward then runs first, the adapters add onto it
+    };
+    const std::array<Fused, 4> fused = {{
+        {LayerOp::QkvLinear, "qkv", q + 2 * kv, {T::Q, T::K, T::V}, {0, q, q + kv}, 3, c.qkv_bias},
+        {LayerOp::OutLinear, "o", h, {T::O}, {0}, 1, c.o_bias},
+        {LayerOp::GateUpLinear, "gate|up", 2 * I, {T::Gate, T::Up}, {0, I}, 2, c.mlp_bias},
+        {LayerOp::DownLinear, "down", h, {T::Down}, {0}, 1, c.mlp_bias},
+    }};
+    auto add = [&](GemmPass pass, std::string name, int64_t in, int64_t out, int64_t ld_in, int64_t ld_out,
+                   int align, float beta) {
+        StepGemm g;
+        g.name = "lora " + std::move(name);
+        g.pass = pass;
+        g.tokens = N, g.in = in, g.out = out, g.calls = L;
+        g.dtype = o.model_dtype;
+        g.grad_dtype = o.model_dtype;
+        g.beta = pass == GemmPass::WeightGrad ? 1.0f : beta;
+        g.lora = true;
+        g.ld_in = ld_in, g.ld_out = ld_out;
+        g.min_alignment = align;
+        list.push_back(std::move(g));
+    };
+    for (const Fused& m : fused) {
+        std::array<T, 3> present{};
+        std::array<int64_t, 3> at{};
+        int G = 0;
+        for (int j = 0; j < m.n; ++j)
+            if (o.lora.has(m.targets[j])) present[G] = m.targets[j], at[G++] = m.cols[j];
+        if (G == 0) continue;
+        const bool whole = G == m.n && o.lora.dropout <= 0.0f;  // lever 5: the adapters write dx
+        const float y_beta = whole && !m.bias ? 0.0f : 1.0f;     // and y, where the base has no bias
+        const int64_t in = lora_target_shape(c, present[0])[1];
+        const std::string mn = m.name;
+        // (each alignment as LoraAdapters computes it for that call: the slices' offsets and every row stride)
+        if (layout.stacked(0, present.data(), G)) {
+            const int64_t w = G * r;
+            for (GemmPass pass : {GemmPass::Forward, GemmPass::Recompute}) {
+                if (pass == GemmPass::Recompute && !recomputed(m.op)) continue;
+                const std::string pn = pass == GemmPass::Forward ? "fwd " : "recompute ";
+                add(pass, pn + "u " + mn, in, w, in, w, alignment_of({w * es, in * es}), 0.0f);  // u = x [A..]^T
+                for (int j = 0; j < G; ++j)  // y_j (+)= s u_j B_j^T
+                    add(pass, pn + "y " + lora_target_name(present[j]), r, lora_target_shape(c, present[j])[0], w,
+                        m.out, alignment_of({at[j] * es, j * r * es, m.out * es, w * es, r * es}), y_beta);
+            }
+            for (int j = 0; j < G; ++j) {
+                const int64_t out = lora_target_shape(c, present[j])[0];
+                add(GemmPass::InputGrad, std::string("dx g ") + lora_target_name(present[j]), r, out, w, m.out,
+                    alignment_of({j * r * es, at[j] * es, w * es, m.out * es, r * es}), 0.0f);  // g_j = s dy_j B_j
+                add(GemmPass::WeightGrad, std::string("dw B ") + lora_target_name(present[j]), r, out, w, m.out,
+                    alignment_of({at[j] * es, j * r * es, r * 4, m.out * es, w * es}), 1.0f);  // dB_j += s dy_j^T u_j
+            }
+            add(GemmPass::WeightGrad, "dw A " + mn, in, w, in, w, alignment_of({in * 4, w * es, in * es}),
+                1.0f);  // dA += g^T x
+            add(GemmPass::InputGrad, "dx " + mn, in, w, in, w, alignment_of({in * es, w * es}),
+                whole ? 0.0f : 1.0f);  // dx (+)= g [A..]
+            continue;
+        }
+        for (int j = 0; j < G; ++j) {  // LoraAdapters::forward / backward, one target at a time
+            const std::string tn = lora_target_name(present[j]);
+            const int64_t out = lora_target_shape(c, present[j])[0];
+            for (GemmPass pass : {GemmPass::Forward, GemmPass::Recompute}) {
+                if (pass == GemmPass::Recompute && !recomputed(m.op)) continue;
+                const std::string pn = pass == GemmPass::Forward ? "fwd " : "recompute ";
+                add(pass, pn + "u " + tn, in, r, in, r, alignment_of({r * es, in * es}), 0.0f);
+                add(pass, pn + "y " + tn, r, out, r, m.out, alignment_of({at[j] * es, m.out * es, r * es}), y_beta);
+            }
+            add(GemmPass::InputGrad, "dx g " + tn, r, out, r, m.out, alignment_of({at[j] * es, r * es, m.out * es}),
+                0.0f);
+            add(GemmPass::WeightGrad, "dw B " + tn, r, out, r, m.out, alignment_of({at[j] * es, r * 4, m.out * es, r * es}),
+                1.0f);
+            add(GemmPass::WeightGrad, "dw A " + tn, in, r, in, r, alignment_of({in * 4, r * es, in * es}), 1.0f);
+            // (the first target writes dx when the adapters cover it; with dropout into a scratch, beta 0)
+            add(GemmPass::InputGrad, "dx " + tn, in, r, in, r, alignment_of({in * es, r * es}),
+                (whole && j == 0) || o.lora.dropout > 0.0f ? 0.0f : 1.0f);
+        }
     }
     return list;
 }
