@@ -471,7 +471,7 @@ int run(int argc, char** argv) {
     std::printf("floor of GEMMs + attention: %.2f ms per micro-batch of %lld tokens = at most %.0f tokens/s\n", floor_ms,
                 static_cast<long long>(N), N / (floor_ms * 1e-3));
     std::printf("+ the memory-bound ops at %.2f TB/s (%.2f ms) and the optimizer over %d micro-batches (%.2f ms "
-                "a step): %.2f ms = at most %.0f tokens/s (LoRA's adapters, recompute and host copies not counted)\n",
+                "a step): %.2f ms = at most %.0f tokens/s (the recompute's elementwise ops and host copies not counted)\n",
                 hbm_tbs, elem_ms, GA, per_step_ms, all_ms, N / (all_ms * 1e-3));
     if (sus.ms > 0)
         std::printf("sustained: GEMMs + attention in sequence %.2f ms a micro-batch (%.1f%% of the burst sum's rate), "
