@@ -35,6 +35,22 @@ bool lora_writes_whole(const LoraOptions& lora, const MatrixShape& m) {
     return true;
 }
 
+// Which matrices' forward the backward's recompute runs again: the layer program's choice.
+class RecomputedMatrices {
+public:
+    RecomputedMatrices(const ModelConfig& c, const ModelOptions& o)
+        : program_(make_layer_program(make_gpu_layout(c))), rc_(recompute_set(o)) {}
+    bool operator()(LayerOp op) const {
+        for (const LayerStep& s : program_.steps)
+            if (s.op == op) return recompute_run(s, rc_) == StepRun::Recompute;
+        return false;
+    }
+
+private:
+    LayerProgram program_;
+    RecomputeSet rc_;
+};
+
 }  // namespace
 
 const char* gemm_pass_name(GemmPass p) {
@@ -64,14 +80,7 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
         {LayerOp::GateUpLinear, "gate|up", h, 2 * I, c.mlp_bias, {T::Gate, T::Up}, 2},
         {LayerOp::DownLinear, "down", I, h, c.mlp_bias, {T::Down}, 1},
     }};
-    // which matrices' forward the backward's recompute runs again: the layer program's choice
-    const LayerProgram program = make_layer_program(make_gpu_layout(c));
-    const RecomputeSet rc = recompute_set(o);
-    auto recomputed = [&](LayerOp op) {
-        for (const LayerStep& s : program.steps)
-            if (s.op == op) return recompute_run(s, rc) == StepRun::Recompute;
-        return false;
-    };
+    const RecomputedMatrices recomputed(c, o);
 
     std::vector<StepGemm> list;
     auto add = [&](const MatrixShape& m, GemmPass pass, const std::string& name, int64_t tokens, int calls) {
@@ -155,13 +164,7 @@ std::vector<StepGemm> lora_step_gemms(const ModelConfig& c, const ModelOptions& 
     const int64_t es = static_cast<int64_t>(dtype_size(o.model_dtype));
     const int L = c.num_hidden_layers;
     const LoraLayout layout = make_lora_layout(c, o.lora);
-    const LayerProgram program = make_layer_program(make_gpu_layout(c));
-    const RecomputeSet rc = recompute_set(o);
-    auto recomputed = [&](LayerOp op) {
-        for (const LayerStep& st : program.steps)
-            if (st.op == op) return recompute_run(st, rc) == StepRun::Recompute;
-        return false;
-    };
+    const RecomputedMatrices recomputed(c, o);
     using T = LoraTarget;
     struct Fused {
         LayerOp op;
