@@ -19,11 +19,24 @@ namespace {
 struct MatrixShape {
     LayerOp op;
     const char* name;
-    int64_t in, out;
+    int64_t in, out;  // out: also the row stride of its y and dy, which LoRA's targets write in slices
     bool bias;
     std::array<LoraTarget, 3> targets;  // the adapters' targets on this matrix (LoraAdapters::writes_whole)
+    std::array<int64_t, 3> cols;        // each target's first column of the output
     int n_targets;
 };
+
+// A layer's four (fused) matrices, in layer order.
+std::array<MatrixShape, 4> layer_matrices(const ModelConfig& c) {
+    const int64_t h = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
+    using T = LoraTarget;
+    return {{
+        {LayerOp::QkvLinear, "qkv", h, q + 2 * kv, c.qkv_bias, {T::Q, T::K, T::V}, {0, q, q + kv}, 3},
+        {LayerOp::OutLinear, "o", q, h, c.o_bias, {T::O}, {0}, 1},
+        {LayerOp::GateUpLinear, "gate|up", h, 2 * I, c.mlp_bias, {T::Gate, T::Up}, {0, I}, 2},
+        {LayerOp::DownLinear, "down", I, h, c.mlp_bias, {T::Down}, {0}, 1},
+    }};
+}
 
 // Whether LoRA's adapters cover all of a matrix's output without dropout: then (lever 5,
 // CudaModel::linear_fwd / linear_bwd) the base GEMM accumulates onto what they wrote (beta = 1), in the
@@ -67,19 +80,13 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
     QT_CHECK(o.batch_size > 0 && o.seq_len > 0 && o.lmhead_chunks > 0,
              "step_gemms: internal error (a micro-batch needs batch_size, seq_len and lmhead_chunks > 0)");
     const int64_t N = static_cast<int64_t>(o.batch_size) * o.seq_len;
-    const int64_t h = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
+    const int64_t h = c.hidden_size;
     const int L = c.num_hidden_layers;
     const bool fp8 = o.matmul_dtype == DType::E4M3;   // CudaModel::fp8_
     const bool fp8_grads = fp8 && is_fp8(o.gradient_dtype);  // CudaModel::fp8_grads_
     const bool frozen = o.lora.enabled();
     const bool fast_fwd = o.fp8_fast_accum != Fp8FastAccum::Off, fast_bwd = o.fp8_fast_accum == Fp8FastAccum::All;
-    using T = LoraTarget;
-    const std::array<MatrixShape, 4> matrices = {{
-        {LayerOp::QkvLinear, "qkv", h, q + 2 * kv, c.qkv_bias, {T::Q, T::K, T::V}, 3},
-        {LayerOp::OutLinear, "o", q, h, c.o_bias, {T::O}, 1},
-        {LayerOp::GateUpLinear, "gate|up", h, 2 * I, c.mlp_bias, {T::Gate, T::Up}, 2},
-        {LayerOp::DownLinear, "down", I, h, c.mlp_bias, {T::Down}, 1},
-    }};
+    const std::array<MatrixShape, 4> matrices = layer_matrices(c);
     const RecomputedMatrices recomputed(c, o);
 
     std::vector<StepGemm> list;
@@ -122,7 +129,7 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
     const int64_t rows = (N + o.lmhead_chunks - 1) / o.lmhead_chunks;
     const int full = static_cast<int>(N / rows);
     const int64_t rest = N - full * rows;
-    const MatrixShape head{LayerOp::DownLinear, "lm head", h, c.vocab_size, false, {}, 0};
+    const MatrixShape head{LayerOp::DownLinear, "lm head", h, c.vocab_size, false, {}, {}, 0};
     // trained: the full model's head, or LoRA's with --train-also=embeddings (the head or the tied table)
     const bool head_trained = !frozen || (o.lora.train_also & kTrainEmbeddings) != 0;
     const bool head_fp8_bwd = o.fp8_lm_head && fp8_grads;  // its dx and dW in FP8, never fast accumulation
@@ -160,27 +167,11 @@ std::vector<StepGemm> lora_step_gemms(const ModelConfig& c, const ModelOptions& 
     std::vector<StepGemm> list;
     if (!o.lora.enabled()) return list;
     const int64_t N = static_cast<int64_t>(o.batch_size) * o.seq_len;
-    const int64_t h = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim(), r = o.lora.rank;
+    const int64_t r = o.lora.rank;
     const int64_t es = static_cast<int64_t>(dtype_size(o.model_dtype));
     const int L = c.num_hidden_layers;
     const LoraLayout layout = make_lora_layout(c, o.lora);
     const RecomputedMatrices recomputed(c, o);
-    using T = LoraTarget;
-    struct Fused {
-        LayerOp op;
-        const char* name;
-        int64_t out;  // the fused matrix's width: the row stride of y and dy
-        std::array<T, 3> targets;
-        std::array<int64_t, 3> cols;  // each target's first column in it
-        int n;
-        bool bias;  // the base adds its bias: its forward then runs first, the adapters add onto it
-    };
-    const std::array<Fused, 4> fused = {{
-        {LayerOp::QkvLinear, "qkv", q + 2 * kv, {T::Q, T::K, T::V}, {0, q, q + kv}, 3, c.qkv_bias},
-        {LayerOp::OutLinear, "o", h, {T::O}, {0}, 1, c.o_bias},
-        {LayerOp::GateUpLinear, "gate|up", 2 * I, {T::Gate, T::Up}, {0, I}, 2, c.mlp_bias},
-        {LayerOp::DownLinear, "down", h, {T::Down}, {0}, 1, c.mlp_bias},
-    }};
     auto add = [&](GemmPass pass, std::string name, int64_t in, int64_t out, int64_t ld_in, int64_t ld_out,
                    int align, float beta) {
         StepGemm g;
@@ -195,15 +186,15 @@ std::vector<StepGemm> lora_step_gemms(const ModelConfig& c, const ModelOptions& 
         g.min_alignment = align;
         list.push_back(std::move(g));
     };
-    for (const Fused& m : fused) {
-        std::array<T, 3> present{};
+    for (const MatrixShape& m : layer_matrices(c)) {
+        std::array<LoraTarget, 3> present{};
         std::array<int64_t, 3> at{};
         int G = 0;
-        for (int j = 0; j < m.n; ++j)
+        for (int j = 0; j < m.n_targets; ++j)
             if (o.lora.has(m.targets[j])) present[G] = m.targets[j], at[G++] = m.cols[j];
         if (G == 0) continue;
-        const bool whole = G == m.n && o.lora.dropout <= 0.0f;  // lever 5: the adapters write dx
-        const float y_beta = whole && !m.bias ? 0.0f : 1.0f;     // and y, where the base has no bias
+        const bool whole = lora_writes_whole(o.lora, m);      // lever 5: the adapters write dx
+        const float y_beta = whole && !m.bias ? 0.0f : 1.0f;  // and y, where the base has no bias
         const int64_t in = lora_target_shape(c, present[0])[1];
         const std::string mn = m.name;
         // (each alignment as LoraAdapters computes it for that call: the slices' offsets and every row stride)
