@@ -129,37 +129,18 @@ void CudaModel::linear_bwd(int l, Matrix m, void* dx, const void* dy, const void
                                       opt_.fp8_fast_accum == Fp8FastAccum::All);
 }
 
-// The adapters' targets of each fused matrix and the first column of each one's slice of the output.
-namespace {
-// (fixed arrays, not vectors: this runs for every linear step of every layer, forward and backward)
-struct TargetSlices {
-    std::array<LoraTarget, 3> targets;
-    std::array<int64_t, 3> cols;
-    int n;
-};
-TargetSlices lora_slices(const ModelConfig& c, Matrix m) {
-    using T = LoraTarget;
-    switch (m) {
-        case kQkv: return {{T::Q, T::K, T::V}, {0, c.q_dim(), c.q_dim() + c.kv_dim()}, 3};
-        case kO: return {{T::O}, {0}, 1};
-        case kGateUp: return {{T::Gate, T::Up}, {0, c.intermediate_size}, 2};
-        default: return {{T::Down}, {0}, 1};
-    }
-}
-}  // namespace
-
 bool CudaModel::lora_writes_whole(int l, Matrix m) const {
-    const TargetSlices s = lora_slices(config_, m);
+    const MatrixLoraTargets s = matrix_lora_targets(config_, m);
     return lora_->writes_whole(l, s.targets.data(), s.n);
 }
 
 void CudaModel::lora_fwd(int l, Matrix m, void* y, const void* x, int N, int out, bool write) {
-    const TargetSlices s = lora_slices(config_, m);
+    const MatrixLoraTargets s = matrix_lora_targets(config_, m);
     lora_->forward_matrix(l, s.targets.data(), s.cols.data(), s.n, y, out, x, N, lora_training_, write);
 }
 
 void CudaModel::lora_bwd(int l, Matrix m, void* dx, const void* dy, const void* x, int N, int out, bool write) {
-    const TargetSlices s = lora_slices(config_, m);
+    const MatrixLoraTargets s = matrix_lora_targets(config_, m);
     lora_->backward_matrix(l, s.targets.data(), s.cols.data(), s.n, dx, dy, out, x, N, write);
 }
 

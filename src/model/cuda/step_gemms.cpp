@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/cuda/gpu_buffers.h"
 #include "model/cuda/gpu_layout.h"
+#include "model/cuda/layer_matrices.h"
 #include "model/cuda/layer_program.h"
 #include "model/cuda/lora_layout.h"
 #include "model/lora.h"
@@ -16,35 +17,32 @@ namespace qtrain {
 
 namespace {
 
-struct MatrixShape {
+struct StepMatrix {
     LayerOp op;
     const char* name;
     int64_t in, out;  // out: also the row stride of its y and dy, which LoRA's targets write in slices
     bool bias;
-    std::array<LoraTarget, 3> targets;  // the adapters' targets on this matrix (LoraAdapters::writes_whole)
-    std::array<int64_t, 3> cols;        // each target's first column of the output
-    int n_targets;
+    MatrixLoraTargets lora;  // the adapters' targets on it and their columns (layer_matrices.h, as the model)
 };
 
 // A layer's four (fused) matrices, in layer order.
-std::array<MatrixShape, 4> layer_matrices(const ModelConfig& c) {
+std::array<StepMatrix, 4> layer_matrices(const ModelConfig& c) {
     const int64_t h = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
-    using T = LoraTarget;
     return {{
-        {LayerOp::QkvLinear, "qkv", h, q + 2 * kv, c.qkv_bias, {T::Q, T::K, T::V}, {0, q, q + kv}, 3},
-        {LayerOp::OutLinear, "o", q, h, c.o_bias, {T::O}, {0}, 1},
-        {LayerOp::GateUpLinear, "gate|up", h, 2 * I, c.mlp_bias, {T::Gate, T::Up}, {0, I}, 2},
-        {LayerOp::DownLinear, "down", I, h, c.mlp_bias, {T::Down}, {0}, 1},
+        {LayerOp::QkvLinear, "qkv", h, q + 2 * kv, c.qkv_bias, matrix_lora_targets(c, kQkv)},
+        {LayerOp::OutLinear, "o", q, h, c.o_bias, matrix_lora_targets(c, kO)},
+        {LayerOp::GateUpLinear, "gate|up", h, 2 * I, c.mlp_bias, matrix_lora_targets(c, kGateUp)},
+        {LayerOp::DownLinear, "down", I, h, c.mlp_bias, matrix_lora_targets(c, kDown)},
     }};
 }
 
 // Whether LoRA's adapters cover all of a matrix's output without dropout: then (lever 5,
 // CudaModel::linear_fwd / linear_bwd) the base GEMM accumulates onto what they wrote (beta = 1), in the
 // forward only where the matrix has no bias.
-bool lora_writes_whole(const LoraOptions& lora, const MatrixShape& m) {
+bool lora_writes_whole(const LoraOptions& lora, const StepMatrix& m) {
     if (!lora.enabled() || lora.dropout > 0.0f) return false;
-    for (int j = 0; j < m.n_targets; ++j)
-        if (!lora.has(m.targets[j])) return false;
+    for (int j = 0; j < m.lora.n; ++j)
+        if (!lora.has(m.lora.targets[j])) return false;
     return true;
 }
 
@@ -86,11 +84,11 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
     const bool fp8_grads = fp8 && is_fp8(o.gradient_dtype);  // CudaModel::fp8_grads_
     const bool frozen = o.lora.enabled();
     const bool fast_fwd = o.fp8_fast_accum != Fp8FastAccum::Off, fast_bwd = o.fp8_fast_accum == Fp8FastAccum::All;
-    const std::array<MatrixShape, 4> matrices = layer_matrices(c);
+    const std::array<StepMatrix, 4> matrices = layer_matrices(c);
     const RecomputedMatrices recomputed(c, o);
 
     std::vector<StepGemm> list;
-    auto add = [&](const MatrixShape& m, GemmPass pass, const std::string& name, int64_t tokens, int calls) {
+    auto add = [&](const StepMatrix& m, GemmPass pass, const std::string& name, int64_t tokens, int calls) {
         StepGemm g;
         g.name = name;
         g.pass = pass;
@@ -101,7 +99,7 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
         g.dtype = o.model_dtype;
         return &list.emplace_back(std::move(g));
     };
-    for (const MatrixShape& m : matrices) {
+    for (const StepMatrix& m : matrices) {
         const bool whole = lora_writes_whole(o.lora, m);
         for (GemmPass pass : {GemmPass::Forward, GemmPass::Recompute}) {
             if (pass == GemmPass::Recompute && !recomputed(m.op)) continue;
@@ -129,7 +127,7 @@ std::vector<StepGemm> step_gemms(const ModelConfig& c, const ModelOptions& o) {
     const int64_t rows = (N + o.lmhead_chunks - 1) / o.lmhead_chunks;
     const int full = static_cast<int>(N / rows);
     const int64_t rest = N - full * rows;
-    const MatrixShape head{LayerOp::DownLinear, "lm head", h, c.vocab_size, false, {}, {}, 0};
+    const StepMatrix head{LayerOp::DownLinear, "lm head", h, c.vocab_size, false, {{}, {}, 0}};
     // trained: the full model's head, or LoRA's with --train-also=embeddings (the head or the tied table)
     const bool head_trained = !frozen || (o.lora.train_also & kTrainEmbeddings) != 0;
     const bool head_fp8_bwd = o.fp8_lm_head && fp8_grads;  // its dx and dW in FP8, never fast accumulation
@@ -186,12 +184,12 @@ std::vector<StepGemm> lora_step_gemms(const ModelConfig& c, const ModelOptions& 
         g.min_alignment = align;
         list.push_back(std::move(g));
     };
-    for (const MatrixShape& m : layer_matrices(c)) {
+    for (const StepMatrix& m : layer_matrices(c)) {
         std::array<LoraTarget, 3> present{};
         std::array<int64_t, 3> at{};
         int G = 0;
-        for (int j = 0; j < m.n_targets; ++j)
-            if (o.lora.has(m.targets[j])) present[G] = m.targets[j], at[G++] = m.cols[j];
+        for (int j = 0; j < m.lora.n; ++j)
+            if (o.lora.has(m.lora.targets[j])) present[G] = m.lora.targets[j], at[G++] = m.lora.cols[j];
         if (G == 0) continue;
         const bool whole = lora_writes_whole(o.lora, m);      // lever 5: the adapters write dx
         const float y_beta = whole && !m.bias ? 0.0f : 1.0f;  // and y, where the base has no bias
