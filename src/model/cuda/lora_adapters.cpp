@@ -349,13 +349,12 @@ void LoraAdapters::read_base_into_host(const std::string& hf_name) {
             CUDA_CHECK(cudaMemcpy(raw.data(), static_cast<const char*>(base_) + base_offsets_[k] * es, raw.size(),
                                   cudaMemcpyDefault));  // (the streamed base's is in pinned host memory)
         } else {
-            // ZeRO-3 of the bf16 base: the whole tensor from its owners' blocks, through a bounded
-            // device buffer (an embedding is ~1 GB at 7B)
-            // (≤ 32 MiB outside the memory plan, freed on return, or on a throw)
+            // ZeRO-3 of the bf16 base: the whole tensor from its owners' blocks, in bounded pieces (an
+            // embedding is ~1 GB at 7B) staged in the adapters' gradient buffer, which is planned and
+            // holds at least this tensor in fp32 (it is in the adapters' layout); the upload_from_host
+            // that follows every call (start_adapters, upload_master) zeroes it again
             const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 24);
-            void* dev = nullptr;
-            CUDA_CHECK(cudaMalloc(&dev, static_cast<std::size_t>(chunk) * es));
-            const std::unique_ptr<void, cudaError_t (*)(void*)> owned(dev, cudaFree);
+            void* dev = buf_.grads;
             for (int64_t j = 0; j < n; j += chunk) {
                 const int64_t m = std::min(chunk, n - j);
                 block_.gather(base_offsets_[k] + j, base_offsets_[k] + j + m, dev);

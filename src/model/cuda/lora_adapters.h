@@ -108,7 +108,8 @@ public:
     float* trained_grad(const std::string& hf_name) const;
     // The host mirror's --train-also values <- the bound base's weights (the start: they begin as the
     // base), or only base tensor `hf_name`'s (a value set through the base: the others keep their fp32
-    // masters, which the base holds rounded).
+    // masters, which the base holds rounded). Under ZeRO-3 it stages the gathered base in the gradient
+    // buffer: an upload_from_host must follow (it zeroes that buffer).
     void read_base_into_host(const std::string& hf_name = "");
 
     // ---- optimizer ----
