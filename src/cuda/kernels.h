@@ -187,4 +187,25 @@ void lora_dropout_backward_add(DType act, void* dx, const void* g, int64_t n, ui
 // interleave in the global order of the micro-batches, CpuLora::end_pass).
 void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s);
 
+// ---- lora_dy_grads.cu ----
+// LoRA's two products of one target's output gradient in one read of it (the two GEMMs read it twice):
+//   g[N, r]    (bf16, row stride ldg)  = scale * dy[N, out] B[out, r]
+//   dB[out, r] (fp32, row stride r)   += scale * dy^T u[N, r]
+// dy and u bf16 with row strides ldy and ldu; B [out, r] contiguous bf16. lora_dy_grads_supported
+// says whether this kernel takes the call (bf16, r a multiple of 8 up to 32, out, ldy and ldu multiples
+// of 8, dy and u 16-byte aligned); otherwise the GEMMs do. The plan fixes the grid (from the SM count)
+// and the fp32 workspace the partial sums need (workspace_bytes, 256-byte aligned). Deterministic.
+// Not yet used by the model: its GPU test and bench/lora_dy_bench run first (perf-notes session 27).
+struct LoraDyGradsPlan {
+    int64_t N = 0, out = 0;
+    int r = 0;
+    int col_strips = 0, token_strips = 0;
+    int64_t n_pad = 0, out_pad = 0;
+    std::size_t workspace_bytes = 0;
+};
+bool lora_dy_grads_supported(DType act, const void* dy, int64_t ldy, const void* u, int64_t ldu, int64_t out, int r);
+LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count);
+void lora_dy_grads(const LoraDyGradsPlan& plan, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
+                   const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s);
+
 }  // namespace qtrain::cuda

@@ -1,0 +1,166 @@
+// LoRA's g = s dy B and dB += s dy^T u: the two cuBLASLt GEMMs LoraAdapters::backward_matrix runs per
+// target (each reads the target's whole dy slice) against cuda::lora_dy_grads (one read; perf-notes
+// session 26, "lever 6"), per target of Qwen2.5-7B at the 2x row's micro-batch, on random bf16 data
+// (the data draws the power a real step does: perf-notes session 26). Prints each target's time both
+// ways, the largest difference between their results (relative to the GEMMs'), and the sum over a
+// layer's seven targets times the layers. usage: lora_dy_bench [tokens=24576] [rank=16] [reps=20]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench_check.h"
+#include "core/dtype.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+
+namespace {
+
+using qtrain::DType;
+
+// bf16 values ~ N(0, scale^2)-like from a hash of the index: random bits without a host copy
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed, float scale) {
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA6Bu;
+        x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+        const float u = (x >> 8) * (1.0f / 16777216.0f);  // [0, 1)
+        p[i] = __float2bfloat16((u - 0.5f) * 3.4641f * scale);  // unit variance times scale
+    }
+}
+
+void* random_bf16(int64_t n, uint32_t seed, float scale) {
+    void* p = nullptr;
+    CK(cudaMalloc(&p, n * 2));
+    fill_bf16<<<4096, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
+    CK(cudaGetLastError());
+    return p;
+}
+
+struct Target {
+    const char* name;
+    int64_t out, ldy, col;  // dy: the target's `out` columns from `col` of a [N, ldy] fused output gradient
+    int64_t ldu, ucol;      // u and g: its rank columns from `ucol` of the stacked [N, ldu]
+};
+
+std::vector<float> bf16_to_host(const void* d, int64_t rows, int64_t ld, int64_t col, int64_t width) {
+    std::vector<uint16_t> raw(static_cast<std::size_t>(rows * ld));
+    CK(cudaMemcpy(raw.data(), d, raw.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> out(static_cast<std::size_t>(rows * width));
+    for (int64_t n = 0; n < rows; ++n)
+        for (int64_t j = 0; j < width; ++j) out[n * width + j] = qtrain::bf16_to_float(raw[n * ld + col + j]);
+    return out;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+    double d = 0, m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::fabs(a[i] - ref[i]))), m = std::max(m, double(std::fabs(ref[i])));
+    return m > 0 ? d / m : d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int64_t N = argc > 1 ? std::atoll(argv[1]) : 24576;  // batch 12 x seq 2048
+    const int r = argc > 2 ? std::atoi(argv[2]) : 16;
+    const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+    const int L = 28;
+    const int64_t h = 3584, I = 18944, q = 3584, kv = 512;  // Qwen2.5-7B
+    const float s = 2.0f;
+    int device = 0, sms = 0;
+    CK(cudaGetDevice(&device));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const Target targets[] = {
+        {"q", q, q + 2 * kv, 0, 3 * r, 0},           {"k", kv, q + 2 * kv, q, 3 * r, r},
+        {"v", kv, q + 2 * kv, q + kv, 3 * r, 2 * r}, {"o", h, h, 0, r, 0},
+        {"gate", I, 2 * I, 0, 2 * r, 0},             {"up", I, 2 * I, I, 2 * r, r},
+        {"down", h, h, 0, r, 0},
+    };
+    qtrain::GemmRunner gemm;
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::printf("LoRA dy products, Qwen2.5-7B, N=%lld, r=%d, %d SMs, random bf16 data, median of %d\n",
+                static_cast<long long>(N), r, sms, reps);
+    std::printf("%-5s %8s %12s %12s %8s %10s %10s\n", "tgt", "out", "gemms_ms", "fused_ms", "ratio", "g_diff", "dB_diff");
+    double sum_gemm = 0, sum_fused = 0;
+    for (const Target& t : targets) {
+        void* dy = random_bf16(N * t.ldy, 1, 1e-3f);
+        void* B = random_bf16(t.out * r, 2, 0.05f);
+        void* u = random_bf16(N * t.ldu, 3, 1.0f);
+        void *g1 = nullptr, *g2 = nullptr;
+        float *dB1 = nullptr, *dB2 = nullptr;
+        CK(cudaMalloc(&g1, N * t.ldu * 2));
+        CK(cudaMalloc(&g2, N * t.ldu * 2));
+        CK(cudaMalloc(&dB1, t.out * r * 4));
+        CK(cudaMalloc(&dB2, t.out * r * 4));
+        const char* dys = static_cast<const char*>(dy) + t.col * 2;
+        const char* us = static_cast<const char*>(u) + t.ucol * 2;
+        const qtrain::cuda::LoraDyGradsPlan plan = qtrain::cuda::plan_lora_dy_grads(N, t.out, r, sms);
+        void* ws = nullptr;
+        CK(cudaMalloc(&ws, plan.workspace_bytes));
+        if (!qtrain::cuda::lora_dy_grads_supported(DType::BF16, dys, t.ldy, us, t.ldu, t.out, r)) {
+            std::printf("%-5s not supported by the fused kernel\n", t.name);
+            return 1;
+        }
+        auto gemms = [&] {  // as LoraAdapters::backward_matrix: g_j = s dy_j B_j; dB_j += s dy_j^T u_j
+            qtrain::GemmOp a;
+            a.m = r, a.n = N, a.k = t.out;
+            a.a = B, a.lda = r, a.b = dys, a.ldb = t.ldy;
+            a.c = static_cast<char*>(g1) + t.ucol * 2, a.ldc = t.ldu;
+            a.alpha = s, a.beta = 0.0f, a.min_alignment = 16;
+            gemm.run(a, st);
+            qtrain::GemmOp w;
+            w.trans_b = true;
+            w.m = r, w.n = t.out, w.k = N;
+            w.a = us, w.lda = t.ldu, w.b = dys, w.ldb = t.ldy;
+            w.c = dB1, w.c_type = DType::F32, w.ldc = r;
+            w.alpha = s, w.beta = 1.0f, w.min_alignment = 16;
+            gemm.run(w, st);
+        };
+        auto fused = [&] {
+            qtrain::cuda::lora_dy_grads(plan, static_cast<char*>(g2) + t.ucol * 2, t.ldu, dB2, dys, t.ldy, B, us,
+                                        t.ldu, s, ws, st);
+        };
+        auto time = [&](auto&& f) {
+            f();  // warm-up (cuBLASLt's heuristic, the kernel's attribute)
+            std::vector<float> ms;
+            for (int i = 0; i < reps; ++i) {
+                CK(cudaEventRecord(e0, st));
+                f();
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float x = 0;
+                CK(cudaEventElapsedTime(&x, e0, e1));
+                ms.push_back(x);
+            }
+            std::sort(ms.begin(), ms.end());
+            return double(ms[ms.size() / 2]);
+        };
+        // one call each from zero for the comparison, then the timings (dB accumulating: same work)
+        CK(cudaMemset(dB1, 0, t.out * r * 4));
+        CK(cudaMemset(dB2, 0, t.out * r * 4));
+        gemms();
+        fused();
+        CK(cudaStreamSynchronize(st));
+        const double gd = rel_diff(bf16_to_host(g2, N, t.ldu, t.ucol, r), bf16_to_host(g1, N, t.ldu, t.ucol, r));
+        std::vector<float> d1(t.out * r), d2(t.out * r);
+        CK(cudaMemcpy(d1.data(), dB1, d1.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(d2.data(), dB2, d2.size() * 4, cudaMemcpyDeviceToHost));
+        const double dd = rel_diff(d2, d1);
+        const double tg = time(gemms), tf = time(fused);
+        sum_gemm += tg, sum_fused += tf;
+        std::printf("%-5s %8lld %12.4f %12.4f %8.3f %10.2e %10.2e\n", t.name, static_cast<long long>(t.out), tg, tf,
+                    tf / tg, gd, dd);
+        for (void* p : {dy, B, u, g1, g2, static_cast<void*>(dB1), static_cast<void*>(dB2), ws}) CK(cudaFree(p));
+    }
+    std::printf("layer: gemms %.4f ms, fused %.4f ms; x %d layers: %.2f -> %.2f ms a micro-batch (saves %.2f)\n",
+                sum_gemm, sum_fused, L, sum_gemm * L, sum_fused * L, (sum_gemm - sum_fused) * L);
+    return 0;
+}
