@@ -204,7 +204,11 @@ struct LoraDyGradsPlan {
     std::size_t workspace_bytes = 0;
 };
 bool lora_dy_grads_supported(DType act, const void* dy, int64_t ldy, const void* u, int64_t ldu, int64_t out, int r);
+// (sm_count is taken as at most kLoraDyGradsMaxSms, so a memory plan made without the device can hold
+// the workspace of any: lora_dy_grads_workspace_bound)
+constexpr int kLoraDyGradsMaxSms = 160;
 LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count);
+std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r);
 void lora_dy_grads(const LoraDyGradsPlan& plan, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
                    const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s);
 

@@ -208,13 +208,18 @@ LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count) 
     p.col_strips = static_cast<int>(ceil_div(out, static_cast<int64_t>(kCols)));
     // one wave: two blocks an SM fit (86-98 KB of shared memory each), and a second wave of a few
     // blocks would double the time; no token strip without a tile
-    const int64_t slots = 2 * static_cast<int64_t>(std::max(sm_count, 1));
+    const int64_t slots = 2 * static_cast<int64_t>(std::clamp(sm_count, 1, kLoraDyGradsMaxSms));
     p.token_strips = static_cast<int>(std::clamp<int64_t>(slots / p.col_strips, 1, std::max<int64_t>(tiles, 1)));
     p.n_pad = tiles * kTokens;
     p.out_pad = p.col_strips * static_cast<int64_t>(kCols);
     p.workspace_bytes = sizeof(float) * static_cast<std::size_t>(R) *
                         static_cast<std::size_t>(p.col_strips * p.n_pad + p.token_strips * p.out_pad);
     return p;
+}
+
+std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r) {
+    // (the workspace grows with the token strips, which grow with the SM count)
+    return plan_lora_dy_grads(N, out, r, kLoraDyGradsMaxSms).workspace_bytes;
 }
 
 void lora_dy_grads(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,

@@ -130,6 +130,14 @@ TEST(LoraDyGrads, PlanFillsOneWaveOfTwoBlocksAnSm) {
     EXPECT_EQ(small.out_pad, 512);
     EXPECT_EQ(small.workspace_bytes, 4u * 16u * (2u * 128u + 2u * 512u));
     EXPECT_EQ(cuda::plan_lora_dy_grads(100, 300, 24, 132).workspace_bytes, 4u * 32u * (2u * 128u + 2u * 512u));
+    // the bound a plan without the device uses: at least any SM count's workspace
+    for (int sms : {1, 78, 132, 148, 160, 1000})
+        for (int64_t out : {512, 3584, 18944})
+            EXPECT_LE(cuda::plan_lora_dy_grads(24576, out, 16, sms).workspace_bytes,
+                      cuda::lora_dy_grads_workspace_bound(24576, out, 16))
+                << "sms " << sms << " out " << out;
+    // (2 column strips share the 2 x 160 slots of the largest SM count planned for)
+    EXPECT_EQ(cuda::plan_lora_dy_grads(24576, 512, 16, 1000).token_strips, cuda::kLoraDyGradsMaxSms);
 }
 
 }  // namespace
