@@ -8,6 +8,8 @@
 # On the GPU machine `source scripts/gpu_carry_env.sh` unpacks it once into /tmp/gc and sets BUILD_DIR,
 # QTRAIN_TRAIN_EXE and LD_LIBRARY_PATH; then e.g. PREBUILT=/tmp/gc/bin scripts/gpu_check.sh tests ref.
 # The whole build/ folder, and even the unpacked binaries, are larger than the device tool's 64 MiB carry limit.
+# CARRY_NAME=x writes build-carry/x.tar.xz and build-carry/x.COMMIT instead (a second set of binaries, e.g. of a
+# branch, to run beside the head's in one call: unpack it by hand, `xz -dc ... | tar -C /tmp/gcx -xf -`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
@@ -40,6 +42,7 @@ if [ "${DATA:-0}" = 1 ]; then
   cp "$S/chattok/train.bin" "$S/data/chat_train.bin"
   parts+=(kjv data)
 fi
-tar -C "$S" -cf - "${parts[@]}" | xz -T0 -6 > build-carry/carry.tar.xz
-cp "$S/bin/COMMIT" build-carry/COMMIT
-ls -la build-carry/carry.tar.xz
+NAME=${CARRY_NAME:-carry}
+tar -C "$S" -cf - "${parts[@]}" | xz -T0 -6 > "build-carry/$NAME.tar.xz"
+if [ "$NAME" = carry ]; then cp "$S/bin/COMMIT" build-carry/COMMIT; else cp "$S/bin/COMMIT" "build-carry/$NAME.COMMIT"; fi
+ls -la "build-carry/$NAME.tar.xz"
