@@ -141,33 +141,31 @@ __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __r
             wmma::store_matrix_sync(dp + cf * 16 * R + jj * 16, db_acc[cf][jj], R, wmma::mem_row_major);
 }
 
-// g[n, j] = s * sum over the K strips of g_part[k][n][j] (in strip order), rounded once to bf16
-__global__ void lora_dy_grads_sum_g(bf16* g, int64_t ldg, const float* g_part, int64_t n_pad, int K, int R,
-                                    int64_t N, int r, float s) {
-    const int64_t n_all = N * r;
+// The strips' partial sums of a product ([strips][strip_rows][R] fp32), added in strip order:
+// store(row, j, s * sum) for every row < rows and j < r.
+template <class Store>
+__global__ void lora_dy_grads_sum(Store store, const float* part, int64_t strip_rows, int strips, int R, int64_t rows,
+                                  int r, float s) {
+    const int64_t n_all = rows * r;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_all;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t n = i / r;
+        const int64_t row = i / r;
         const int j = static_cast<int>(i % r);
         float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += g_part[(k * n_pad + n) * R + j];
-        g[n * ldg + j] = __float2bfloat16_rn(s * acc);
+        for (int k = 0; k < strips; ++k) acc += part[(k * strip_rows + row) * R + j];
+        store(row, j, s * acc);
     }
 }
-
-// dB[o, j] += s * sum over the S token strips of db_part[s][o][j] (in strip order)
-__global__ void lora_dy_grads_sum_db(float* dB, const float* db_part, int64_t out_pad, int S, int R, int64_t out,
-                                     int r, float s) {
-    const int64_t n_all = out * r;
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_all;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t o = i / r;
-        const int j = static_cast<int>(i % r);
-        float acc = 0.0f;
-        for (int k = 0; k < S; ++k) acc += db_part[(k * out_pad + o) * R + j];
-        dB[i] += s * acc;
-    }
-}
+struct StoreG {  // g[n, j] =, rounded once to bf16
+    bf16* g;
+    int64_t ldg;
+    __device__ void operator()(int64_t n, int j, float v) const { g[n * ldg + j] = __float2bfloat16_rn(v); }
+};
+struct AddToDb {  // dB[o, j] += (fp32)
+    float* dB;
+    int r;
+    __device__ void operator()(int64_t o, int j, float v) const { dB[o * r + j] += v; }
+};
 
 int padded_rank(int r) { return r <= 16 ? 16 : 32; }
 
@@ -184,11 +182,11 @@ void launch(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const voi
         static_cast<const bf16*>(dy), ldy, static_cast<const bf16*>(B), static_cast<const bf16*>(u), ldu, p.N, p.out,
         p.r, g_part, p.n_pad, db_part, p.out_pad);
     CUDA_CHECK(cudaGetLastError());
-    lora_dy_grads_sum_g<<<grid_for(p.N * p.r), 256, 0, s>>>(static_cast<bf16*>(g), ldg, g_part, p.n_pad,
-                                                            p.col_strips, R, p.N, p.r, scale);
+    lora_dy_grads_sum<<<grid_for(p.N * p.r), 256, 0, s>>>(StoreG{static_cast<bf16*>(g), ldg}, g_part, p.n_pad,
+                                                         p.col_strips, R, p.N, p.r, scale);
     CUDA_CHECK(cudaGetLastError());
-    lora_dy_grads_sum_db<<<grid_for(p.out * p.r), 256, 0, s>>>(dB, db_part, p.out_pad, p.token_strips, R, p.out,
-                                                               p.r, scale);
+    lora_dy_grads_sum<<<grid_for(p.out * p.r), 256, 0, s>>>(AddToDb{dB, p.r}, db_part, p.out_pad, p.token_strips, R,
+                                                           p.out, p.r, scale);
     CUDA_CHECK(cudaGetLastError());
 }
 
