@@ -97,10 +97,16 @@ TEST(StepTraffic, Fp8AddsTheQuantisationAndLoraDropsWhatItHasNot) {
     EXPECT_FALSE(lora.count("optimizer"));
     EXPECT_FALSE(lora.count("bias grad"));
     // LoRA's FP8 base, per token and layer: inputs (2h + q + I) read and coded, the O amax pass (cuDNN),
-    // dy of q|k|v, o, down read and coded, SwiGLU's codes: session 23's ~124 KB plus the codes of d(gate|up)
+    // dy of q|k|v, o, down read and coded: session 23's ~124 KB; and d(gate|up): its bf16 values, which the
+    // SwiGLU backward wrote with their amax, read and coded (a pass of its own: session 27)
     const double h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), I = c.intermediate_size;
-    const double per = (2 * h + q + I) * 3 + (q + 2 * kv + 2 * h) * 3 + 2 * I;
+    const double per = (2 * h + q + I) * 3 + (q + 2 * kv + 2 * h) * 3 + 2 * I * 3;
     const double n = 12.0 * 2048 * c.num_hidden_layers;
     EXPECT_GE(lora.at("fp8 quantize").device_bytes, per * n);            // (+ the O amax pass when on cuDNN)
     EXPECT_LE(lora.at("fp8 quantize").device_bytes, (per + q * 2) * n + 1);
+    // the full model's second SwiGLU pass recomputes d(gate|up) from d_swi and gate|up (3I read) and writes
+    // its codes both ways (4I); the inputs and dy are also written transposed (4 bytes an element)
+    const double full_per = (2 * h + q + I) * 4 + (q + 2 * kv + 2 * h) * 4 + 3 * I * 2 + 2 * I * 2;
+    EXPECT_GE(full.at("fp8 quantize").device_bytes, full_per * n);
+    EXPECT_LE(full.at("fp8 quantize").device_bytes, (full_per + q * 2) * n + 1);
 }

@@ -47,7 +47,10 @@ std::vector<StepTraffic> step_traffic(const ModelConfig& c, const ModelOptions& 
     // (bf16 gradients, LoRA's adapters, MLP biases) and/or as FP8 codes (and transposed)
     const bool dgu_bf16 = !fp8g || frozen || c.mlp_bias;
     add("swiglu", L * (3 * I * A + (dgu_bf16 ? 2 * I * A : 0)));
-    if (fp8g) add("fp8 quantize", L * 2 * I * (1 + t));
+    // d(gate|up)'s codes need its amax first (current scaling): the SwiGLU backward above finds it, and a
+    // second pass writes the codes (CudaModel's Swiglu step), under LoRA from the bf16 d(gate|up) it wrote
+    // (2I read), else recomputing it from d_swi and gate|up (3I read; and writing the transposed copy)
+    if (fp8g) add("fp8 quantize", L * ((frozen ? 2 : 3) * I * A + 2 * I * (1 + t)));
     if (fp8g) add("fp8 quantize", L * (qkvd + 2 * h) * (A + 1 + t));  // dy of q|k|v, o, down (amax fused)
     if (c.qkv_bias && !frozen) add("bias grad", L * qkvd * A);
     add("rmsnorm bwd", 4 * h * A);  // the final norm
