@@ -3,7 +3,9 @@
 // session 26, "lever 6"), per target of Qwen2.5-7B at the 2x row's micro-batch, on random bf16 data
 // (the data draws the power a real step does: perf-notes session 26). Prints each target's time both
 // ways, the largest difference between their results (relative to the GEMMs'), and the sum over a
-// layer's seven targets times the layers. usage: lora_dy_bench [tokens=24576] [rank=16] [reps=20]
+// layer's seven targets times the layers. Also the kernel writing dy's e5m2 codes in the same read
+// (lever 7: the frozen FP8 base's dx GEMM reads them) against quantize_fp8's own pass over as many
+// elements. usage: lora_dy_bench [tokens=24576] [rank=16] [reps=20]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +17,7 @@
 
 #include "bench_check.h"
 #include "core/dtype.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 
@@ -88,8 +91,12 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e1));
     std::printf("LoRA dy products, Qwen2.5-7B, N=%lld, r=%d, %d SMs, random bf16 data, median of %d\n",
                 static_cast<long long>(N), r, sms, reps);
-    std::printf("%-5s %8s %12s %12s %8s %10s %10s\n", "tgt", "out", "gemms_ms", "fused_ms", "ratio", "g_diff", "dB_diff");
-    double sum_gemm = 0, sum_fused = 0;
+    std::printf("%-5s %8s %10s %10s %7s %10s %10s %12s %12s\n", "tgt", "out", "gemms_ms", "fused_ms", "ratio", "g_diff",
+                "dB_diff", "+codes_ms", "quantize_ms");
+    double sum_gemm = 0, sum_fused = 0, sum_codes = 0, sum_quant = 0;
+    float* amax = nullptr;
+    CK(cudaMalloc(&amax, 64));
+    float* inv = amax + 4;
     for (const Target& t : targets) {
         void* dy = random_bf16(N * t.ldy, 1, 1e-3f);
         void* B = random_bf16(t.out * r, 2, 0.05f);
@@ -128,6 +135,18 @@ int main(int argc, char** argv) {
             qtrain::cuda::lora_dy_grads(plan, static_cast<char*>(g2) + t.ucol * 2, t.ldu, dB2, dys, t.ldy, B, us,
                                         t.ldu, s, ws, st);
         };
+        void* codes = nullptr;
+        CK(cudaMalloc(&codes, N * t.ldy));
+        qtrain::cuda::abs_max(amax, DType::BF16, dy, N * t.ldy, st);
+        qtrain::cuda::LoraDyCodes lc;
+        lc.codes = static_cast<char*>(codes) + t.col, lc.ldc = t.ldy, lc.type = DType::E5M2, lc.amax = amax, lc.inv_out = inv;
+        auto fused_codes = [&] {
+            qtrain::cuda::lora_dy_grads(plan, static_cast<char*>(g2) + t.ucol * 2, t.ldu, dB2, dys, t.ldy, B, us,
+                                        t.ldu, s, ws, st, &lc);
+        };
+        auto quantize = [&] {  // the pass the codes replace: as many elements, contiguous
+            qtrain::cuda::quantize_fp8(codes, DType::E5M2, dy, DType::BF16, N * t.out, amax, inv, st);
+        };
         auto time = [&](auto&& f) {
             f();  // warm-up (cuBLASLt's heuristic, the kernel's attribute)
             std::vector<float> ms;
@@ -154,13 +173,15 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(d1.data(), dB1, d1.size() * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(d2.data(), dB2, d2.size() * 4, cudaMemcpyDeviceToHost));
         const double dd = rel_diff(d2, d1);
-        const double tg = time(gemms), tf = time(fused);
-        sum_gemm += tg, sum_fused += tf;
-        std::printf("%-5s %8lld %12.4f %12.4f %8.3f %10.2e %10.2e\n", t.name, static_cast<long long>(t.out), tg, tf,
-                    tf / tg, gd, dd);
-        for (void* p : {dy, B, u, g1, g2, static_cast<void*>(dB1), static_cast<void*>(dB2), ws}) CK(cudaFree(p));
+        const double tg = time(gemms), tf = time(fused), tc = time(fused_codes), tq = time(quantize);
+        sum_gemm += tg, sum_fused += tf, sum_codes += tc, sum_quant += tq;
+        std::printf("%-5s %8lld %10.4f %10.4f %7.3f %10.2e %10.2e %12.4f %12.4f\n", t.name, static_cast<long long>(t.out),
+                    tg, tf, tf / tg, gd, dd, tc, tq);
+        for (void* p : {dy, B, u, g1, g2, static_cast<void*>(dB1), static_cast<void*>(dB2), ws, codes}) CK(cudaFree(p));
     }
     std::printf("layer: gemms %.4f ms, fused %.4f ms; x %d layers: %.2f -> %.2f ms a micro-batch (saves %.2f)\n",
                 sum_gemm, sum_fused, L, sum_gemm * L, sum_fused * L, (sum_gemm - sum_fused) * L);
+    std::printf("with dy's codes: gemms + quantize %.2f -> fused with codes %.2f ms a micro-batch (saves %.2f)\n",
+                (sum_gemm + sum_quant) * L, sum_codes * L, (sum_gemm + sum_quant - sum_codes) * L);
     return 0;
 }

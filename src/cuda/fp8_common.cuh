@@ -73,4 +73,33 @@ __device__ __forceinline__ uint8_t fp8x1(float a) {
     return static_cast<uint8_t>(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, Fp8Format<kE4M3>::kInterp));
 }
 
+// ---- the quantising kernels' encoding (fp8_quantize.cu, and kernels that write codes of what they read:
+// lora_dy_grads.cu), so every writer of a tensor's codes gives the same bytes ----
+
+// P values (P = 4 or 8) times `scale`, encoded as P fp8 bytes in P/4 little-endian words.
+template <bool kE4M3, int P>
+__device__ __forceinline__ void encode_pack(uint32_t (&words)[P / 4], const float* v, float scale) {
+#pragma unroll
+    for (int w = 0; w < P / 4; ++w) {
+        const uint32_t lo = fp8x2<kE4M3>(__fmul_rn(v[4 * w + 0], scale), __fmul_rn(v[4 * w + 1], scale));
+        const uint32_t hi = fp8x2<kE4M3>(__fmul_rn(v[4 * w + 2], scale), __fmul_rn(v[4 * w + 3], scale));
+        words[w] = lo | (hi << 16);
+    }
+}
+template <int P>
+__device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&words)[P / 4]) {
+    if constexpr (P == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+    else *reinterpret_cast<uint32_t*>(dst) = words[0];
+}
+
+// The scale every block of a quantising kernel computes from the tensor's device amax; block (0, 0)
+// also publishes its inverse for the GEMM.
+template <bool kE4M3>
+__device__ __forceinline__ float block_scale(const float* amax, float* inv_out) {
+    const float scale = fp8_scale_from_amax(*amax, Fp8Format<kE4M3>::kMax);
+    if (inv_out != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *inv_out = fp8_inv_scale(scale);
+    return scale;
+}
+
 }  // namespace qtrain::cuda

@@ -209,7 +209,20 @@ bool lora_dy_grads_supported(DType act, const void* dy, int64_t ldy, const void*
 constexpr int kLoraDyGradsMaxSms = 160;
 LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count);
 std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r);
+// Optionally, in the same read, dy's FP8 codes as quantize_fp8 writes them (the same bytes): codes [N, out]
+// with row stride ldc (8-byte aligned, ldc a multiple of 8: lora_dy_codes_supported), the scale from
+// *amax (dy's device abs-max, already found: a tensor the slice is part of), 1/scale to *inv_out (when
+// not null) — what the frozen FP8 base's input-gradient GEMM reads.
+struct LoraDyCodes {
+    void* codes = nullptr;
+    int64_t ldc = 0;
+    DType type = DType::E5M2;  // E4M3 or E5M2
+    const float* amax = nullptr;
+    float* inv_out = nullptr;
+};
+bool lora_dy_codes_supported(const LoraDyCodes& codes);
 void lora_dy_grads(const LoraDyGradsPlan& plan, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
-                   const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s);
+                   const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s,
+                   const LoraDyCodes* codes = nullptr);
 
 }  // namespace qtrain::cuda

@@ -17,6 +17,7 @@
 
 #include "cuda/attention_common.cuh"
 #include "cuda/check.h"
+#include "cuda/fp8_common.cuh"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/kernels.h"
 
@@ -40,14 +41,17 @@ constexpr std::size_t smem_bytes() {
     return sizeof(bf16) * (2 * kTokens * kLd + 2 * kTokens * kLdR<R> + kCols * kLdR<R>);
 }
 
-// grid (K column strips, S token strips); see the file comment.
-template <int R>
+// grid (K column strips, S token strips); see the file comment. kCodes: 0, or dy's FP8 codes too
+// (1: e4m3, 2: e5m2), encoded from the tile in shared memory as quantize_fp8 encodes them.
+template <int R, int kCodes>
 __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __restrict__ dy, int64_t ldy,
                                                                  const bf16* __restrict__ B,
                                                                  const bf16* __restrict__ u, int64_t ldu,
                                                                  int64_t N, int64_t out, int r,
                                                                  float* __restrict__ g_part, int64_t n_pad,
-                                                                 float* __restrict__ db_part, int64_t out_pad) {
+                                                                 float* __restrict__ db_part, int64_t out_pad,
+                                                                 uint8_t* __restrict__ codes, int64_t ldc,
+                                                                 const float* amax, float* inv_out) {
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* dys = reinterpret_cast<bf16*>(smem);  // [2][kTokens][kLd]
     bf16* us = dys + 2 * kTokens * kLd;         // [2][kTokens][ld_r]
@@ -57,6 +61,8 @@ __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __r
     const int strip = blockIdx.y, strips = gridDim.y;
     const int64_t tiles = (N + kTokens - 1) / kTokens;
     const int mine = strip < tiles ? static_cast<int>((tiles - strip + strips - 1) / strips) : 0;
+    float code_scale = 0.0f;
+    if constexpr (kCodes != 0) code_scale = block_scale<kCodes == 1>(amax, inv_out);
 
     // B's rows of this strip (zero past out and past r: they add nothing)
     for (int i = tid; i < kCols * R; i += kThreads) {
@@ -98,6 +104,19 @@ __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __r
         __syncthreads();           // ... for every thread's copies, and B's rows
         const bf16* d = dys + buf * kTokens * kLd;
         const bf16* uu = us + buf * kTokens * kLdR<R>;
+
+        if constexpr (kCodes != 0) {  // the tile's codes: 8 values a thread at a time, 8-byte stores
+            for (int v = tid; v < kTokens * kCols / 8; v += kThreads) {
+                const int row = v / (kCols / 8), cv = v % (kCols / 8);
+                const int64_t n = t * kTokens + row, c = c0 + cv * 8;
+                if (n >= N || c >= out) continue;
+                Pack<bf16> p;
+                p.load(d + row * kLd + cv * 8);
+                uint32_t words[2];
+                encode_pack<kCodes == 1, 8>(words, p.v, code_scale);
+                store_words<8>(codes + n * ldc + c, words);
+            }
+        }
 
         // g: this warp's 16 rows of the tile against the strip's 256 rows of B
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> g_acc[R / 16];
@@ -171,17 +190,30 @@ int padded_rank(int r) { return r <= 16 ? 16 : 32; }
 
 unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ceil_div(n, 256), 65535)); }
 
+template <int R, int kCodes>
+void launch_products(const LoraDyGradsPlan& p, float* g_part, float* db_part, const void* dy, int64_t ldy,
+                     const void* B, const void* u, int64_t ldu, const LoraDyCodes* codes, cudaStream_t s) {
+    constexpr std::size_t smem = smem_bytes<R>();
+    auto kernel = lora_dy_grads_kernel<R, kCodes>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<dim3(p.col_strips, p.token_strips), kThreads, smem, s>>>(
+        static_cast<const bf16*>(dy), ldy, static_cast<const bf16*>(B), static_cast<const bf16*>(u), ldu, p.N, p.out,
+        p.r, g_part, p.n_pad, db_part, p.out_pad, codes ? static_cast<uint8_t*>(codes->codes) : nullptr,
+        codes ? codes->ldc : 0, codes ? codes->amax : nullptr, codes ? codes->inv_out : nullptr);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 template <int R>
 void launch(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy, const void* B,
-            const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s) {
+            const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s, const LoraDyCodes* codes) {
     float* g_part = static_cast<float*>(workspace);
     float* db_part = g_part + static_cast<int64_t>(p.col_strips) * p.n_pad * R;
-    constexpr std::size_t smem = smem_bytes<R>();
-    CUDA_CHECK(cudaFuncSetAttribute(lora_dy_grads_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    lora_dy_grads_kernel<R><<<dim3(p.col_strips, p.token_strips), kThreads, smem, s>>>(
-        static_cast<const bf16*>(dy), ldy, static_cast<const bf16*>(B), static_cast<const bf16*>(u), ldu, p.N, p.out,
-        p.r, g_part, p.n_pad, db_part, p.out_pad);
-    CUDA_CHECK(cudaGetLastError());
+    if (!codes)
+        launch_products<R, 0>(p, g_part, db_part, dy, ldy, B, u, ldu, codes, s);
+    else if (codes->type == DType::E4M3)
+        launch_products<R, 1>(p, g_part, db_part, dy, ldy, B, u, ldu, codes, s);
+    else
+        launch_products<R, 2>(p, g_part, db_part, dy, ldy, B, u, ldu, codes, s);
     lora_dy_grads_sum<<<grid_for(p.N * p.r), 256, 0, s>>>(StoreG{static_cast<bf16*>(g), ldg}, g_part, p.n_pad,
                                                          p.col_strips, R, p.N, p.r, scale);
     CUDA_CHECK(cudaGetLastError());
@@ -220,13 +252,22 @@ std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r) {
     return plan_lora_dy_grads(N, out, r, kLoraDyGradsMaxSms).workspace_bytes;
 }
 
+bool lora_dy_codes_supported(const LoraDyCodes& c) {
+    return c.codes != nullptr && reinterpret_cast<uintptr_t>(c.codes) % 8 == 0 && c.ldc % 8 == 0 && c.amax != nullptr &&
+           (c.type == DType::E4M3 || c.type == DType::E5M2);
+}
+
 void lora_dy_grads(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
-                   const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s) {
+                   const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s,
+                   const LoraDyCodes* codes) {
+    QT_CHECK(!codes || lora_dy_codes_supported(*codes),
+             "lora_dy_grads: FP8 codes need an 8-byte aligned buffer, a row stride that is a multiple of 8, an amax "
+             "and an FP8 type");
     if (p.N == 0 || p.out == 0) return;
     if (padded_rank(p.r) == 16)
-        launch<16>(p, g, ldg, dB, dy, ldy, B, u, ldu, scale, workspace, s);
+        launch<16>(p, g, ldg, dB, dy, ldy, B, u, ldu, scale, workspace, s, codes);
     else
-        launch<32>(p, g, ldg, dB, dy, ldy, B, u, ldu, scale, workspace, s);
+        launch<32>(p, g, ldg, dB, dy, ldy, B, u, ldu, scale, workspace, s, codes);
 }
 
 }  // namespace qtrain::cuda

@@ -1,12 +1,13 @@
 // cuda::lora_dy_grads (LoRA's g = s dy B and dB += s dy^T u in one read of dy) against the CPU
 // reference on fresh random inputs: slices of wider buffers as the model passes them (a target's
 // columns of a fused dy, its rank-r columns of a stacked u and g), shapes off the kernel's tiles,
-// every padded rank, one token strip and several; the plan's grid and workspace on the CPU (no GPU).
+// every padded rank, one token strip and several, dy's FP8 codes in the same read; the plan's grid and workspace on the CPU (no GPU).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "cuda/fp8.h"
 #include "cuda/kernels.h"
 #include "gpu_test_util.h"
 
@@ -94,6 +95,51 @@ TEST(LoraDyGrads, EveryPaddedRank) {
     run_case({257, 384, 32, 384, 0, 64, 32, 132}, 60);  // rank 32
 }
 
+// With codes: the same g and dB, and dy's FP8 codes byte for byte as quantize_fp8 writes them for the
+// target's slice (and its 1/scale), the bytes around the slice untouched; e4m3 and e5m2.
+TEST(LoraDyGrads, WritesDysCodesAsQuantizeFp8Does) {
+    QTRAIN_REQUIRE_GPU();
+    const int64_t N = 150, out = 776, ldy = 1000, col = 104, r = 16;
+    const float scale = 2.0f;
+    const auto dy = round_bf16(random_vector(N * ldy, 70, 3.0f));
+    const auto B = round_bf16(random_vector(out * r, 71, 0.05f));
+    const auto u = round_bf16(random_vector(N * r, 72));
+    DeviceBuffer gdy(dy, DType::BF16), gB(B, DType::BF16), gu(u, DType::BF16);
+    const void* dy_slice = gdy.as<uint16_t>() + col;
+    // the reference codes: the slice made contiguous, quantised by quantize_fp8 with the whole dy's amax
+    DeviceBuffer slice(cut(dy, N, ldy, col, out), DType::BF16), amax(16), ref_codes(N * out), ref_inv(16);
+    cuda::abs_max(amax.f32(), DType::BF16, gdy.get(), N * ldy, nullptr);
+    const cuda::LoraDyGradsPlan plan = cuda::plan_lora_dy_grads(N, out, r, 132);
+    DeviceBuffer ws(plan.workspace_bytes);
+    for (DType type : {DType::E4M3, DType::E5M2}) {
+        SCOPED_TRACE(dtype_name(type));
+        cuda::quantize_fp8(ref_codes.get(), type, slice.get(), DType::BF16, N * out, amax.f32(), ref_inv.f32(), nullptr);
+        DeviceBuffer codes(N * ldy), inv(16), g0(N * r, DType::BF16), g1(N * r, DType::BF16), db0(out * r, DType::F32),
+            db1(out * r, DType::F32);
+        codes.fill_bytes(0xAB);
+        cuda::LoraDyCodes c;
+        c.codes = codes.as<uint8_t>() + col, c.ldc = ldy, c.type = type, c.amax = amax.f32(), c.inv_out = inv.f32();
+        ASSERT_TRUE(cuda::lora_dy_codes_supported(c));
+        cuda::lora_dy_grads(plan, g0.get(), r, db0.f32(), dy_slice, ldy, gB.get(), gu.get(), r, scale, ws.get(), nullptr);
+        cuda::lora_dy_grads(plan, g1.get(), r, db1.f32(), dy_slice, ldy, gB.get(), gu.get(), r, scale, ws.get(), nullptr,
+                            &c);
+        sync_device();
+        EXPECT_EQ(g1.download(), g0.download()) << "the codes changed g";
+        EXPECT_EQ(db1.download(), db0.download()) << "the codes changed dB";
+        const auto got = to_host<uint8_t>(codes.get(), N * ldy), want = to_host<uint8_t>(ref_codes.get(), N * out);
+        int64_t wrong = 0, outside = 0;
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t j = 0; j < ldy; ++j) {
+                const uint8_t b = got[n * ldy + j];
+                if (j >= col && j < col + out) wrong += b != want[n * out + j - col];
+                else outside += b != 0xAB;
+            }
+        EXPECT_EQ(wrong, 0) << "codes differing from quantize_fp8's";
+        EXPECT_EQ(outside, 0) << "bytes written outside the slice";
+        EXPECT_EQ(to_host<float>(inv.get(), 1), to_host<float>(ref_inv.get(), 1));
+    }
+}
+
 TEST(LoraDyGrads, TakesOnlyWhatItSupports) {
     // host-side checks (no GPU needed)
     alignas(16) static uint16_t buf[64];
@@ -108,6 +154,20 @@ TEST(LoraDyGrads, TakesOnlyWhatItSupports) {
     EXPECT_FALSE(cuda::lora_dy_grads_supported(DType::BF16, a, 64, a, 20, 512, 16));  // ldu % 8
     EXPECT_FALSE(cuda::lora_dy_grads_supported(DType::BF16, odd, 64, a, 16, 512, 16));
     EXPECT_FALSE(cuda::lora_dy_grads_supported(DType::BF16, a, 64, odd, 16, 512, 16));
+    float amax = 1.0f;
+    cuda::LoraDyCodes c;
+    c.codes = buf, c.ldc = 64, c.type = DType::E4M3, c.amax = &amax;
+    EXPECT_TRUE(cuda::lora_dy_codes_supported(c));
+    c.type = DType::E5M2;
+    EXPECT_TRUE(cuda::lora_dy_codes_supported(c));
+    c.type = DType::BF16;
+    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // not an FP8 type
+    c.type = DType::E4M3, c.ldc = 60;
+    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // row stride
+    c.ldc = 64, c.codes = reinterpret_cast<uint8_t*>(buf) + 4;
+    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // 8-byte alignment
+    c.codes = buf, c.amax = nullptr;
+    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // no amax
 }
 
 TEST(LoraDyGrads, PlanFillsOneWaveOfTwoBlocksAnSm) {
