@@ -17,7 +17,7 @@ BUILD=${BUILD_DIR:-build}
 ninja -C "$BUILD" tests/qtrain_gpu_tests >/dev/null
 S=$(mktemp -d); trap 'rm -rf "$S"' EXIT
 mkdir -p "$S/bin/tests" "$S/lib" build-carry
-for b in train tokenize qtrain_dump qtrain_lora_dump attention_bench pinned_alloc_bench step_floor_bench overlap_bench lora_overlap_bench lora_dy_bench \
+for b in train tokenize qtrain_dump qtrain_lora_dump attention_bench pinned_alloc_bench step_floor_bench overlap_bench lora_overlap_bench lora_fused_bench \
          comm_bench dp_step_bench; do
   [ -x "$BUILD/$b" ] && cp "$BUILD/$b" "$S/bin/"
 done

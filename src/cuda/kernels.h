@@ -195,7 +195,7 @@ void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s);
 // says whether this kernel takes the call (bf16, r a multiple of 8 up to 32, out, ldy and ldu multiples
 // of 8, dy and u 16-byte aligned); otherwise the GEMMs do. The plan fixes the grid (from the SM count)
 // and the fp32 workspace the partial sums need (workspace_bytes, 256-byte aligned). Deterministic.
-// Not yet used by the model: its GPU test and bench/lora_dy_bench run first (perf-notes session 27).
+// Not yet used by the model: its GPU test and bench/lora_fused_bench run first (perf-notes session 27).
 struct LoraDyGradsPlan {
     int64_t N = 0, out = 0;
     int r = 0;
@@ -210,19 +210,19 @@ constexpr int kLoraDyGradsMaxSms = 160;
 LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count);
 std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r);
 // Optionally, in the same read, dy's FP8 codes as quantize_fp8 writes them (the same bytes): codes [N, out]
-// with row stride ldc (8-byte aligned, ldc a multiple of 8: lora_dy_codes_supported), the scale from
+// with row stride ldc (8-byte aligned, ldc a multiple of 8: fp8_codes_out_supported), the scale from
 // *amax (dy's device abs-max, already found: a tensor the slice is part of), 1/scale to *inv_out (when
 // not null) — what the frozen FP8 base's input-gradient GEMM reads.
-struct LoraDyCodes {
+struct Fp8CodesOut {
     void* codes = nullptr;
     int64_t ldc = 0;
     DType type = DType::E5M2;  // E4M3 or E5M2
     const float* amax = nullptr;
     float* inv_out = nullptr;
 };
-bool lora_dy_codes_supported(const LoraDyCodes& codes);
+bool fp8_codes_out_supported(const Fp8CodesOut& codes);
 void lora_dy_grads(const LoraDyGradsPlan& plan, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
                    const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s,
-                   const LoraDyCodes* codes = nullptr);
+                   const Fp8CodesOut* codes = nullptr);
 
 }  // namespace qtrain::cuda

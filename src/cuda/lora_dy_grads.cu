@@ -192,7 +192,7 @@ unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(ce
 
 template <int R, int kCodes>
 void launch_products(const LoraDyGradsPlan& p, float* g_part, float* db_part, const void* dy, int64_t ldy,
-                     const void* B, const void* u, int64_t ldu, const LoraDyCodes* codes, cudaStream_t s) {
+                     const void* B, const void* u, int64_t ldu, const Fp8CodesOut* codes, cudaStream_t s) {
     constexpr std::size_t smem = smem_bytes<R>();
     auto kernel = lora_dy_grads_kernel<R, kCodes>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -205,7 +205,7 @@ void launch_products(const LoraDyGradsPlan& p, float* g_part, float* db_part, co
 
 template <int R>
 void launch(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy, const void* B,
-            const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s, const LoraDyCodes* codes) {
+            const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s, const Fp8CodesOut* codes) {
     float* g_part = static_cast<float*>(workspace);
     float* db_part = g_part + static_cast<int64_t>(p.col_strips) * p.n_pad * R;
     if (!codes)
@@ -252,15 +252,15 @@ std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r) {
     return plan_lora_dy_grads(N, out, r, kLoraDyGradsMaxSms).workspace_bytes;
 }
 
-bool lora_dy_codes_supported(const LoraDyCodes& c) {
+bool fp8_codes_out_supported(const Fp8CodesOut& c) {
     return c.codes != nullptr && reinterpret_cast<uintptr_t>(c.codes) % 8 == 0 && c.ldc % 8 == 0 && c.amax != nullptr &&
            (c.type == DType::E4M3 || c.type == DType::E5M2);
 }
 
 void lora_dy_grads(const LoraDyGradsPlan& p, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
                    const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s,
-                   const LoraDyCodes* codes) {
-    QT_CHECK(!codes || lora_dy_codes_supported(*codes),
+                   const Fp8CodesOut* codes) {
+    QT_CHECK(!codes || fp8_codes_out_supported(*codes),
              "lora_dy_grads: FP8 codes need an 8-byte aligned buffer, a row stride that is a multiple of 8, an amax "
              "and an FP8 type");
     if (p.N == 0 || p.out == 0) return;

@@ -117,9 +117,9 @@ TEST(LoraDyGrads, WritesDysCodesAsQuantizeFp8Does) {
         DeviceBuffer codes(N * ldy), inv(16), g0(N * r, DType::BF16), g1(N * r, DType::BF16), db0(out * r, DType::F32),
             db1(out * r, DType::F32);
         codes.fill_bytes(0xAB);
-        cuda::LoraDyCodes c;
+        cuda::Fp8CodesOut c;
         c.codes = codes.as<uint8_t>() + col, c.ldc = ldy, c.type = type, c.amax = amax.f32(), c.inv_out = inv.f32();
-        ASSERT_TRUE(cuda::lora_dy_codes_supported(c));
+        ASSERT_TRUE(cuda::fp8_codes_out_supported(c));
         cuda::lora_dy_grads(plan, g0.get(), r, db0.f32(), dy_slice, ldy, gB.get(), gu.get(), r, scale, ws.get(), nullptr);
         cuda::lora_dy_grads(plan, g1.get(), r, db1.f32(), dy_slice, ldy, gB.get(), gu.get(), r, scale, ws.get(), nullptr,
                             &c);
@@ -155,19 +155,19 @@ TEST(LoraDyGrads, TakesOnlyWhatItSupports) {
     EXPECT_FALSE(cuda::lora_dy_grads_supported(DType::BF16, odd, 64, a, 16, 512, 16));
     EXPECT_FALSE(cuda::lora_dy_grads_supported(DType::BF16, a, 64, odd, 16, 512, 16));
     float amax = 1.0f;
-    cuda::LoraDyCodes c;
+    cuda::Fp8CodesOut c;
     c.codes = buf, c.ldc = 64, c.type = DType::E4M3, c.amax = &amax;
-    EXPECT_TRUE(cuda::lora_dy_codes_supported(c));
+    EXPECT_TRUE(cuda::fp8_codes_out_supported(c));
     c.type = DType::E5M2;
-    EXPECT_TRUE(cuda::lora_dy_codes_supported(c));
+    EXPECT_TRUE(cuda::fp8_codes_out_supported(c));
     c.type = DType::BF16;
-    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // not an FP8 type
+    EXPECT_FALSE(cuda::fp8_codes_out_supported(c));  // not an FP8 type
     c.type = DType::E4M3, c.ldc = 60;
-    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // row stride
+    EXPECT_FALSE(cuda::fp8_codes_out_supported(c));  // row stride
     c.ldc = 64, c.codes = reinterpret_cast<uint8_t*>(buf) + 4;
-    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // 8-byte alignment
+    EXPECT_FALSE(cuda::fp8_codes_out_supported(c));  // 8-byte alignment
     c.codes = buf, c.amax = nullptr;
-    EXPECT_FALSE(cuda::lora_dy_codes_supported(c));  // no amax
+    EXPECT_FALSE(cuda::fp8_codes_out_supported(c));  // no amax
 }
 
 TEST(LoraDyGrads, PlanFillsOneWaveOfTwoBlocksAnSm) {

@@ -5,7 +5,7 @@
 // ways, the largest difference between their results (relative to the GEMMs'), and the sum over a
 // layer's seven targets times the layers. Also the kernel writing dy's e5m2 codes in the same read
 // (lever 7: the frozen FP8 base's dx GEMM reads them) against quantize_fp8's own pass over as many
-// elements. usage: lora_dy_bench [tokens=24576] [rank=16] [reps=20]
+// elements. usage: lora_fused_bench [tokens=24576] [rank=16] [reps=20]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
         void* codes = nullptr;
         CK(cudaMalloc(&codes, N * t.ldy));
         qtrain::cuda::abs_max(amax, DType::BF16, dy, N * t.ldy, st);
-        qtrain::cuda::LoraDyCodes lc;
+        qtrain::cuda::Fp8CodesOut lc;
         lc.codes = static_cast<char*>(codes) + t.col, lc.ldc = t.ldy, lc.type = DType::E5M2, lc.amax = amax, lc.inv_out = inv;
         auto fused_codes = [&] {
             qtrain::cuda::lora_dy_grads(plan, static_cast<char*>(g2) + t.ucol * 2, t.ldu, dB2, dys, t.ldy, B, us,
