@@ -5,7 +5,8 @@
 // ways, the largest difference between their results (relative to the GEMMs'), and the sum over a
 // layer's seven targets times the layers. Also the kernel writing dy's e5m2 codes in the same read
 // (lever 7: the frozen FP8 base's dx GEMM reads them) against quantize_fp8's own pass over as many
-// elements. usage: lora_fused_bench [tokens=24576] [rank=16] [reps=20]
+// elements. Then the forward's u = x [A..]^T with x's e4m3 codes (cuda::lora_u_codes, lever 8) against
+// the u GEMM and quantize_fp8, per matrix. usage: lora_fused_bench [tokens=24576] [rank=16] [reps=20]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -97,6 +98,21 @@ int main(int argc, char** argv) {
     float* amax = nullptr;
     CK(cudaMalloc(&amax, 64));
     float* inv = amax + 4;
+    auto time = [&](auto&& f) {
+        f();  // warm-up (cuBLASLt's heuristic, the kernel's attribute)
+        std::vector<float> ms;
+        for (int i = 0; i < reps; ++i) {
+            CK(cudaEventRecord(e0, st));
+            f();
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float x = 0;
+            CK(cudaEventElapsedTime(&x, e0, e1));
+            ms.push_back(x);
+        }
+        std::sort(ms.begin(), ms.end());
+        return double(ms[ms.size() / 2]);
+    };
     for (const Target& t : targets) {
         void* dy = random_bf16(N * t.ldy, 1, 1e-3f);
         void* B = random_bf16(t.out * r, 2, 0.05f);
@@ -147,21 +163,6 @@ int main(int argc, char** argv) {
         auto quantize = [&] {  // the pass the codes replace: as many elements, contiguous
             qtrain::cuda::quantize_fp8(codes, DType::E5M2, dy, DType::BF16, N * t.out, amax, inv, st);
         };
-        auto time = [&](auto&& f) {
-            f();  // warm-up (cuBLASLt's heuristic, the kernel's attribute)
-            std::vector<float> ms;
-            for (int i = 0; i < reps; ++i) {
-                CK(cudaEventRecord(e0, st));
-                f();
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float x = 0;
-                CK(cudaEventElapsedTime(&x, e0, e1));
-                ms.push_back(x);
-            }
-            std::sort(ms.begin(), ms.end());
-            return double(ms[ms.size() / 2]);
-        };
         // one call each from zero for the comparison, then the timings (dB accumulating: same work)
         CK(cudaMemset(dB1, 0, t.out * r * 4));
         CK(cudaMemset(dB2, 0, t.out * r * 4));
@@ -183,5 +184,52 @@ int main(int argc, char** argv) {
                 sum_gemm, sum_fused, L, sum_gemm * L, sum_fused * L, (sum_gemm - sum_fused) * L);
     std::printf("with dy's codes: gemms + quantize %.2f -> fused with codes %.2f ms a micro-batch (saves %.2f)\n",
                 (sum_gemm + sum_quant) * L, sum_codes * L, (sum_gemm + sum_quant - sum_codes) * L);
+
+    // ---- the forward: u = x [A..]^T and x's codes ----
+    struct Matrix {
+        const char* name;
+        int64_t in;
+        int W;  // G r
+    };
+    const Matrix mats[] = {{"qkv", h, 3 * r}, {"o", q, r}, {"gate|up", h, 2 * r}, {"down", I, r}};
+    std::printf("%-8s %8s %4s %10s %12s %10s %7s %10s\n", "matrix", "in", "W", "u_gemm_ms", "quantize_ms", "fused_ms",
+                "ratio", "u_diff");
+    double f_sep = 0, f_fused = 0;
+    for (const Matrix& m : mats) {
+        void* x = random_bf16(N * m.in, 4, 1.0f);
+        void* A = random_bf16(m.W * m.in, 5, 0.02f);
+        void *u1 = nullptr, *u2 = nullptr, *codes = nullptr;
+        CK(cudaMalloc(&u1, N * m.W * 2));
+        CK(cudaMalloc(&u2, N * m.W * 2));
+        CK(cudaMalloc(&codes, N * m.in));
+        qtrain::cuda::abs_max(amax, DType::BF16, x, N * m.in, st);
+        qtrain::cuda::Fp8CodesOut xc;
+        xc.codes = codes, xc.ldc = m.in, xc.type = DType::E4M3, xc.amax = amax, xc.inv_out = inv;
+        if (!qtrain::cuda::lora_u_codes_supported(DType::BF16, x, m.in, A, m.W, xc)) {
+            std::printf("%-8s not supported by the fused kernel\n", m.name);
+            return 1;
+        }
+        auto u_gemm = [&] {  // as LoraAdapters::forward_matrix: u = x [A..]^T
+            qtrain::GemmOp op;
+            op.trans_a = true;
+            op.m = m.W, op.n = N, op.k = m.in;
+            op.a = A, op.lda = m.in, op.b = x, op.ldb = m.in, op.c = u1, op.ldc = m.W;
+            op.min_alignment = 16;
+            gemm.run(op, st);
+        };
+        auto quantize = [&] { qtrain::cuda::quantize_fp8(codes, DType::E4M3, x, DType::BF16, N * m.in, amax, inv, st); };
+        auto fused = [&] { qtrain::cuda::lora_u_codes(u2, m.W, x, N, m.in, A, m.W, xc, st); };
+        u_gemm();
+        fused();
+        CK(cudaStreamSynchronize(st));
+        const double ud = rel_diff(bf16_to_host(u2, N, m.W, 0, m.W), bf16_to_host(u1, N, m.W, 0, m.W));
+        const double tu = time(u_gemm), tq = time(quantize), tf = time(fused);
+        f_sep += tu + tq, f_fused += tf;
+        std::printf("%-8s %8lld %4d %10.4f %12.4f %10.4f %7.3f %10.2e\n", m.name, static_cast<long long>(m.in), m.W, tu,
+                    tq, tf, tf / (tu + tq), ud);
+        for (void* p : {x, A, u1, u2, codes}) CK(cudaFree(p));
+    }
+    std::printf("forward: u gemms + quantize %.2f -> fused %.2f ms a micro-batch (saves %.2f)\n", f_sep * L, f_fused * L,
+                (f_sep - f_fused) * L);
     return 0;
 }

@@ -187,6 +187,21 @@ void lora_dropout_backward_add(DType act, void* dx, const void* g, int64_t n, ui
 // interleave in the global order of the micro-batches, CpuLora::end_pass).
 void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s);
 
+// ---- fused FP8 codes (lora_dy_grads.cu, lora_u_codes.cu) ----
+// The FP8 codes a kernel writes of a tensor it reads for its own product, as quantize_fp8 writes them (the
+// same bytes), so the FP8 GEMM that reads them needs no quantize pass of its own: codes [N, cols] with row
+// stride ldc (8-byte aligned, ldc a multiple of 8: fp8_codes_out_supported), the scale from *amax (the
+// tensor's device abs-max, already found: of a tensor the read one may be a column slice of), 1/scale to
+// *inv_out (when not null).
+struct Fp8CodesOut {
+    void* codes = nullptr;
+    int64_t ldc = 0;
+    DType type = DType::E5M2;  // E4M3 or E5M2
+    const float* amax = nullptr;
+    float* inv_out = nullptr;
+};
+bool fp8_codes_out_supported(const Fp8CodesOut& codes);
+
 // ---- lora_dy_grads.cu ----
 // LoRA's two products of one target's output gradient in one read of it (the two GEMMs read it twice):
 //   g[N, r]    (bf16, row stride ldg)  = scale * dy[N, out] B[out, r]
@@ -195,7 +210,8 @@ void lora_count_pass(uint64_t* pass, uint64_t step, cudaStream_t s);
 // says whether this kernel takes the call (bf16, r a multiple of 8 up to 32, out, ldy and ldu multiples
 // of 8, dy and u 16-byte aligned); otherwise the GEMMs do. The plan fixes the grid (from the SM count)
 // and the fp32 workspace the partial sums need (workspace_bytes, 256-byte aligned). Deterministic.
-// Not yet used by the model: its GPU test and bench/lora_fused_bench run first (perf-notes session 27).
+// codes (optional): dy's FP8 codes in the same read (lever 7). Not yet used by the model on main: its GPU
+// test and bench/lora_fused_bench run first (perf-notes session 27).
 struct LoraDyGradsPlan {
     int64_t N = 0, out = 0;
     int r = 0;
@@ -209,20 +225,19 @@ bool lora_dy_grads_supported(DType act, const void* dy, int64_t ldy, const void*
 constexpr int kLoraDyGradsMaxSms = 160;
 LoraDyGradsPlan plan_lora_dy_grads(int64_t N, int64_t out, int r, int sm_count);
 std::size_t lora_dy_grads_workspace_bound(int64_t N, int64_t out, int r);
-// Optionally, in the same read, dy's FP8 codes as quantize_fp8 writes them (the same bytes): codes [N, out]
-// with row stride ldc (8-byte aligned, ldc a multiple of 8: fp8_codes_out_supported), the scale from
-// *amax (dy's device abs-max, already found: a tensor the slice is part of), 1/scale to *inv_out (when
-// not null) — what the frozen FP8 base's input-gradient GEMM reads.
-struct Fp8CodesOut {
-    void* codes = nullptr;
-    int64_t ldc = 0;
-    DType type = DType::E5M2;  // E4M3 or E5M2
-    const float* amax = nullptr;
-    float* inv_out = nullptr;
-};
-bool fp8_codes_out_supported(const Fp8CodesOut& codes);
 void lora_dy_grads(const LoraDyGradsPlan& plan, void* g, int64_t ldg, float* dB, const void* dy, int64_t ldy,
                    const void* B, const void* u, int64_t ldu, float scale, void* workspace, cudaStream_t s,
                    const Fp8CodesOut* codes = nullptr);
+
+// ---- lora_u_codes.cu ----
+// LoRA's first product of a matrix's input and that input's FP8 codes in one read of x (lever 8; the u
+// GEMM and quantize_fp8 read it once each):
+//   u[N, W] (bf16, row stride ldu) = x[N, in] A[W, in]^T      (A: the matrix's stacked A's, W = G r)
+//   codes[N, in] = fp8(x * scale)                                (as quantize_fp8; codes.ldc = in)
+// x and A contiguous bf16. lora_u_codes_supported: bf16, in and W multiples of 8, W <= 96, x and A
+// 16-byte aligned, codes as fp8_codes_out_supported. Not yet used by the model on main.
+bool lora_u_codes_supported(DType act, const void* x, int64_t in, const void* A, int W, const Fp8CodesOut& codes);
+void lora_u_codes(void* u, int64_t ldu, const void* x, int64_t N, int64_t in, const void* A, int W,
+                  const Fp8CodesOut& codes, cudaStream_t s);
 
 }  // namespace qtrain::cuda
