@@ -92,8 +92,9 @@ int main(int argc, char** argv) {
     CK(cudaEventCreate(&e1));
     std::printf("LoRA dy products, Qwen2.5-7B, N=%lld, r=%d, %d SMs, random bf16 data, median of %d\n",
                 static_cast<long long>(N), r, sms, reps);
-    std::printf("%-5s %8s %10s %10s %7s %10s %10s %12s %12s\n", "tgt", "out", "gemms_ms", "fused_ms", "ratio", "g_diff",
-                "dB_diff", "+codes_ms", "quantize_ms");
+    // (dy_TB/s: the bytes of dy the fused kernel reads once, over its time: against the device's read rate)
+    std::printf("%-5s %8s %10s %10s %7s %10s %10s %12s %12s %9s\n", "tgt", "out", "gemms_ms", "fused_ms", "ratio", "g_diff",
+                "dB_diff", "+codes_ms", "quantize_ms", "dy_TB/s");
     double sum_gemm = 0, sum_fused = 0, sum_codes = 0, sum_quant = 0;
     float* amax = nullptr;
     CK(cudaMalloc(&amax, 64));
@@ -176,8 +177,8 @@ int main(int argc, char** argv) {
         const double dd = rel_diff(d2, d1);
         const double tg = time(gemms), tf = time(fused), tc = time(fused_codes), tq = time(quantize);
         sum_gemm += tg, sum_fused += tf, sum_codes += tc, sum_quant += tq;
-        std::printf("%-5s %8lld %10.4f %10.4f %7.3f %10.2e %10.2e %12.4f %12.4f\n", t.name, static_cast<long long>(t.out),
-                    tg, tf, tf / tg, gd, dd, tc, tq);
+        std::printf("%-5s %8lld %10.4f %10.4f %7.3f %10.2e %10.2e %12.4f %12.4f %9.2f\n", t.name,
+                    static_cast<long long>(t.out), tg, tf, tf / tg, gd, dd, tc, tq, N * t.out * 2.0 / (tf * 1e9));
         for (void* p : {dy, B, u, g1, g2, static_cast<void*>(dB1), static_cast<void*>(dB2), ws, codes}) CK(cudaFree(p));
     }
     std::printf("layer: gemms %.4f ms, fused %.4f ms; x %d layers: %.2f -> %.2f ms a micro-batch (saves %.2f)\n",
@@ -192,8 +193,8 @@ int main(int argc, char** argv) {
         int W;  // G r
     };
     const Matrix mats[] = {{"qkv", h, 3 * r}, {"o", q, r}, {"gate|up", h, 2 * r}, {"down", I, r}};
-    std::printf("%-8s %8s %4s %10s %12s %10s %7s %10s\n", "matrix", "in", "W", "u_gemm_ms", "quantize_ms", "fused_ms",
-                "ratio", "u_diff");
+    std::printf("%-8s %8s %4s %10s %12s %10s %7s %10s %8s\n", "matrix", "in", "W", "u_gemm_ms", "quantize_ms", "fused_ms",
+                "ratio", "u_diff", "x_TB/s");
     double f_sep = 0, f_fused = 0;
     for (const Matrix& m : mats) {
         void* x = random_bf16(N * m.in, 4, 1.0f);
@@ -225,8 +226,8 @@ int main(int argc, char** argv) {
         const double ud = rel_diff(bf16_to_host(u2, N, m.W, 0, m.W), bf16_to_host(u1, N, m.W, 0, m.W));
         const double tu = time(u_gemm), tq = time(quantize), tf = time(fused);
         f_sep += tu + tq, f_fused += tf;
-        std::printf("%-8s %8lld %4d %10.4f %12.4f %10.4f %7.3f %10.2e\n", m.name, static_cast<long long>(m.in), m.W, tu,
-                    tq, tf, tf / (tu + tq), ud);
+        std::printf("%-8s %8lld %4d %10.4f %12.4f %10.4f %7.3f %10.2e %8.2f\n", m.name, static_cast<long long>(m.in), m.W,
+                    tu, tq, tf, tf / (tu + tq), ud, N * m.in * 2.0 / (tf * 1e9));
         for (void* p : {x, A, u1, u2, codes}) CK(cudaFree(p));
     }
     std::printf("forward: u gemms + quantize %.2f -> fused %.2f ms a micro-batch (saves %.2f)\n", f_sep * L, f_fused * L,
