@@ -20,6 +20,7 @@
 #include "cuda/fp8_common.cuh"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/kernels.h"
+#include "cuda/tile_window.cuh"
 
 namespace qtrain::cuda {
 
@@ -72,21 +73,8 @@ __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __r
     }
     // tile t of dy (and u's rows of it) into buffer `buf`, asynchronously; zeros past N, out and r
     auto load = [&](int64_t t, int buf) {
-        const int64_t n0 = t * kTokens;
-        bf16* d = dys + buf * kTokens * kLd;
-        for (int v = tid; v < kTokens * kCols / 8; v += kThreads) {
-            const int row = v / (kCols / 8), cv = v % (kCols / 8);
-            const int64_t n = n0 + row, c = c0 + cv * 8;
-            const bool ok = n < N && c < out;  // (out % 8 == 0: a vector is all in or all out)
-            attn::cp_async_16(d + row * kLd + cv * 8, ok ? dy + n * ldy + c : dy, ok);
-        }
-        bf16* uu = us + buf * kTokens * kLdR<R>;
-        for (int v = tid; v < kTokens * R / 8; v += kThreads) {
-            const int row = v / (R / 8), cv = v % (R / 8);
-            const int64_t n = n0 + row;
-            const bool ok = n < N && cv * 8 < r;  // (r % 8 == 0)
-            attn::cp_async_16(uu + row * kLdR<R> + cv * 8, ok ? u + n * ldu + cv * 8 : u, ok);
-        }
+        load_window_async<kTokens, kCols, kLd, kThreads>(dys + buf * kTokens * kLd, dy, ldy, N, out, t * kTokens, c0);
+        load_window_async<kTokens, R, kLdR<R>, kThreads>(us + buf * kTokens * kLdR<R>, u, ldu, N, r, t * kTokens, 0);
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> db_acc[4][R / 16];  // this warp's 64 columns x R
@@ -105,18 +93,9 @@ __global__ void __launch_bounds__(kThreads) lora_dy_grads_kernel(const bf16* __r
         const bf16* d = dys + buf * kTokens * kLd;
         const bf16* uu = us + buf * kTokens * kLdR<R>;
 
-        if constexpr (kCodes != 0) {  // the tile's codes: 8 values a thread at a time, 8-byte stores
-            for (int v = tid; v < kTokens * kCols / 8; v += kThreads) {
-                const int row = v / (kCols / 8), cv = v % (kCols / 8);
-                const int64_t n = t * kTokens + row, c = c0 + cv * 8;
-                if (n >= N || c >= out) continue;
-                Pack<bf16> p;
-                p.load(d + row * kLd + cv * 8);
-                uint32_t words[2];
-                encode_pack<kCodes == 1, 8>(words, p.v, code_scale);
-                store_words<8>(codes + n * ldc + c, words);
-            }
-        }
+        if constexpr (kCodes != 0)  // the tile's codes
+            store_window_codes<kTokens, kCols, kLd, kThreads, kCodes == 1>(d, codes, ldc, N, out, t * kTokens, c0,
+                                                                           code_scale);
 
         // g: this warp's 16 rows of the tile against the strip's 256 rows of B
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> g_acc[R / 16];

@@ -15,6 +15,7 @@
 #include "cuda/fp8_common.cuh"
 #include "cuda/kernel_utils.cuh"
 #include "cuda/kernels.h"
+#include "cuda/tile_window.cuh"
 
 namespace qtrain::cuda {
 
@@ -52,20 +53,8 @@ __global__ void __launch_bounds__(kThreads) lora_u_codes_kernel(bf16* __restrict
     // chunk k of x's rows and of A into buffer `buf`, asynchronously; zeros past N, in and W
     auto load = [&](int k, int buf) {
         const int64_t c0 = static_cast<int64_t>(k) * kChunk;
-        bf16* xd = xs + buf * kRows * kLd;
-        for (int v = tid; v < kRows * kChunk / 8; v += kThreads) {
-            const int row = v / (kChunk / 8), cv = v % (kChunk / 8);
-            const int64_t n = n0 + row, c = c0 + cv * 8;
-            const bool ok = n < N && c < in;  // (in % 8 == 0: a vector is all in or all out)
-            attn::cp_async_16(xd + row * kLd + cv * 8, ok ? x + n * in + c : x, ok);
-        }
-        bf16* ad = as + buf * W16 * kLd;
-        for (int v = tid; v < W16 * kChunk / 8; v += kThreads) {
-            const int row = v / (kChunk / 8), cv = v % (kChunk / 8);
-            const int64_t c = c0 + cv * 8;
-            const bool ok = row < W && c < in;
-            attn::cp_async_16(ad + row * kLd + cv * 8, ok ? A + row * in + c : A, ok);
-        }
+        load_window_async<kRows, kChunk, kLd, kThreads>(xs + buf * kRows * kLd, x, in, N, in, n0, c0);
+        load_window_async<W16, kChunk, kLd, kThreads>(as + buf * W16 * kLd, A, in, W, in, 0, c0);
     };
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[W16 / 16];  // u: this warp's 16 rows x W16
@@ -84,17 +73,7 @@ __global__ void __launch_bounds__(kThreads) lora_u_codes_kernel(bf16* __restrict
         const bf16* ad = as + buf * W16 * kLd;
         const int64_t c0 = static_cast<int64_t>(k) * kChunk;
 
-        // x's codes for this chunk: 8 values a thread at a time, 8-byte stores
-        for (int v = tid; v < kRows * kChunk / 8; v += kThreads) {
-            const int row = v / (kChunk / 8), cv = v % (kChunk / 8);
-            const int64_t n = n0 + row, c = c0 + cv * 8;
-            if (n >= N || c >= in) continue;
-            Pack<bf16> p;
-            p.load(xd + row * kLd + cv * 8);
-            uint32_t words[2];
-            encode_pack<kE4M3, 8>(words, p.v, scale);
-            store_words<8>(codes + n * ldc + c, words);
-        }
+        store_window_codes<kRows, kChunk, kLd, kThreads, kE4M3>(xd, codes, ldc, N, in, n0, c0, scale);  // x's codes
         // u += x_chunk A_chunk^T: A's rows read col-major are A^T's columns
 #pragma unroll
         for (int kk = 0; kk < kChunk; kk += 16) {
