@@ -1,7 +1,7 @@
 // LoRA's g = s dy B and dB += s dy^T u: the two cuBLASLt GEMMs LoraAdapters::backward_matrix runs per
 // target (each reads the target's whole dy slice) against cuda::lora_dy_grads (one read; perf-notes
 // session 26, "lever 6"), per target of Qwen2.5-7B at the 2x row's micro-batch, on random bf16 data
-// (the data draws the power a real step does: perf-notes session 26). Prints each target's time both
+// (bench_random.h: the data draws the power a real step does, perf-notes session 26). Prints each target's time both
 // ways, the largest difference between their results (relative to the GEMMs'), and the sum over a
 // layer's seven targets times the layers. Also the kernel writing dy's e5m2 codes in the same read
 // (lever 7: the frozen FP8 base's dx GEMM reads them) against quantize_fp8's own pass over as many
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_check.h"
+#include "bench_random.h"
 #include "core/dtype.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
@@ -26,22 +27,10 @@ namespace {
 
 using qtrain::DType;
 
-// bf16 values ~ N(0, scale^2)-like from a hash of the index: random bits without a host copy
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint32_t seed, float scale) {
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA6Bu;
-        x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
-        const float u = (x >> 8) * (1.0f / 16777216.0f);  // [0, 1)
-        p[i] = __float2bfloat16((u - 0.5f) * 3.4641f * scale);  // unit variance times scale
-    }
-}
-
-void* random_bf16(int64_t n, uint32_t seed, float scale) {
+void* random_bf16(int64_t n, float sigma) {
     void* p = nullptr;
     CK(cudaMalloc(&p, n * 2));
-    fill_bf16<<<4096, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed, scale);
-    CK(cudaGetLastError());
+    fill_random(p, n * 2, sigma);
     return p;
 }
 
@@ -115,9 +104,9 @@ int main(int argc, char** argv) {
         return double(ms[ms.size() / 2]);
     };
     for (const Target& t : targets) {
-        void* dy = random_bf16(N * t.ldy, 1, 1e-3f);
-        void* B = random_bf16(t.out * r, 2, 0.05f);
-        void* u = random_bf16(N * t.ldu, 3, 1.0f);
+        void* dy = random_bf16(N * t.ldy, 1e-3f);
+        void* B = random_bf16(t.out * r, 0.05f);
+        void* u = random_bf16(N * t.ldu, 1.0f);
         void *g1 = nullptr, *g2 = nullptr;
         float *dB1 = nullptr, *dB2 = nullptr;
         CK(cudaMalloc(&g1, N * t.ldu * 2));
@@ -197,8 +186,8 @@ int main(int argc, char** argv) {
                 "ratio", "u_diff", "x_TB/s");
     double f_sep = 0, f_fused = 0;
     for (const Matrix& m : mats) {
-        void* x = random_bf16(N * m.in, 4, 1.0f);
-        void* A = random_bf16(m.W * m.in, 5, 0.02f);
+        void* x = random_bf16(N * m.in, 1.0f);
+        void* A = random_bf16(m.W * m.in, 0.02f);
         void *u1 = nullptr, *u2 = nullptr, *codes = nullptr;
         CK(cudaMalloc(&u1, N * m.W * 2));
         CK(cudaMalloc(&u2, N * m.W * 2));

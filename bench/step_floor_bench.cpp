@@ -33,12 +33,12 @@
 #include <cstring>
 #include <exception>
 #include <map>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench_check.h"
+#include "bench_random.h"
 #include "gpu_clock.h"
 #include "core/dtype.h"
 #include "cuda/attention.h"
@@ -62,28 +62,6 @@ namespace {
 // for 20 s, while the training steps themselves (real values) ran at 1,470-1,520 MHz and ~690 W.
 // --constant-operands gives sessions 21-25's fill back.
 bool g_random_operands = true;
-
-// `n` bytes of bf16 values ~ N(0, 0.1) (read as e4m3 or e5m2 bytes: random codes, the NaN/inf ones
-// moved to finite neighbours; as fp32: about the same values), tiled from one host block.
-void fill_random(void* dev, std::size_t n) {
-    static std::vector<uint16_t> block;
-    if (block.empty()) {
-        block.resize(std::size_t{16} << 20);  // 32 MiB
-        std::mt19937 rng(2026);
-        std::normal_distribution<float> normal(0.0f, 0.1f);
-        for (uint16_t& v : block) {
-            const float f = normal(rng);
-            uint32_t bits;
-            std::memcpy(&bits, &f, 4);
-            v = static_cast<uint16_t>(bits >> 16);
-            if ((v & 0x7c) == 0x7c) v &= ~uint16_t{0x40};   // low byte: no e5m2 inf/NaN (and so no e4m3 NaN)
-            if (((v >> 8) & 0x7c) == 0x7c) v &= ~uint16_t{0x4000};  // high byte likewise (it never is, at N(0, 0.1))
-        }
-    }
-    const std::size_t bb = block.size() * 2;
-    for (std::size_t at = 0; at < n; at += bb)
-        CK(cudaMemcpy(static_cast<char*>(dev) + at, block.data(), std::min(bb, n - at), cudaMemcpyHostToDevice));
-}
 
 void* device_bytes(std::size_t n, bool operand = true) {
     void* p = nullptr;
